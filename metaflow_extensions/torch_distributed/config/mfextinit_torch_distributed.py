@@ -1,0 +1,19 @@
+"""Configuration knobs of @torch_distributed; each one is overridden by the environment
+variable METAFLOW_<NAME> (for example METAFLOW_TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT=60)."""
+
+from metaflow.metaflow_config_funcs import from_conf
+
+# Seconds a gang waits for every node and rank to check in before it fails, naming the
+# missing ones. The decorator attribute `rendezvous_timeout` overrides it per step.
+TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT = from_conf("TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT", 300)
+
+# How members are started: "fork" (fast: forked from the loaded task), "exec" (a fresh
+# interpreter per member), or "auto" (fork where it is safe, else exec).
+TORCH_DISTRIBUTED_START_METHOD = from_conf("TORCH_DISTRIBUTED_START_METHOD", "auto")
+
+# Seconds rank 0 is given to unwind on its own after the gang failed before the task is
+# ended by force (rank 0 may be blocked inside a C++ collective).
+TORCH_DISTRIBUTED_ABORT_GRACE = from_conf("TORCH_DISTRIBUTED_ABORT_GRACE", 3)
+
+# Run a GPU topology on CPU with gloo (rehearse a GPU flow on a machine without GPUs).
+TORCH_DISTRIBUTED_CPU_REHEARSAL = from_conf("TORCH_DISTRIBUTED_CPU_REHEARSAL", False)

@@ -1,0 +1,95 @@
+"""The gang's control plane: one torch TCPStore hosted by node 0's task.
+
+Ranks use it as their rendezvous store (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun);
+node agents use it to check in, report failures and learn that the gang is aborting.
+"""
+
+import socket
+from datetime import timedelta
+
+from .failures import Failure
+from .naming import Keys
+
+
+def bind_listener(host="0.0.0.0", port=0):
+    """A listening socket for the store. Port 0 lets the kernel choose a free port, so two gangs
+    on one host never race for one; a fixed port that is taken raises OSError(EADDRINUSE)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class ControlPlane:
+    def __init__(self, store, gang_id):
+        self._store = store
+        self.gang_id = gang_id
+
+    @classmethod
+    def host(cls, listener, gang_id, timeout):
+        """Serve the store on `listener` (bound before any member was forked)."""
+        from torch.distributed import TCPStore
+
+        store = TCPStore(
+            "127.0.0.1",
+            listener.getsockname()[1],
+            None,
+            True,
+            timedelta(seconds=timeout),
+            wait_for_workers=False,
+            master_listen_fd=listener.fileno(),
+        )
+        store.set(Keys.gang, gang_id)
+        return cls(store, gang_id)
+
+    @classmethod
+    def connect(cls, addr, port, gang_id, timeout):
+        """Join node 0's store. Raises GangMismatch if the store belongs to another gang."""
+        from torch.distributed import TCPStore
+
+        store = TCPStore(addr, port, None, False, timedelta(seconds=timeout))
+        store.wait([Keys.gang])
+        found = store.get(Keys.gang).decode()
+        if found != gang_id:
+            raise GangMismatch(found, gang_id)
+        return cls(store, gang_id)
+
+    def join(self, join_id):
+        self._store.set(Keys.joined(join_id), "1")
+
+    def joined(self, join_id):
+        return self._store.check([Keys.joined(join_id)])
+
+    def finish(self, node):
+        self._store.set(Keys.done(node), "1")
+
+    def finished(self, node):
+        return self._store.check([Keys.done(node)])
+
+    def report_failure(self, node, failure):
+        self._store.set(Keys.failure(node), failure.to_json())
+
+    def failure(self, node):
+        """The failure node `node` reported, or None."""
+        if not self._store.check([Keys.failure(node)]):
+            return None
+        return Failure.from_json(self._store.get(Keys.failure(node)).decode())
+
+    def abort(self):
+        self._store.set(Keys.abort, "1")
+
+    def aborted(self):
+        return self._store.check([Keys.abort])
+
+
+class GangMismatch(Exception):
+    def __init__(self, found, expected):
+        super().__init__(
+            "the rendezvous store belongs to gang %s, not to this gang (%s): another job uses "
+            "the same address and port" % (found, expected)
+        )

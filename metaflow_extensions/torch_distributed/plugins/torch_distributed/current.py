@@ -1,0 +1,135 @@
+"""`current.torch_distributed`: where this process sits in the gang, and `gather`."""
+
+import pickle
+from datetime import timedelta
+
+from .errors import NotInTorchDistributedStep
+from .naming import Keys
+
+# How long rank 0 waits in gather() for the slowest rank. A rank that dies instead is seen by
+# the supervisor, which stops the gang long before this.
+GATHER_TIMEOUT = timedelta(minutes=30)
+
+
+class TorchDistributedInfo:
+    """Where this process sits in the gang of a @torch_distributed step.
+
+    Every value is computed by the decorator from the step's topology; the same values are in
+    the rank's environment (RANK, LOCAL_RANK, WORLD_SIZE, ...), so code that reads either agrees.
+    """
+
+    def __init__(self, topology, node, local_rank, master_addr, master_port, accelerator):
+        self._topology = topology
+        self._node = node
+        self._local_rank = local_rank
+        self._master_addr = master_addr
+        self._master_port = master_port
+        self._accelerator = accelerator
+        self._store = None
+        self._gather_seq = 0
+
+    @property
+    def rank(self):
+        """Global rank: node_rank * local_world_size + local_rank (RANK)."""
+        return self._topology.rank(self._node, self._local_rank)
+
+    @property
+    def local_rank(self):
+        """Rank within this node, 0 .. local_world_size - 1 (LOCAL_RANK)."""
+        return self._local_rank
+
+    @property
+    def world_size(self):
+        """Processes in the gang: num_nodes * local_world_size (WORLD_SIZE)."""
+        return self._topology.world_size
+
+    @property
+    def local_world_size(self):
+        """Processes on each node (LOCAL_WORLD_SIZE)."""
+        return self._topology.nproc_per_node
+
+    @property
+    def node_rank(self):
+        """Index of this node, 0 .. num_nodes - 1 (NODE_RANK and GROUP_RANK)."""
+        return self._node
+
+    @property
+    def num_nodes(self):
+        """Nodes in the gang (GROUP_WORLD_SIZE)."""
+        return self._topology.nodes
+
+    @property
+    def master_addr(self):
+        """Address of node 0, which hosts the rendezvous store (MASTER_ADDR)."""
+        return self._master_addr
+
+    @property
+    def master_port(self):
+        """Port of the rendezvous store, unique per gang attempt (MASTER_PORT)."""
+        return self._master_port
+
+    @property
+    def is_main(self):
+        """True on rank 0, the process whose `self.x` become the step's artifacts."""
+        return self.rank == 0
+
+    @property
+    def device(self):
+        """torch.device this rank should use: cuda:LOCAL_RANK on GPU nodes, else cpu."""
+        import torch
+
+        if self._accelerator == "cuda":
+            return torch.device("cuda", self._local_rank)
+        return torch.device("cpu")
+
+    def gather(self, obj):
+        """Collect a small picklable `obj` from every rank onto rank 0.
+
+        Every rank must call it, the same number of times, in the same order. Rank 0 gets the
+        list of all ranks' values, indexed by rank; the other ranks get None. It goes through
+        the gang's rendezvous store, so it works before, after or without init_process_group.
+        """
+        store = self._connect()
+        seq = self._gather_seq
+        self._gather_seq += 1
+        store.set(Keys.gather(seq, self.rank), pickle.dumps(obj))
+        if not self.is_main:
+            return None
+        keys = [Keys.gather(seq, r) for r in range(self.world_size)]
+        store.wait(keys, GATHER_TIMEOUT)
+        values = [pickle.loads(store.get(k)) for k in keys]
+        for k in keys:
+            store.delete_key(k)
+        return values
+
+    def _connect(self):
+        if self._store is None:
+            from torch.distributed import TCPStore
+
+            self._store = TCPStore(self._master_addr, self._master_port, None, False,
+                                   GATHER_TIMEOUT)
+        return self._store
+
+    def __repr__(self):
+        return "TorchDistributedInfo(rank=%d, local_rank=%d, world_size=%d, node_rank=%d)" % (
+            self.rank, self.local_rank, self.world_size, self.node_rank)
+
+
+class _Unavailable:
+    """Stands in for current.torch_distributed outside a decorated step."""
+
+    def __getattr__(self, name):
+        raise NotInTorchDistributedStep()
+
+    def __bool__(self):
+        return False
+
+
+UNAVAILABLE = _Unavailable()
+
+
+def install(info):
+    """Make `info` visible as current.torch_distributed in this process."""
+    from metaflow import current
+
+    current._update_env({"torch_distributed": info})

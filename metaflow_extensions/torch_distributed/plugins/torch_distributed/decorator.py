@@ -1,0 +1,259 @@
+"""The @torch_distributed step decorator: validation, then a plan handed to the gang runner."""
+
+import os
+import sys
+
+from metaflow.decorators import StepDecorator
+
+from . import current as current_mod
+from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
+from .launch import GangSpec, current_task_identity, top_level_args
+from .topology import Topology, plan_topology
+from .versions import check_metaflow_version
+
+START_METHODS = ("auto", "fork", "exec")
+# Decorators that may say how many GPUs each node has, in the order Metaflow honours them.
+_GPU_DECORATORS = ("resources", "batch", "kubernetes")
+
+
+class TorchDistributedDecorator(StepDecorator):
+    """
+    Run this step as a gang of torch.distributed processes, rank 0 in the task itself.
+
+    Every rank runs the step's body with the rendezvous environment set (MASTER_ADDR,
+    MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, ...), so `torch.distributed.init_process_group()`,
+    Lightning's `Trainer()`, Fabric and Accelerate need no arguments. Rank 0's `self.x` become
+    the step's artifacts; the other ranks' are discarded. If any rank fails, every rank is
+    stopped and the step fails with that rank's error.
+
+    Parameters
+    ----------
+    world_size : int, optional
+        Total number of processes. Default: nodes x nproc_per_node.
+    nodes : int, optional
+        Number of nodes. Default: world_size / nproc_per_node, else 1.
+    nproc_per_node : int, optional
+        Processes per node. Default: the GPUs asked for by @resources/@batch/@kubernetes on
+        this step, else the GPUs visible to the task, else 1.
+    rendezvous_timeout : int, optional
+        Seconds every node and rank has to join before the step fails naming the missing ones.
+        Default: METAFLOW_TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT (300).
+    start_method : str, optional
+        "fork" (members forked from the loaded task: fastest), "exec" (a fresh interpreter
+        per member) or "auto" (fork on Linux while CUDA is untouched, else exec).
+        Default: METAFLOW_TORCH_DISTRIBUTED_START_METHOD ("auto").
+
+    MF Add To Current
+    -----------------
+    torch_distributed -> metaflow_extensions.torch_distributed.plugins.torch_distributed.current.TorchDistributedInfo
+        Where this process sits in the gang: rank, local_rank, world_size, local_world_size,
+        node_rank, num_nodes, master_addr, master_port, is_main, device, and gather(obj).
+
+        @@ Returns
+        -------
+        TorchDistributedInfo
+            Rank and topology of this process in the gang.
+    """
+
+    name = "torch_distributed"
+    defaults = {
+        "world_size": None,
+        "nodes": None,
+        "nproc_per_node": None,
+        "rendezvous_timeout": None,
+        "start_method": None,
+    }
+
+    def step_init(self, flow, graph, step_name, decorators, environment, flow_datastore, logger):
+        self.step_name = step_name
+        self.flow_datastore = flow_datastore
+        current_mod.install(current_mod.UNAVAILABLE)
+        # With --with torch_distributed the decorator lands on every step; gang only the
+        # steps a gang makes sense for (not start, end or joins).
+        self.active = self.statically_defined or graph[step_name].type == "linear"
+        if not self.active:
+            return
+        check_metaflow_version(step_name)
+        _reject_parallel(step_name, graph, decorators)
+        gpus, source = _requested_gpus(decorators)
+        if gpus is None:
+            visible = len(visible_gpu_ids())
+            gpus, source = (visible, "%d visible GPUs" % visible) if visible else (None, None)
+        try:
+            self.topology = plan_topology(
+                self.attributes["world_size"], self.attributes["nodes"],
+                self.attributes["nproc_per_node"], gpus, source)
+        except ValueError as ex:
+            raise TorchDistributedConfigError(step_name, str(ex))
+        self.gpus_requested = source if source and source.startswith("@") else None
+        self.rendezvous_timeout = _timeout(step_name, self.attributes["rendezvous_timeout"])
+        self.start_method = _start_method(step_name, self.attributes["start_method"])
+
+    def task_decorate(self, step_func, flow, graph, retry_count, max_user_code_retries,
+                      ubf_context):
+        if not self.active:
+            return step_func
+        spec = GangSpec.from_env(os.environ)
+        if spec is not None:  # this process is a member started by a gang
+            return _member_step(spec, step_func, self.name)
+        if retry_count > max_user_code_retries:
+            return step_func  # @catch's fallback attempt runs alone, as on any step
+        return self._leader_step(step_func, retry_count, max_user_code_retries)
+
+    def _leader_step(self, step_func, retry_count, max_user_code_retries):
+        from metaflow.cli_args import cli_args
+        from metaflow.metaflow_config import TORCH_DISTRIBUTED_ABORT_GRACE
+
+        from . import naming
+        from .gang import Leader
+
+        identity = current_task_identity(cli_args, self.step_name, retry_count,
+                                         max_user_code_retries, self.flow_datastore)
+        accelerator, blocks = self._local_devices()
+        fields = dict(
+            step_name=self.step_name,
+            nodes=self.topology.nodes,
+            nproc_per_node=self.topology.nproc_per_node,
+            master_addr="127.0.0.1",
+            gang_id=naming.gang_id(identity.run_id, self.step_name, identity.task_id,
+                                   retry_count),
+            restart_count=retry_count,
+            accelerator=accelerator,
+            rendezvous_timeout=self.rendezvous_timeout,
+            start_method=_resolve_start_method(self.start_method),
+            task=identity.__dict__,
+            top_args=top_level_args(cli_args),
+        )
+        leader = Leader(self.step_name, self.topology, fields, float(TORCH_DISTRIBUTED_ABORT_GRACE),
+                        self.name, blocks)
+
+        def gang_step(*args):
+            leader.run(step_func, args)
+
+        return gang_step
+
+    def _local_devices(self):
+        """(accelerator, CUDA_VISIBLE_DEVICES per node) for a gang whose nodes share this host."""
+        from metaflow.metaflow_config import TORCH_DISTRIBUTED_CPU_REHEARSAL
+
+        from .envcontract import node_gpu_block
+
+        visible = visible_gpu_ids()
+        needed = self.topology.world_size
+        if _truthy(TORCH_DISTRIBUTED_CPU_REHEARSAL):
+            return "cpu", {}
+        if len(visible) >= needed and visible:
+            blocks = {n: node_gpu_block(n, self.topology.nproc_per_node, visible,
+                                        self.topology.nodes)
+                      for n in range(self.topology.nodes)}
+            return "cuda", blocks
+        if self.gpus_requested:
+            raise TorchDistributedEnvironmentError(
+                self.step_name,
+                "the gang needs %d GPUs (%s, from %s) but this machine shows %d. Run it where "
+                "the GPUs are (e.g. --with batch), or rehearse it on CPU with gloo: "
+                "METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1 python flow.py run"
+                % (needed, self.topology.describe(), self.gpus_requested, len(visible)))
+        return "cpu", {}
+
+
+def _member_step(spec, step_func, decorator_name):
+    """The step function of a process a gang started (a node agent or an exec'd rank)."""
+    from .gang import Agent, run_exec_rank
+
+    topology = Topology(spec.nodes, spec.nproc_per_node)
+
+    def member_step(*args):
+        if spec.role == "agent":
+            code = Agent(spec, topology).run(step_func, args, decorator_name)
+        else:
+            code = run_exec_rank(spec, topology, step_func, args)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Leave now: a member never persists artifacts or writes task metadata.
+        os._exit(code)
+
+    return member_step
+
+
+def visible_gpu_ids(environ=None, proc_root="/proc/driver/nvidia/gpus"):
+    """GPU ids this process may use, found without initialising CUDA (so forking stays safe)."""
+    from .envcontract import parse_visible_devices
+
+    environ = os.environ if environ is None else environ
+    try:
+        count = len(os.listdir(proc_root))
+    except OSError:
+        count = 0
+    if count == 0:
+        return []
+    return parse_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), count)
+
+
+def _requested_gpus(decorators):
+    best, source = None, None
+    for deco in decorators:
+        if deco.name in _GPU_DECORATORS:
+            value = deco.attributes.get("gpu")
+            if value not in (None, 0, "0", ""):
+                gpus = int(float(value))
+                if best is None or gpus > best:
+                    best, source = gpus, "@%s(gpu=%d)" % (deco.name, gpus)
+    return best, source
+
+
+def _reject_parallel(step_name, graph, decorators):
+    node = graph[step_name]
+    if any(d.name == "parallel" or getattr(d, "IS_PARALLEL", False) for d in decorators):
+        raise TorchDistributedConfigError(
+            step_name,
+            "it cannot be combined with @parallel (or a decorator built on it, such as "
+            "@pytorch_parallel): @torch_distributed starts the gang itself. Remove @parallel.")
+    for parent in node.in_funcs:
+        if getattr(graph[parent], "parallel_foreach", False):
+            raise TorchDistributedConfigError(
+                step_name,
+                "step *%s* reaches it with self.next(..., num_parallel=%s). @torch_distributed "
+                "infers the gang's size: write self.next(self.%s) and set world_size, nodes or "
+                "nproc_per_node on the decorator instead."
+                % (parent, getattr(graph[parent], "num_parallel", "N"), step_name))
+
+
+def _timeout(step_name, value):
+    from metaflow.metaflow_config import TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT
+
+    raw = TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT if value is None else value
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        seconds = None
+    if seconds is None or isinstance(raw, bool) or seconds <= 0:
+        raise TorchDistributedConfigError(
+            step_name, "rendezvous_timeout=%r is not a positive number of seconds. "
+            "Give e.g. rendezvous_timeout=300." % (raw,))
+    return seconds
+
+
+def _start_method(step_name, value):
+    from metaflow.metaflow_config import TORCH_DISTRIBUTED_START_METHOD
+
+    method = TORCH_DISTRIBUTED_START_METHOD if value is None else value
+    if method not in START_METHODS:
+        raise TorchDistributedConfigError(
+            step_name, "start_method=%r is not one of %s." % (method, ", ".join(START_METHODS)))
+    return method
+
+
+def _resolve_start_method(method):
+    if method != "auto":
+        return method
+    if not sys.platform.startswith("linux"):
+        return "exec"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "exec"  # a forked child cannot use a CUDA context its parent created
+    return "fork"
+
+
+def _truthy(value):
+    return str(value).strip().lower() in ("1", "true", "yes", "on")

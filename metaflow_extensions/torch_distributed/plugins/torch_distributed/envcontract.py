@@ -1,0 +1,108 @@
+"""The environment of one rank: what torch, torchrun-aware code, Lightning, Fabric, Accelerate
+and fastai read to find their place in the gang.
+
+Pure: a function of plain data. The facts behind each variable are in
+shared/reference/torch_env.md ("Recommendation"); docs/environment.md documents them for users.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+# Variables a launcher of another kind may have leaked into our environment; left in place they
+# make Lightning or Accelerate detect SLURM, MPI or LSF instead of us.
+FOREIGN_LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "LSB_", "JSM_NAMESPACE_")
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where and under which identity a gang meets."""
+
+    master_addr: str
+    master_port: int
+    gang_id: str
+    restart_count: int = 0
+    # True when the launcher hosts the TCPStore (every rank is then a client of it).
+    agent_store: bool = True
+
+
+def rank_env(topology, node, local_rank, rendezvous, accelerator="cpu", error_file=None,
+             cuda_visible_devices=None, base_env=None, cpu_count=1):
+    """The variables to set for (node, local_rank); `base_env` is the environment they go into,
+    read only to honour what the user set there already."""
+    base_env = base_env or {}
+    nodes, nproc = topology.nodes, topology.nproc_per_node
+    rank = topology.rank(node, local_rank)
+    world = topology.world_size
+    env = {
+        "MASTER_ADDR": rendezvous.master_addr,
+        "MASTER_PORT": str(rendezvous.master_port),
+        "WORLD_SIZE": str(world),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "NODE_RANK": str(node),
+        "GROUP_RANK": str(node),
+        "GROUP_WORLD_SIZE": str(nodes),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world),
+        "ROLE_NAME": "default",
+        "TORCHELASTIC_RUN_ID": rendezvous.gang_id,
+        "TORCHELASTIC_RESTART_COUNT": str(rendezvous.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        # Lightning: a bare Trainer() / Fabric() gets the gang's shape.
+        "PL_TRAINER_NUM_NODES": str(nodes),
+        "PL_TRAINER_DEVICES": str(nproc),
+        "LT_NUM_NODES": str(nodes),
+        "LT_DEVICES": str(nproc),
+    }
+    if rendezvous.agent_store:
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    if error_file:
+        env["TORCHELASTIC_ERROR_FILE"] = error_file
+    if accelerator == "cpu":
+        # Without it Accelerate runs every CPU process alone (DistributedType.NO).
+        env["ACCELERATE_USE_CPU"] = "true"
+        env["PL_TRAINER_ACCELERATOR"] = "cpu"
+        env["LT_ACCELERATOR"] = "cpu"
+    else:
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = base_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    if "OMP_NUM_THREADS" not in base_env:
+        env["OMP_NUM_THREADS"] = str(max(1, cpu_count // nproc))
+    return env
+
+
+def foreign_launcher_vars(base_env):
+    """Names of leaked launcher variables to remove from a rank's environment."""
+    return sorted(k for k in base_env if k.startswith(FOREIGN_LAUNCHER_PREFIXES))
+
+
+def node_gpu_block(node, nproc_per_node, visible_ids, nodes_on_host):
+    """CUDA_VISIBLE_DEVICES for an emulated node sharing a host with other nodes.
+
+    Every rank of a node sees all of its node's GPUs (Lightning and torch.cuda.set_device index
+    them by LOCAL_RANK); nodes on one host get disjoint blocks so NCCL never sees a GPU twice.
+    Returns None when the host has a single node and nothing needs masking.
+    """
+    if nodes_on_host <= 1:
+        return None
+    block = visible_ids[node * nproc_per_node:(node + 1) * nproc_per_node]
+    if len(block) < nproc_per_node:
+        raise ValueError(
+            "node %d needs GPUs %d..%d but the host shows %d GPUs"
+            % (node, node * nproc_per_node, (node + 1) * nproc_per_node - 1, len(visible_ids))
+        )
+    return ",".join(block)
+
+
+def device_for(accelerator, local_rank):
+    """The device string a rank trains on: cuda:LOCAL_RANK on GPU nodes, else cpu."""
+    return "cuda:%d" % local_rank if accelerator == "cuda" else "cpu"
+
+
+def parse_visible_devices(value: Optional[str], device_count):
+    """The list of GPU ids visible to a process, from CUDA_VISIBLE_DEVICES and the device count."""
+    if value is None:
+        return [str(i) for i in range(device_count)]
+    return [v.strip() for v in value.split(",") if v.strip() and v.strip() != "-1"]

@@ -1,0 +1,65 @@
+"""Every error @torch_distributed raises. Each names the step and the value and says how to fix it."""
+
+from metaflow.exception import MetaflowException
+
+
+class TorchDistributedException(MetaflowException):
+    headline = "@torch_distributed error"
+
+    def __init__(self, step_name, msg):
+        self.step_name = step_name
+        super().__init__("@torch_distributed on step *%s*: %s" % (step_name, msg))
+
+
+class TorchDistributedConfigError(TorchDistributedException):
+    """The decorator's attributes, or their combination with the step, are invalid."""
+
+    headline = "Invalid @torch_distributed configuration"
+
+
+class TorchDistributedEnvironmentError(TorchDistributedException):
+    """The machine cannot run the planned gang (too few GPUs, wrong Metaflow version, ...)."""
+
+    headline = "@torch_distributed cannot run here"
+
+
+class TorchDistributedGangFailed(TorchDistributedException):
+    """A rank of the gang failed; the whole gang was stopped. `failure` is the root cause."""
+
+    headline = "@torch_distributed gang failed"
+
+    def __init__(self, step_name, failure, stopped):
+        self.failure = failure
+        msg = "%s\n%s" % (failure.describe(), _stopped_note(stopped))
+        super().__init__(step_name, msg)
+
+
+class TorchDistributedRendezvousTimeout(TorchDistributedGangFailed):
+    """Some nodes or ranks did not check in before the rendezvous timeout."""
+
+    headline = "@torch_distributed rendezvous timed out"
+
+
+class TorchDistributedAborted(Exception):
+    """Raised in rank 0 when another rank failed and the gang is being stopped.
+
+    It derives from Exception (not MetaflowException) so that user code in rank 0 is unwound
+    like any other error; the step then fails with TorchDistributedGangFailed.
+    """
+
+
+class NotInTorchDistributedStep(MetaflowException):
+    headline = "current.torch_distributed is not available"
+
+    def __init__(self):
+        super().__init__(
+            "current.torch_distributed exists only inside a step decorated with "
+            "@torch_distributed, while that step runs. Decorate the step with "
+            "@torch_distributed, or read it only from inside the step's body."
+        )
+
+
+def _stopped_note(stopped):
+    if not stopped:
+        return "No other rank was running."
+    return "The other ranks (%s) were stopped." % ", ".join(str(r) for r in sorted(stopped))

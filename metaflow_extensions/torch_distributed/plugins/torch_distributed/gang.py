@@ -1,0 +1,337 @@
+"""Running a gang: node 0's leader (inside the Metaflow task), node agents, exec'd ranks.
+
+Node 0's task hosts the control plane and runs rank 0 in its main thread, so rank 0's artifacts
+are saved the normal way. Every other process of node 0 is a member started by the task; every
+other node is run by a node agent that starts that node's ranks the same way. Locally a node
+agent is a spin-step process on this host; remotely it is the node's container command.
+"""
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+from . import current as current_mod
+from . import naming
+from .control import ControlPlane, GangMismatch, bind_listener
+from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
+from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
+    TorchDistributedRendezvousTimeout
+from .failures import Failure, root_cause
+from .launch import GangSpec, member_command
+from .procs import OutputPump, fork_member, run_member_body, spawn_member, stop_members
+from .supervisor import Place, Slot, Supervisor
+
+# Seconds a stopped member gets between SIGTERM and SIGKILL.
+STOP_GRACE = 1.0
+# Seconds rank 0, failing with a communication error, waits for the peer failure behind it.
+SYMPTOM_WAIT = 1.0
+# Seconds to copy the last output of exited members into the task's log.
+DRAIN_TIMEOUT = 5.0
+
+
+class NodeRunner:
+    """Starts the ranks of one node (all, or all but local rank 0 on node 0) and carries their
+    output. Forks happen here, before any thread of this process is started."""
+
+    def __init__(self, spec, topology, step_func, args, decorator_name):
+        self.spec = spec
+        self.topology = topology
+        self.step_func = step_func
+        self.args = args
+        self.decorator_name = decorator_name
+        self.base_env = dict(os.environ)  # what exec'd members start from
+        self.slots = []
+        self.pump = OutputPump()
+        self._saved_fds = None
+
+    def rendezvous(self):
+        return Rendezvous(self.spec.master_addr, self.spec.master_port, self.spec.gang_id,
+                          self.spec.restart_count)
+
+    def error_file(self, rank):
+        return os.path.join(self.spec.work_dir, "error-rank-%d.json" % rank)
+
+    def env_of(self, local_rank):
+        rank = self.topology.rank(self.spec.node, local_rank)
+        return rank_env(self.topology, self.spec.node, local_rank, self.rendezvous(),
+                        accelerator=self.spec.accelerator, error_file=self.error_file(rank),
+                        cuda_visible_devices=self.spec.cuda_visible_devices,
+                        base_env=os.environ, cpu_count=os.cpu_count() or 1)
+
+    def start_ranks(self, local_ranks, close_fds=()):
+        for local_rank in local_ranks:
+            rank = self.topology.rank(self.spec.node, local_rank)
+            label = naming.rank_label(rank)
+            env = self.env_of(local_rank)
+            if self.spec.start_method == "fork":
+                member = fork_member(label, self._body(local_rank), env,
+                                     remove_env=foreign_launcher_vars(os.environ),
+                                     error_file=self.error_file(rank), close_fds=close_fds)
+            else:
+                argv, spawn_env = self.command(
+                    "rank", naming.hidden_task_id(self.spec.task["task_id"], self.spec.node,
+                                                  local_rank), local_rank=local_rank)
+                spawn_env.update(env)
+                for key in foreign_launcher_vars(spawn_env):
+                    del spawn_env[key]
+                member = spawn_member(label, argv, spawn_env)
+            self.slots.append(Slot(member, self.spec.node, rank, local_rank, self.error_file(rank)))
+        return self.slots
+
+    def command(self, role, hidden_task_id, **fields):
+        spec = GangSpec(**{**self.spec.__dict__, "role": role, **fields})
+        return member_command(spec, hidden_task_id, self.decorator_name, self.base_env)
+
+    def _body(self, local_rank):
+        def body():
+            current_mod.install(rank_info(self.spec, self.topology, local_rank))
+            self.step_func(*self.args)
+        return body
+
+    def capture(self, own_label):
+        """Send every member's output, and this process's own (as `own_label`), through the
+        pump into this process's original stdout and stderr."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._saved_fds = (os.dup(1), os.dup(2))
+        for slot in self.slots:
+            # A node agent prefixes its ranks' lines itself.
+            prefix = slot.member.label if slot.rank is not None else ""
+            self.pump.add(slot.member.stdout_fd, prefix, self._saved_fds[0])
+            self.pump.add(slot.member.stderr_fd, prefix, self._saved_fds[1])
+        for fd, saved in ((1, self._saved_fds[0]), (2, self._saved_fds[1])):
+            r, w = os.pipe()
+            os.dup2(w, fd)
+            os.close(w)
+            self.pump.add(r, own_label, saved)
+        self.pump.start()
+
+    def release(self):
+        """Give this process its own stdout and stderr back and copy what is left."""
+        if self._saved_fds is None:
+            return
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os.dup2(self._saved_fds[0], 1)
+        os.dup2(self._saved_fds[1], 2)
+        self.pump.drain(DRAIN_TIMEOUT)
+        for fd in self._saved_fds:
+            os.close(fd)
+        self._saved_fds = None
+
+    def stop(self):
+        return stop_members([s.member for s in self.slots], STOP_GRACE)
+
+
+def rank_info(spec, topology, local_rank):
+    return current_mod.TorchDistributedInfo(topology, spec.node, local_rank, spec.master_addr,
+                                            spec.master_port, spec.accelerator)
+
+
+class Leader:
+    """Node 0 of a gang, running inside the Metaflow task process."""
+
+    def __init__(self, step_name, topology, spec_fields, abort_grace, decorator_name,
+                 node_gpu_blocks=None):
+        self.step_name = step_name
+        self.topology = topology
+        self.spec_fields = spec_fields  # GangSpec fields common to every member, minus port
+        self.abort_grace = abort_grace
+        self.decorator_name = decorator_name
+        # CUDA_VISIBLE_DEVICES per node when emulated nodes share this host's GPUs
+        self.node_gpu_blocks = node_gpu_blocks or {}
+        self._body_running = threading.Event()
+        self._main_thread = threading.main_thread().ident
+        self._hard_exit_lock = threading.Lock()
+
+    def run(self, step_func, args):
+        work_dir = tempfile.mkdtemp(prefix="torch-distributed-")
+        listener = bind_listener("0.0.0.0", 0)
+        spec = GangSpec(**self.spec_fields, role="leader", node=0, work_dir=work_dir,
+                        master_port=listener.getsockname()[1],
+                        cuda_visible_devices=self.node_gpu_blocks.get(0))
+        runner = NodeRunner(spec, self.topology, step_func, args, self.decorator_name)
+        self.runner = runner
+        agents = []
+        control = supervisor = None
+        saved_env = dict(os.environ)
+        old_handler = signal.getsignal(signal.SIGUSR1)
+        try:
+            runner.start_ranks(range(1, self.topology.nproc_per_node), close_fds=[listener.fileno()])
+            for node in range(1, self.topology.nodes):
+                argv, env = runner.command(
+                    "agent", naming.hidden_task_id(spec.task["task_id"], node), node=node,
+                    cuda_visible_devices=self.node_gpu_blocks.get(node))
+                agents.append(Slot(spawn_member(naming.agent_label(node), argv, env), node))
+            runner.slots.extend(agents)
+            control = ControlPlane.host(listener, spec.gang_id, spec.rendezvous_timeout)
+            runner.capture(naming.rank_label(0))
+            self.control = control
+            supervisor = Supervisor(
+                runner.slots, control, self.topology,
+                watch_nodes=range(1, self.topology.nodes),
+                expected_joins=self._expected_joins(spec),
+                join_timeout=spec.rendezvous_timeout,
+                on_failure=self._on_failure).start()
+            self.supervisor = supervisor
+            signal.signal(signal.SIGUSR1, _raise_aborted)
+            self._run_rank0(spec, step_func, args, supervisor)
+            supervisor.wait()
+        finally:
+            signal.signal(signal.SIGUSR1, old_handler)
+            if supervisor is not None and supervisor.failed() and control is not None:
+                _quietly(control.abort)
+            stopped = runner.stop()
+            runner.release()
+            os.environ.clear()
+            os.environ.update(saved_env)
+            listener.close()
+            shutil.rmtree(work_dir, ignore_errors=True)
+        self._raise_if_failed(supervisor, stopped)
+
+    def _expected_joins(self, spec):
+        joins = {naming.node_join_id(n): Place(n) for n in range(1, self.topology.nodes)}
+        if spec.start_method == "exec":
+            for slot in self.runner.slots:
+                if slot.rank is not None:
+                    joins[naming.rank_join_id(slot.rank)] = Place(0, slot.rank, slot.local_rank)
+        return joins
+
+    def _run_rank0(self, spec, step_func, args, supervisor):
+        for key in foreign_launcher_vars(os.environ):
+            del os.environ[key]
+        os.environ.update(self.runner.env_of(0))
+        current_mod.install(rank_info(spec, self.topology, 0))
+        self._body_running.set()
+        try:
+            step_func(*args)
+        except BaseException as ex:
+            self._body_running.clear()
+            self._rank0_failed(ex, supervisor)
+        finally:
+            self._body_running.clear()
+
+    def _rank0_failed(self, ex, supervisor):
+        self.rank0_exception = ex
+        failure = Failure(0, 0, "exception", time.time(), local_rank=0,
+                          message="%s: %s" % (type(ex).__name__, ex),
+                          traceback=_format_traceback(ex))
+        if failure.is_symptom():
+            # A peer probably died first; give the supervisor a moment to see it.
+            deadline = time.monotonic() + SYMPTOM_WAIT
+            while not supervisor.failed() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        supervisor.report(failure)
+
+    def _on_failure(self, failure):
+        """The first failure of the gang: stop every process, then make rank 0 stop."""
+        _quietly(self.control.abort)
+        if threading.get_ident() == self._main_thread:
+            return  # rank 0 itself failed: run() stops the members on its way out
+        self.runner.stop()
+        if not self._body_running.is_set():
+            return
+        signal.pthread_kill(self._main_thread, signal.SIGUSR1)
+        threading.Thread(target=self._watchdog, name="torch-distributed-watchdog",
+                         daemon=True).start()
+
+    def _watchdog(self):
+        deadline = time.monotonic() + self.abort_grace
+        while time.monotonic() < deadline:
+            if not self._body_running.is_set():
+                return
+            time.sleep(0.05)
+        # Rank 0 is stuck in native code (a collective or the rendezvous) and cannot be
+        # interrupted: end the task. The runtime sees a failed attempt (retry/catch apply).
+        with self._hard_exit_lock:
+            failure = root_cause(self.supervisor.failures)
+            self.runner.release()
+            print("@torch_distributed on step *%s*: gang failed.\n%s\nRank 0 did not stop within "
+                  "%ss (blocked in native code); ending the task."
+                  % (self.step_name, failure.describe(), self.abort_grace),
+                  file=sys.stderr, flush=True)
+            os._exit(1)
+
+    def _raise_if_failed(self, supervisor, stopped):
+        if supervisor is None or not supervisor.failed():
+            return
+        failure = root_cause(supervisor.failures)
+        if failure.rank == 0 and getattr(self, "rank0_exception", None) is not None:
+            raise self.rank0_exception
+        stopped_ranks = [r for r in range(self.topology.world_size) if r != failure.rank]
+        cls = TorchDistributedRendezvousTimeout if failure.kind == "missing" \
+            else TorchDistributedGangFailed
+        raise cls(self.step_name, failure, stopped_ranks)
+
+
+class Agent:
+    """A node other than node 0: starts the node's ranks, checks in, watches, reports."""
+
+    def __init__(self, spec, topology):
+        self.spec = spec
+        self.topology = topology
+
+    def run(self, step_func, args, decorator_name):
+        """Run the node; the process exit status to leave with."""
+        runner = NodeRunner(self.spec, self.topology, step_func, args, decorator_name)
+        runner.start_ranks(range(self.topology.nproc_per_node))
+        runner.capture(naming.agent_label(self.spec.node))
+        try:
+            try:
+                control = ControlPlane.connect(self.spec.master_addr, self.spec.master_port,
+                                               self.spec.gang_id, self.spec.rendezvous_timeout)
+            except (GangMismatch, RuntimeError) as ex:
+                print("cannot reach node 0 at %s:%d: %s"
+                      % (self.spec.master_addr, self.spec.master_port, ex), file=sys.stderr)
+                return 2
+            control.join(naming.node_join_id(self.spec.node))
+            supervisor = Supervisor(runner.slots, control, self.topology, watch_abort=True).start()
+            supervisor.wait()
+            if supervisor.aborted:
+                print("node 0 aborted the gang; stopping this node's ranks", file=sys.stderr)
+                return 3
+            if supervisor.failed():
+                _quietly(control.report_failure, self.spec.node, root_cause(supervisor.failures))
+                return 1
+            control.finish(self.spec.node)
+            return 0
+        finally:
+            runner.stop()
+            runner.release()
+
+
+def run_exec_rank(spec, topology, step_func, args):
+    """The body of an exec'd rank (start method exec): check in, run the step, exit status."""
+    from .control import ControlPlane as _CP
+
+    rank = topology.rank(spec.node, spec.local_rank)
+    control = _CP.connect(spec.master_addr, spec.master_port, spec.gang_id,
+                          spec.rendezvous_timeout)
+    control.join(naming.rank_join_id(rank))
+    current_mod.install(rank_info(spec, topology, spec.local_rank))
+    return run_member_body(lambda: step_func(*args), os.environ.get("TORCHELASTIC_ERROR_FILE"))
+
+
+def _raise_aborted(signum, frame):
+    raise TorchDistributedAborted("another rank of the gang failed; stopping rank 0")
+
+
+def _format_traceback(ex):
+    import traceback
+
+    return "".join(traceback.format_exception(type(ex), ex, ex.__traceback__))
+
+
+def _quietly(fn, *args):
+    """Best-effort control-plane calls while tearing down: the store may already be gone."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - teardown must go on; the root cause is reported elsewhere
+        pass

@@ -1,0 +1,238 @@
+"""Starting, watching and stopping the processes of one node: forked or exec'd members, and
+the pump that carries their output, line by line and rank-prefixed, into the task's own.
+
+The rules of forking a loaded Metaflow task (design.md, "Starting members"): no thread is
+started before a fork, each child writes to its own pipes, and a child leaves with os._exit so
+that no atexit handler or artifact save of the parent runs in it.
+"""
+
+import ctypes
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent():
+    """Linux: ask the kernel to SIGKILL this process when the thread that started it exits, so
+    a crashed or killed task never leaves members behind."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class Member:
+    """A process of the gang started by this process, in a process group of its own."""
+
+    def __init__(self, label, pid, stdout_fd, stderr_fd, popen=None):
+        self.label = label
+        self.pid = pid
+        self.stdout_fd = stdout_fd
+        self.stderr_fd = stderr_fd
+        self.returncode = None
+        self._popen = popen
+
+    def poll(self):
+        if self.returncode is not None:
+            return self.returncode
+        if self._popen is not None:
+            self.returncode = self._popen.poll()
+            return self.returncode
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            self.returncode = -signal.SIGKILL
+            return self.returncode
+        if pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def signal_group(self, signum):
+        try:
+            os.killpg(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=()):
+    """Fork this process; the child sets `env`, runs `body()` and exits with its status."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # child: never returns
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            die_with_parent()
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            for fd in (out_r, err_r, out_w, err_w, *close_fds):
+                os.close(fd)
+            for key in remove_env:
+                os.environ.pop(key, None)
+            os.environ.update(env)
+            code = run_member_body(body, error_file)
+        finally:
+            os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    return Member(label, pid, out_r, err_r)
+
+
+def run_member_body(body, error_file):
+    """Run a member's step body; the exit status for it, with any exception in `error_file`."""
+    code = 0
+    try:
+        body()
+    except SystemExit as ex:
+        code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+        if ex.code is not None and not isinstance(ex.code, int):
+            print(ex.code, file=sys.stderr)
+    except BaseException as ex:  # every failure of user code becomes the member's error
+        traceback.print_exc()
+        record_error(ex, error_file)
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    return code
+
+
+def record_error(ex, error_file):
+    """Write `ex` in torchelastic's error-file format (the one @record writes)."""
+    if not error_file or os.path.exists(error_file):
+        return  # @record in user code wrote it first: that one has the original traceback
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    previous = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    os.environ["TORCHELASTIC_ERROR_FILE"] = error_file
+    try:
+        ErrorHandler().record_exception(ex)
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHELASTIC_ERROR_FILE", None)
+        else:
+            os.environ["TORCHELASTIC_ERROR_FILE"] = previous
+
+
+def spawn_member(label, argv, env, cwd=None):
+    """Start `argv` as a member in a new process group, its output on pipes."""
+    popen = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
+    return Member(label, popen.pid, popen.stdout.fileno(), popen.stderr.fileno(), popen)
+
+
+def stop_members(members, grace):
+    """SIGTERM every member's process group, then SIGKILL what is left after `grace` seconds.
+    Returns the labels of the members that were still running."""
+    running = [m for m in members if m.poll() is None]
+    for m in running:
+        m.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(m.poll() is None for m in running):
+        time.sleep(0.02)
+    for m in members:
+        # SIGKILL the group even if its leader is gone: its children (data loader workers,
+        # a node's ranks) may still be alive.
+        m.signal_group(signal.SIGKILL)
+    for m in running:
+        while m.poll() is None:
+            time.sleep(0.01)
+    return [m.label for m in running]
+
+
+class OutputPump:
+    """One thread that copies many pipes into target fds, prefixing each line.
+
+    Complete lines are written with one os.write each, so lines of different ranks never mix;
+    a last line without a newline is still written when its pipe closes.
+    """
+
+    def __init__(self):
+        self._selector = selectors.DefaultSelector()
+        self._pending = {}
+        self._lock = threading.Lock()
+        self._closing = False
+        self._thread = None
+        self._wake_r, self._wake_w = os.pipe()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+
+    def add(self, fd, prefix, target_fd):
+        prefix = prefix.encode() + b" " if prefix else b""
+        with self._lock:
+            self._pending[fd] = b""
+            self._selector.register(fd, selectors.EVENT_READ, (prefix, target_fd))
+        os.write(self._wake_w, b"x")
+
+    def start(self):
+        self._thread = threading.Thread(target=self._run, name="torch-distributed-pump", daemon=True)
+        self._thread.start()
+
+    def drain(self, timeout):
+        """Copy what is left and stop once every pipe reached end of file (all its writers
+        exited), waiting at most `timeout` seconds. True if everything was copied."""
+        with self._lock:
+            self._closing = True
+        os.write(self._wake_w, b"x")
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
+
+    def _run(self):
+        while True:
+            with self._lock:
+                if self._closing and not self._pending:
+                    return
+            for key, _ in self._selector.select(timeout=0.2):
+                if key.data is None:
+                    os.read(self._wake_r, 4096)
+                else:
+                    self._read(key.fd, *key.data)
+
+    def _read(self, fd, prefix, target_fd):
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        buf = self._pending[fd] + chunk
+        if not chunk:
+            if buf:
+                _write_all(target_fd, prefix + buf + b"\n")
+            with self._lock:
+                self._selector.unregister(fd)
+                del self._pending[fd]
+            os.close(fd)
+            return
+        *lines, rest = buf.split(b"\n")
+        if lines:
+            _write_all(target_fd, b"".join(prefix + line + b"\n" for line in lines))
+        self._pending[fd] = rest
+
+
+def _write_all(fd, data):
+    while data:
+        try:
+            n = os.write(fd, data)
+        except BrokenPipeError:
+            return
+        data = data[n:]

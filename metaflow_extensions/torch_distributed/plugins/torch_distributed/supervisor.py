@@ -1,0 +1,156 @@
+"""All-or-nothing supervision of one node's share of a gang.
+
+One thread polls every member process and the control plane. The first failure anywhere
+(a rank's non-zero exit or signal, a node's report, a node missing at the rendezvous deadline,
+an abort from node 0) ends the watch and calls `on_failure` once; the caller stops the rest.
+"""
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from . import failures as F
+from .procs import Member
+
+POLL_INTERVAL = 0.05
+
+
+@dataclass
+class Slot:
+    """A member process and where it sits in the gang. `rank` is None for a node agent."""
+
+    member: Member
+    node: int
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    error_file: Optional[str] = None
+
+
+class GangAborted(Exception):
+    """Node 0 aborted the gang (seen by a node agent)."""
+
+
+class Supervisor:
+    """Watches `slots` (this node's processes); on node 0 also `watch_nodes` (the other nodes,
+    through the control plane) and `expected_joins` ({join id: Slot-like place}) until the
+    join deadline; on other nodes, with `watch_abort`, node 0's abort."""
+
+    def __init__(self, slots, control, topology, watch_nodes=(), expected_joins=None,
+                 join_timeout=None, watch_abort=False, on_failure=None, clock=time.monotonic):
+        self.slots = list(slots)
+        self.control = control
+        self.topology = topology
+        self.watch_abort = watch_abort
+        self.join_timeout = join_timeout
+        self.join_deadline = clock() + join_timeout if join_timeout is not None else None
+        self.on_failure = on_failure
+        self.clock = clock
+        self.failures = []
+        self.aborted = False
+        self.finished = threading.Event()
+        self._lock = threading.Lock()
+        self._pending_joins = dict(expected_joins or {})
+        self._nodes_left = set(watch_nodes)
+        self._thread = threading.Thread(target=self._run, name="torch-distributed-supervisor",
+                                        daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def report(self, failure):
+        """Record a failure seen outside the thread (rank 0's exception in the main thread)."""
+        self._fail(failure)
+
+    def failed(self):
+        with self._lock:
+            return bool(self.failures)
+
+    def wait(self, timeout=None):
+        return self.finished.wait(timeout)
+
+    def _fail(self, failure):
+        with self._lock:
+            first = not self.failures
+            self.failures.append(failure)
+        if first:
+            self.finished.set()
+            if self.on_failure:
+                self.on_failure(failure)
+
+    def _run(self):
+        try:
+            while not self.finished.is_set():
+                failure = self._check()
+                if failure is not None:
+                    self._fail(failure)
+                    return
+                if self._all_done():
+                    self.finished.set()
+                    return
+                time.sleep(POLL_INTERVAL)
+        except GangAborted:
+            self.aborted = True
+            self._fail(F.Failure(None, -1, "aborted", time.time(), message="gang aborted by node 0"))
+        except Exception as ex:  # the store is gone: node 0 died or the network broke
+            self._fail(F.Failure(None, -1, "control", time.time(),
+                                 message="lost the gang's control plane: %s" % ex))
+
+    def _check(self):
+        now = time.time()
+        for slot in self.slots:
+            code = slot.member.poll()
+            if code in (None, 0):
+                continue
+            if slot.rank is None:
+                reported = self.control.failure(slot.node)
+                return reported or F.Failure(
+                    None, slot.node, "agent", now, code,
+                    message="node agent exited with code %d before reporting a cause" % code)
+            return F.from_exit(slot.rank, slot.node, slot.local_rank, code, now, slot.error_file)
+        for node in list(self._nodes_left):
+            reported = self.control.failure(node)
+            if reported is not None:
+                return reported
+            if self.control.finished(node):
+                self._nodes_left.discard(node)
+        if self.watch_abort and self.control.aborted():
+            raise GangAborted()
+        return self._check_joins(now)
+
+    def _check_joins(self, now):
+        if not self._pending_joins:
+            return None
+        for join_id in list(self._pending_joins):
+            if self.control.joined(join_id):
+                del self._pending_joins[join_id]
+        if not self._pending_joins or self.clock() < self.join_deadline:
+            return None
+        missing = sorted(self._pending_joins.values(), key=lambda s: s.node)
+        first = missing[0]
+        names = "; ".join(_member_name(s, self.topology) for s in missing)
+        return F.Failure(
+            first.rank, first.node, "missing", now, local_rank=first.local_rank,
+            message="did not join the gang within the rendezvous timeout of %ss. Missing: %s. "
+            "Check that every node can start (image, capacity) and reach node 0, or raise "
+            "rendezvous_timeout." % (self.join_timeout, names))
+
+    def _all_done(self):
+        return not self._nodes_left and all(s.member.poll() == 0 for s in self.slots)
+
+
+@dataclass
+class Place:
+    """Where an expected check-in comes from: a node (rank None) or one rank."""
+
+    node: int
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+
+
+def _member_name(slot, topology):
+    if slot.rank is None:
+        ranks = list(topology.ranks_of(slot.node))
+        return "node %d (ranks %d-%d)" % (slot.node, ranks[0], ranks[-1])
+    return "rank %d (node %d)" % (slot.rank, slot.node)

@@ -1,0 +1,131 @@
+"""The shape of a gang: how many nodes, how many processes per node, which rank is where.
+
+Pure: no metaflow, torch or os.environ. `plan_topology` turns the decorator's attributes and
+what the step asks for into a Topology, or raises ValueError with the arithmetic spelled out
+(the decorator wraps it with the step's name).
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topology:
+    nodes: int
+    nproc_per_node: int
+    # Where nproc_per_node came from, for messages: "nproc_per_node=4", "@resources(gpu=8)", ...
+    source: str = "default"
+    # True when processes per node were derived from GPUs: each rank then owns one GPU.
+    gpu_per_rank: bool = False
+
+    @property
+    def world_size(self):
+        return self.nodes * self.nproc_per_node
+
+    def rank(self, node, local_rank):
+        return node * self.nproc_per_node + local_rank
+
+    def ranks_of(self, node):
+        return range(node * self.nproc_per_node, (node + 1) * self.nproc_per_node)
+
+    def locate(self, rank):
+        """(node, local_rank) of a global rank."""
+        return divmod(rank, self.nproc_per_node)
+
+    def describe(self):
+        return "%d node%s x %d process%s per node = world size %d" % (
+            self.nodes,
+            "" if self.nodes == 1 else "s",
+            self.nproc_per_node,
+            "" if self.nproc_per_node == 1 else "es",
+            self.world_size,
+        )
+
+
+ATTRIBUTES = ("world_size", "nodes", "nproc_per_node")
+
+
+def _check_count(name, value):
+    if value is None:
+        return None
+    # bool is an int in Python; True processes is a mistake, not 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            "%s=%r is not a whole number. Give a positive integer, e.g. %s=2."
+            % (name, value, name)
+        )
+    if value < 1:
+        raise ValueError(
+            "%s=%d must be at least 1. Give a positive integer, e.g. %s=2."
+            % (name, value, name)
+        )
+    return value
+
+
+def plan_topology(world_size=None, nodes=None, nproc_per_node=None, gpus=None, gpu_source=None):
+    """The Topology of a gang.
+
+    `gpus` is the GPU count per node that the step asks for (from @resources, @batch or
+    @kubernetes) or, failing that, that the machine shows; `gpu_source` names where it came from.
+    Processes per node default to `gpus`, else 1; nodes default to world_size / nproc_per_node,
+    else 1.
+    """
+    world_size = _check_count("world_size", world_size)
+    nodes = _check_count("nodes", nodes)
+    nproc_per_node = _check_count("nproc_per_node", nproc_per_node)
+
+    gpu_per_rank = False
+    if nproc_per_node is not None:
+        source = "nproc_per_node=%d" % nproc_per_node
+        if gpus and nproc_per_node > gpus and gpu_source and gpu_source.startswith("@"):
+            raise ValueError(
+                "nproc_per_node=%d asks for more processes per node than the %d GPUs of %s: "
+                "ranks would share GPUs. Set nproc_per_node=%d or ask for more GPUs."
+                % (nproc_per_node, gpus, gpu_source, gpus)
+            )
+        gpu_per_rank = bool(gpus) and nproc_per_node <= gpus
+    elif nodes is not None and world_size is not None:
+        if world_size % nodes:
+            raise ValueError(
+                "world_size=%d is not divisible by nodes=%d (%d / %d = %.2f processes per "
+                "node). Make world_size a multiple of nodes."
+                % (world_size, nodes, world_size, nodes, world_size / nodes)
+            )
+        nproc_per_node = world_size // nodes
+        source = "world_size=%d / nodes=%d" % (world_size, nodes)
+        if gpus and gpu_source and gpu_source.startswith("@") and nproc_per_node != gpus:
+            raise ValueError(
+                "world_size=%d / nodes=%d = %d processes per node, but %s gives each node %d "
+                "GPUs. Drop nodes (it is inferred), or make world_size = nodes x %d = %d."
+                % (world_size, nodes, nproc_per_node, gpu_source, gpus, gpus, nodes * gpus)
+            )
+        gpu_per_rank = bool(gpus) and nproc_per_node <= gpus
+    elif gpus:
+        nproc_per_node = gpus
+        source = gpu_source or "%d GPUs" % gpus
+        gpu_per_rank = True
+    else:
+        nproc_per_node = 1
+        source = "default of 1 process per node (no GPUs requested or visible)"
+
+    if nodes is None:
+        if world_size is None:
+            nodes = 1
+        elif world_size % nproc_per_node:
+            raise ValueError(
+                "world_size=%d is not divisible by %d processes per node (from %s): "
+                "%d / %d = %.2f nodes. Make world_size a multiple of %d, or set "
+                "nproc_per_node." % (
+                    world_size, nproc_per_node, source, world_size, nproc_per_node,
+                    world_size / nproc_per_node, nproc_per_node,
+                )
+            )
+        else:
+            nodes = world_size // nproc_per_node
+
+    if world_size is not None and nodes * nproc_per_node != world_size:
+        raise ValueError(
+            "nodes=%d x %d processes per node (from %s) = %d, not world_size=%d. "
+            "Give any two of world_size, nodes and nproc_per_node that agree, or just one."
+            % (nodes, nproc_per_node, source, nodes * nproc_per_node, world_size)
+        )
+    return Topology(nodes, nproc_per_node, source, gpu_per_rank)

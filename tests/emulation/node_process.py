@@ -1,0 +1,96 @@
+"""One node's container, emulated as a local process group.
+
+The container's command runs as the leader of a new session, so the node's whole process
+tree can be signalled at once. Nothing here blocks except `wait`, which is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def docker_exit_code(returncode: int) -> int:
+    """Docker reports a container killed by signal N as exit code 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class NodeProcess:
+    def __init__(self, popen: subprocess.Popen, log_file) -> None:
+        self._popen = popen
+        self._log_file = log_file
+        self._kill_at: float | None = None
+        self._killed = False
+        self._torn_down = False
+
+    @classmethod
+    def start(
+        cls, argv: list[str], cwd: Path, env: dict[str, str], log_path: Path
+    ) -> "NodeProcess":
+        """Raises OSError when the command cannot be executed (AWS: CannotStartContainerError)."""
+        log_file = open(log_path, "ab")
+        try:
+            popen = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                # Like the awslogs driver, stdout and stderr end up in one stream.
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError:
+            log_file.close()
+            raise
+        return cls(popen, log_file)
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._kill_at is not None
+
+    def exit_code(self) -> int | None:
+        """The container's exit code once its main process has exited, else None."""
+        returncode = self._popen.poll()
+        return None if returncode is None else docker_exit_code(returncode)
+
+    def request_stop(self, now: float, grace_s: float) -> None:
+        """Like `docker stop`: SIGTERM now, SIGKILL once `grace_s` has passed (see `enforce`)."""
+        if self._kill_at is None:
+            self._kill_at = now + grace_s
+            self._signal(signal.SIGTERM)
+
+    def enforce(self, now: float) -> None:
+        if self._kill_at is not None and now >= self._kill_at and not self._killed:
+            self._killed = True
+            self._signal(signal.SIGKILL)
+
+    def teardown(self) -> None:
+        """The container is gone: nothing in its process group survives its main process."""
+        if self._torn_down:
+            return
+        self._signal(signal.SIGKILL)
+        self._torn_down = True
+        self._log_file.close()
+
+    def wait(self, timeout_s: float) -> int | None:
+        deadline = time.monotonic() + timeout_s
+        while self.exit_code() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.exit_code()
+
+    def _signal(self, signum: int) -> None:
+        if self._torn_down:
+            return
+        try:
+            os.killpg(self._popen.pid, signum)
+        except ProcessLookupError:
+            # The whole group has already exited.
+            pass
