@@ -83,6 +83,7 @@ class Job:
     stopped_at: int | None = None
     terminate_reason: str | None = None
     is_cancelled: bool = False
+    is_terminated: bool = False
     entered: float = field(default_factory=time.monotonic)
 
     @property
@@ -159,6 +160,7 @@ class JobBoard:
         """AWS TerminateJob: queued jobs fail at once, started ones once their nodes stop."""
         if job.status not in FINISHED and job.terminate_reason is None:
             job.terminate_reason = reason
+            job.is_terminated = True
 
     def cancel(self, job: Job, reason: str) -> None:
         """AWS CancelJob: only jobs that have not reached STARTING are cancelled."""
@@ -170,7 +172,7 @@ class JobBoard:
         for job in self.jobs.values():
             self._advance(job)
 
-    def live_processes(self) -> list[NodeProcess]:
+    def processes(self) -> list[NodeProcess]:
         return [
             node.process
             for job in self.jobs.values()
@@ -198,9 +200,9 @@ class JobBoard:
         following = QUEUED[QUEUED.index(job.status) + 1 :] + ("STARTING",)
         job.move(following[0])
         for node in job.nodes:
-            node.move("RUNNABLE" if job.status == "STARTING" else job.status)
-        # The main node is launched first.
-        job.main.move(job.status)
+            # The main node is launched first; child nodes wait in RUNNABLE.
+            launching = job.status in QUEUED or node.launch.is_main
+            node.move(job.status if launching else "RUNNABLE")
 
     def _run_step(self, job: Job) -> None:
         main = job.main
@@ -221,7 +223,7 @@ class JobBoard:
         job.started_at = main.started_at
 
     def _supervise(self, job: Job, node: Node) -> None:
-        if node.status == "STARTING" and job.status not in FINISHED:
+        if node.status == "STARTING":
             held = job.multinode and node.index in self._hold_nodes
             if not held and self._due(node.entered):
                 self._launch(job, node)

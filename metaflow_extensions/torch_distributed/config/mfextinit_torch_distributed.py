@@ -13,7 +13,7 @@ TORCH_DISTRIBUTED_START_METHOD = from_conf("TORCH_DISTRIBUTED_START_METHOD", "au
 
 # Seconds rank 0 is given to unwind on its own after the gang failed before the task is
 # ended by force (rank 0 may be blocked inside a C++ collective).
-TORCH_DISTRIBUTED_ABORT_GRACE = from_conf("TORCH_DISTRIBUTED_ABORT_GRACE", 3)
+TORCH_DISTRIBUTED_ABORT_GRACE = from_conf("TORCH_DISTRIBUTED_ABORT_GRACE", 2)
 
 # Run a GPU topology on CPU with gloo (rehearse a GPU flow on a machine without GPUs).
 TORCH_DISTRIBUTED_CPU_REHEARSAL = from_conf("TORCH_DISTRIBUTED_CPU_REHEARSAL", False)

@@ -92,26 +92,28 @@ class NodeRunner:
             self.step_func(*self.args)
         return body
 
-    def capture(self, own_label):
+    def capture(self, own_label, close_in_pump=()):
         """Send every member's output, and this process's own (as `own_label`), through the
-        pump into this process's original stdout and stderr."""
+        pump into this process's original stdout and stderr. Forks the pump: call it before
+        this process starts any thread."""
         sys.stdout.flush()
         sys.stderr.flush()
-        self._saved_fds = (os.dup(1), os.dup(2))
         for slot in self.slots:
             # A node agent prefixes its ranks' lines itself.
             prefix = slot.member.label if slot.rank is not None else ""
-            self.pump.add(slot.member.stdout_fd, prefix, self._saved_fds[0])
-            self.pump.add(slot.member.stderr_fd, prefix, self._saved_fds[1])
-        for fd, saved in ((1, self._saved_fds[0]), (2, self._saved_fds[1])):
-            r, w = os.pipe()
+            self.pump.add(slot.member.stdout_fd, prefix, 1)
+            self.pump.add(slot.member.stderr_fd, prefix, 2)
+        own = [os.pipe(), os.pipe()]
+        for (r, _), target in zip(own, (1, 2)):
+            self.pump.add(r, own_label, target)
+        self.pump.start(close_in_child=[w for _, w in own] + list(close_in_pump))
+        self._saved_fds = (os.dup(1), os.dup(2))
+        for (_, w), fd in zip(own, (1, 2)):
             os.dup2(w, fd)
             os.close(w)
-            self.pump.add(r, own_label, saved)
-        self.pump.start()
 
     def release(self):
-        """Give this process its own stdout and stderr back and copy what is left."""
+        """Give this process its own stdout and stderr back and let the pump copy what is left."""
         if self._saved_fds is None:
             return
         for stream in (sys.stdout, sys.stderr):
@@ -121,10 +123,10 @@ class NodeRunner:
                 pass
         os.dup2(self._saved_fds[0], 1)
         os.dup2(self._saved_fds[1], 2)
-        self.pump.drain(DRAIN_TIMEOUT)
         for fd in self._saved_fds:
             os.close(fd)
         self._saved_fds = None
+        self.pump.drain(DRAIN_TIMEOUT)
 
     def stop(self):
         return stop_members([s.member for s in self.slots], STOP_GRACE)
@@ -171,8 +173,8 @@ class Leader:
                     cuda_visible_devices=self.node_gpu_blocks.get(node))
                 agents.append(Slot(spawn_member(naming.agent_label(node), argv, env), node))
             runner.slots.extend(agents)
+            runner.capture(naming.rank_label(0), close_in_pump=[listener.fileno()])
             control = ControlPlane.host(listener, spec.gang_id, spec.rendezvous_timeout)
-            runner.capture(naming.rank_label(0))
             self.control = control
             supervisor = Supervisor(
                 runner.slots, control, self.topology,
@@ -263,9 +265,14 @@ class Leader:
         if supervisor is None or not supervisor.failed():
             return
         failure = root_cause(supervisor.failures)
-        if failure.rank == 0 and getattr(self, "rank0_exception", None) is not None:
-            raise self.rank0_exception
         stopped_ranks = [r for r in range(self.topology.world_size) if r != failure.rank]
+        if failure.rank == 0 and getattr(self, "rank0_exception", None) is not None:
+            # Re-raise rank 0's own exception, so @catch and the task's error show its type.
+            print("@torch_distributed on step *%s*: %s failed with the error below. The other "
+                  "ranks (%s) were stopped." % (self.step_name, failure.where(),
+                                                ", ".join(map(str, stopped_ranks))),
+                  file=sys.stderr, flush=True)
+            raise self.rank0_exception
         cls = TorchDistributedRendezvousTimeout if failure.kind == "missing" \
             else TorchDistributedGangFailed
         raise cls(self.step_name, failure, stopped_ranks)

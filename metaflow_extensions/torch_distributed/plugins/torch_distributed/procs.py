@@ -12,7 +12,6 @@ import selectors
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
 
@@ -162,71 +161,76 @@ def stop_members(members, grace):
 
 
 class OutputPump:
-    """One thread that copies many pipes into target fds, prefixing each line.
+    """Copies many pipes into target fds, prefixing each line, from a forked process of its own.
 
-    Complete lines are written with one os.write each, so lines of different ranks never mix;
-    a last line without a newline is still written when its pipe closes.
+    Being a separate process, it keeps copying when any rank dies, rank 0's task included, so
+    the last lines of a crashing rank are never lost: it leaves when every pipe reached end of
+    file (all its writers exited). Complete lines are written with one os.write each, so lines
+    of different ranks never mix; a last line without a newline is still written.
     """
 
     def __init__(self):
-        self._selector = selectors.DefaultSelector()
-        self._pending = {}
-        self._lock = threading.Lock()
-        self._closing = False
-        self._thread = None
-        self._wake_r, self._wake_w = os.pipe()
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._streams = []  # (read fd, prefix bytes, target fd)
+        self.pid = None
 
     def add(self, fd, prefix, target_fd):
-        prefix = prefix.encode() + b" " if prefix else b""
-        with self._lock:
-            self._pending[fd] = b""
-            self._selector.register(fd, selectors.EVENT_READ, (prefix, target_fd))
-        os.write(self._wake_w, b"x")
+        self._streams.append((fd, prefix.encode() + b" " if prefix else b"", target_fd))
 
-    def start(self):
-        self._thread = threading.Thread(target=self._run, name="torch-distributed-pump", daemon=True)
-        self._thread.start()
+    def start(self, close_in_child=()):
+        """Fork the pump; close `close_in_child` (e.g. write ends of pumped pipes) in it."""
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                for fd in close_in_child:
+                    os.close(fd)
+                _pump(self._streams)
+                code = 0
+            finally:
+                os._exit(code)
+        for fd, _, _ in self._streams:
+            os.close(fd)
 
     def drain(self, timeout):
-        """Copy what is left and stop once every pipe reached end of file (all its writers
-        exited), waiting at most `timeout` seconds. True if everything was copied."""
-        with self._lock:
-            self._closing = True
-        os.write(self._wake_w, b"x")
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return self._thread is None or not self._thread.is_alive()
+        """Wait for the pump to copy what is left, at most `timeout` seconds."""
+        if self.pid is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.waitpid(self.pid, os.WNOHANG)[0]:
+                self.pid = None
+                return True
+            time.sleep(0.01)
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        self.pid = None
+        return False
 
-    def _run(self):
-        while True:
-            with self._lock:
-                if self._closing and not self._pending:
-                    return
-            for key, _ in self._selector.select(timeout=0.2):
-                if key.data is None:
-                    os.read(self._wake_r, 4096)
-                else:
-                    self._read(key.fd, *key.data)
 
-    def _read(self, fd, prefix, target_fd):
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            chunk = b""
-        buf = self._pending[fd] + chunk
-        if not chunk:
-            if buf:
-                _write_all(target_fd, prefix + buf + b"\n")
-            with self._lock:
-                self._selector.unregister(fd)
-                del self._pending[fd]
-            os.close(fd)
-            return
-        *lines, rest = buf.split(b"\n")
-        if lines:
-            _write_all(target_fd, b"".join(prefix + line + b"\n" for line in lines))
-        self._pending[fd] = rest
+def _pump(streams):
+    selector = selectors.DefaultSelector()
+    pending = {}
+    for fd, prefix, target in streams:
+        selector.register(fd, selectors.EVENT_READ, (prefix, target))
+        pending[fd] = b""
+    while pending:
+        for key, _ in selector.select():
+            prefix, target = key.data
+            try:
+                chunk = os.read(key.fd, 65536)
+            except OSError:
+                chunk = b""
+            buf = pending[key.fd] + chunk
+            if not chunk:
+                if buf:
+                    _write_all(target, prefix + buf + b"\n")
+                selector.unregister(key.fd)
+                del pending[key.fd]
+                continue
+            *lines, rest = buf.split(b"\n")
+            if lines:
+                _write_all(target, b"".join(prefix + line + b"\n" for line in lines))
+            pending[key.fd] = rest
 
 
 def _write_all(fd, data):

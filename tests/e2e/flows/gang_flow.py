@@ -1,0 +1,86 @@
+"""A configurable gang for end-to-end tests. The environment chooses the topology and, for
+fault-injection tests, which rank fails, when and how (TD_FAIL_RANK, TD_FAIL_WHEN, TD_FAIL_HOW).
+The failing rank writes the time it failed to $TD_MARK_DIR, so tests can measure detection."""
+
+import os
+import signal
+import sys
+import time
+
+from metaflow import FlowSpec, current, step, torch_distributed
+
+# A node agent that never joins: its process hangs while it loads the flow.
+if os.environ.get("TD_HANG_NODE") and "--task-id" in sys.argv and \
+        sys.argv[sys.argv.index("--task-id") + 1].endswith("-node-%s" % os.environ["TD_HANG_NODE"]):
+    time.sleep(3600)
+
+NODES = int(os.environ.get("TD_NODES", "1"))
+NPROC = int(os.environ.get("TD_NPROC", "2"))
+
+
+def maybe_fail(when):
+    rank = int(os.environ["RANK"])
+    if os.environ.get("TD_FAIL_WHEN") != when or int(os.environ.get("TD_FAIL_RANK", -1)) != rank:
+        return
+    if os.environ.get("TD_FAIL_ATTEMPT") and int(os.environ["TD_FAIL_ATTEMPT"]) != current.retry_count:
+        return
+    how = os.environ.get("TD_FAIL_HOW", "raise")
+    with open(os.path.join(os.environ["TD_MARK_DIR"], "failed-at"), "w") as f:
+        f.write(repr(time.time()))
+    print("rank %d failing now (%s, %s)" % (rank, when, how), flush=True)
+    print("last words of rank %d" % rank, file=sys.stderr, flush=True)
+    if how == "raise":
+        raise ValueError("injected failure on rank %d" % rank)
+    if how == "exit":
+        sys.exit(3)
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "hang":
+        time.sleep(3600)
+
+
+class GangFlow(FlowSpec):
+    @step
+    def start(self):
+        self.next(self.train)
+
+    @torch_distributed(nodes=NODES, nproc_per_node=NPROC,
+                       rendezvous_timeout=int(os.environ.get("TD_RDZV_TIMEOUT", "60")))
+    @step
+    def train(self):
+        import torch
+        import torch.distributed as dist
+
+        maybe_fail("before_init")
+        dist.init_process_group("gloo")
+        maybe_fail("after_init")
+        t = torch.tensor([float(dist.get_rank() + 1)])
+        if os.environ.get("TD_FAIL_WHEN") == "in_collective" and dist.get_rank() != int(os.environ["TD_FAIL_RANK"]):
+            time.sleep(0.5)  # the others are blocked in the all_reduce when the failing rank dies
+        maybe_fail("in_collective")
+        dist.all_reduce(t)
+        self.total = t.item()
+        self.rank_seen = dist.get_rank()
+        self.env_seen = {k: os.environ[k] for k in (
+            "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+            "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
+        info = current.torch_distributed
+        self.envs = info.gather(self.env_seen)
+        self.info = dict(rank=info.rank, local_rank=info.local_rank, world_size=info.world_size,
+                         local_world_size=info.local_world_size, node_rank=info.node_rank,
+                         num_nodes=info.num_nodes, is_main=info.is_main, device=str(info.device),
+                         master_port=info.master_port)
+        print("hello from rank %d" % dist.get_rank())
+        print("stderr of rank %d" % dist.get_rank(), file=sys.stderr)
+        dist.destroy_process_group()
+        maybe_fail("after_body")
+        self.attempt = current.retry_count
+        self.next(self.end)
+
+    @step
+    def end(self):
+        print("total", self.total)
+
+
+if __name__ == "__main__":
+    GangFlow()

@@ -1,0 +1,111 @@
+"""Running real flows through Metaflow's CLI for end-to-end tests, in an isolated folder."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+FLOWS = Path(__file__).parent / "e2e" / "flows"
+REPO = Path(__file__).parent.parent
+
+
+class Result:
+    def __init__(self, proc, elapsed, stdout, stderr):
+        self.returncode = proc.returncode
+        self.elapsed = elapsed
+        self.stdout = stdout
+        self.stderr = stderr
+        self.output = stdout + stderr
+
+    def __repr__(self):
+        return "Result(rc=%s, %.1fs)\n%s" % (self.returncode, self.elapsed, self.output[-6000:])
+
+
+class FlowRunner:
+    """Copies a flow into its own folder (datastore, metadata and METAFLOW_HOME inside it)."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+        self.marks = self.root / "marks"
+        self.marks.mkdir(exist_ok=True)
+
+    def env(self, extra=None):
+        env = dict(os.environ)
+        for key in list(env):
+            if key.startswith(("TD_", "METAFLOW_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+                del env[key]
+        env.update({
+            "METAFLOW_HOME": str(self.root / "mfhome"),
+            "METAFLOW_DEFAULT_DATASTORE": "local",
+            "METAFLOW_DEFAULT_METADATA": "local",
+            "METAFLOW_DATASTORE_SYSROOT_LOCAL": str(self.root),
+            "USERNAME": "tester",
+            "TD_MARK_DIR": str(self.marks),
+            "PYTHONPATH": str(REPO),
+        })
+        env.update({k: str(v) for k, v in (extra or {}).items()})
+        return env
+
+    def flow_path(self, name):
+        target = self.root / name
+        if not target.exists():
+            shutil.copy(FLOWS / name, target)
+        return target
+
+    def cli(self, name, *args, env=None, timeout=240):
+        path = self.flow_path(name)
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, str(path), "--no-pylint", *args],
+                              cwd=self.root, env=self.env(env), capture_output=True, text=True,
+                              timeout=timeout)
+        return Result(proc, time.monotonic() - started, proc.stdout, proc.stderr)
+
+    def run(self, name, *args, env=None, timeout=240):
+        return self.cli(name, "run", *args, env=env, timeout=timeout)
+
+    def popen(self, name, *args, env=None):
+        path = self.flow_path(name)
+        return subprocess.Popen([sys.executable, str(path), "--no-pylint", *args], cwd=self.root,
+                                env=self.env(env), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def failed_at(self):
+        mark = self.marks / "failed-at"
+        return float(mark.read_text()) if mark.exists() else None
+
+    def client(self, code, env=None):
+        """Evaluate `code` with Metaflow's client in a fresh interpreter pointed at this test's
+        datastore (Metaflow reads its roots once per process); `code` sets `result`."""
+        script = ("import json\nfrom metaflow import Flow, Run, Task, namespace\n"
+                  "namespace(None)\n%s\nprint('@@' + json.dumps(result))" % code)
+        proc = subprocess.run([sys.executable, "-c", script], cwd=self.root, env=self.env(env),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.rsplit("@@", 1)[1])
+
+    def leftovers(self):
+        """Processes still running from this test's folder."""
+        found = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if any(str(self.root) in part for part in (p.info["cmdline"] or [])):
+                    found.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+
+    def assert_no_leftovers(self, wait=5.0):
+        deadline = time.monotonic() + wait
+        while True:
+            left = self.leftovers()
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        for p in left:
+            p.kill()
+        assert not left, "processes left behind: %s" % [p.info for p in left]
