@@ -51,6 +51,9 @@ class GangFlow(FlowSpec):
         import torch
         import torch.distributed as dist
 
+        if os.environ.get("TD_ALL_SLEEP"):
+            open(os.path.join(os.environ["TD_MARK_DIR"], "sleeping-%s" % os.environ["RANK"]), "w").close()
+            time.sleep(3600)
         maybe_fail("before_init")
         dist.init_process_group("gloo")
         maybe_fail("after_init")

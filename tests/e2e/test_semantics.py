@@ -1,0 +1,109 @@
+"""Metaflow semantics around a gang: foreach, retry, catch, resume, Ctrl-C, start methods."""
+
+import json
+import signal
+import time
+
+import pytest
+
+TRAIN = "t = Flow('GangFlow').latest_run['train'].task\n"
+
+
+def test_foreach_of_gangs_runs_concurrently_and_joins_one_input_per_branch(flow_runner):
+    res = flow_runner.run("foreach_flow.py")
+    assert res.returncode == 0, res
+    got = flow_runner.client(
+        "run = Flow('ForeachGangs').latest_run\n"
+        "j = run['join'].task\n"
+        "result = dict(results=j['results'].data, n=j['n_inputs'].data, ports=j['ports'].data,\n"
+        "              train_tasks=len(list(run['train'])))")
+    assert got["n"] == 2 and got["train_tasks"] == 2
+    assert got["results"] == [[1.0, 3.0], [10.0, 30.0]]
+    assert len(set(got["ports"])) == 2
+
+
+def test_retry_reruns_the_whole_gang(flow_runner):
+    res = flow_runner.run("gang_flow.py", "--with", "retry:times=1,minutes_between_retries=0",
+                          env={"TD_NODES": 2, "TD_NPROC": 1, "TD_FAIL_RANK": 1,
+                               "TD_FAIL_WHEN": "after_init", "TD_FAIL_HOW": "raise",
+                               "TD_FAIL_ATTEMPT": 0})
+    assert res.returncode == 0, res
+    assert "injected failure on rank 1" in res.output
+    got = flow_runner.client(TRAIN + "result = dict(attempt=t['attempt'].data, "
+                             "total=t['total'].data, ok=t.successful)")
+    assert got["attempt"] == 1 and got["total"] == 3 and got["ok"]
+
+
+def test_catch_records_the_gang_failure(flow_runner):
+    res = flow_runner.run("gang_flow.py", "--with", "catch:var=failure",
+                          env={"TD_NODES": 1, "TD_NPROC": 2, "TD_FAIL_RANK": 1,
+                               "TD_FAIL_WHEN": "after_init", "TD_FAIL_HOW": "exit"})
+    assert res.returncode == 0, res
+    got = flow_runner.client(TRAIN + "result = repr(t['failure'].data)")
+    assert "rank 1 (node 0, local rank 1) exited with code 3" in got
+
+
+def test_resume_after_a_failed_gang(flow_runner):
+    failed = flow_runner.run("gang_flow.py", env={"TD_NODES": 2, "TD_NPROC": 1,
+                                                  "TD_FAIL_RANK": 1, "TD_FAIL_WHEN": "after_init"})
+    assert failed.returncode != 0, failed
+    resumed = flow_runner.cli("gang_flow.py", "resume", env={"TD_NODES": 2, "TD_NPROC": 1})
+    assert resumed.returncode == 0, resumed
+    got = flow_runner.client(
+        "run = Flow('GangFlow').latest_run\n"
+        "result = dict(ok=run.successful, train=len(list(run['train'])),"
+        " total=run['train'].task['total'].data)")
+    assert got == {"ok": True, "train": 1, "total": 3}
+
+
+def test_ctrl_c_leaves_no_process(flow_runner):
+    proc = flow_runner.popen("gang_flow.py", "run",
+                             env={"TD_NODES": 2, "TD_NPROC": 2, "TD_ALL_SLEEP": 1})
+    deadline = time.monotonic() + 60
+    while len(list(flow_runner.marks.glob("sleeping-*"))) < 4:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    # the fixture asserts that nothing from this test's folder is left running
+
+
+@pytest.mark.parametrize("how", ["raise", "sigkill"])
+def test_exec_start_method(flow_runner, how):
+    env = {"TD_NODES": 2, "TD_NPROC": 2, "METAFLOW_TORCH_DISTRIBUTED_START_METHOD": "exec"}
+    ok = flow_runner.run("gang_flow.py", env=env)
+    assert ok.returncode == 0, ok
+    assert flow_runner.client(TRAIN + "result = t['total'].data") == 10
+    bad = flow_runner.run("gang_flow.py", env=dict(env, TD_FAIL_RANK=3, TD_FAIL_WHEN="in_collective",
+                                                   TD_FAIL_HOW=how))
+    assert bad.returncode != 0
+    assert "rank 3 (node 1, local rank 1)" in bad.output, bad
+
+
+@pytest.mark.parametrize("args, expected", [
+    ({"nodes": 0}, "nodes=0 must be at least 1"),
+    ({"world_size": -2}, "world_size=-2 must be at least 1"),
+    ({"world_size": 2.5}, "world_size=2.5 is not a whole number"),
+    ({"nproc_per_node": "2"}, "nproc_per_node='2' is not a whole number"),
+    ({"world_size": 6, "nproc_per_node": 4}, "6 / 4 = 1.50 nodes"),
+    ({"world_size": 4, "nodes": 3, "nproc_per_node": 2}, "nodes=3 x 2 processes per node"),
+    ({"world_size": 5, "nodes": 2}, "world_size=5 is not divisible by nodes=2"),
+    ({"bogus": 1}, "bogus"),
+    ({"rendezvous_timeout": 0}, "rendezvous_timeout=0 is not a positive number"),
+    ({"start_method": "spawn"}, "start_method='spawn' is not one of"),
+])
+def test_invalid_configuration_fails_before_any_task(flow_runner, args, expected):
+    res = flow_runner.run("config_flow.py", env={"TD_ARGS": json.dumps(args)})
+    assert res.returncode != 0
+    assert expected in res.output, res
+    assert "start step ran" not in res.output
+    if "bogus" not in args:
+        assert "@torch_distributed on step train:" in res.output, res
+
+
+def test_num_parallel_is_rejected(flow_runner):
+    res = flow_runner.run("parallel_flow.py")
+    assert res.returncode != 0
+    assert "num_parallel" in res.output, res
+    assert "start step ran" not in res.output
