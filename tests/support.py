@@ -46,7 +46,6 @@ class FlowRunner:
             "METAFLOW_DATASTORE_SYSROOT_LOCAL": str(self.root),
             "USERNAME": "tester",
             "TD_MARK_DIR": str(self.marks),
-            "PYTHONPATH": str(REPO),
         })
         env.update({k: str(v) for k, v in (extra or {}).items()})
         return env

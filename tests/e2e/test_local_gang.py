@@ -47,3 +47,20 @@ def test_logs_command_shows_every_rank(flow_runner):
         assert "[rank %d] hello from rank %d" % (rank, rank) in out.stdout
         assert "[rank %d] stderr of rank %d" % (rank, rank) not in out.stdout
         assert "[rank %d] stderr of rank %d" % (rank, rank) in err.stdout
+
+
+def test_distributed_sampler_shards_disjointly_with_no_arguments(flow_runner):
+    res = flow_runner.run("sampler_flow.py")
+    assert res.returncode == 0, res
+    got = flow_runner.client("t = Flow('SamplerFlow').latest_run['train'].task\n"
+                             "result = dict(shards=t['shards'].data, world=t['world'].data)")
+    shards = got["shards"]
+    assert [len(s) for s in shards] == [16, 16, 16, 16]
+    assert sorted(sum(shards, [])) == list(range(64))
+    assert got["world"] == 4
+
+
+def test_world_size_one_runs_in_the_task_alone(flow_runner):
+    res = flow_runner.run("gang_flow.py", env={"TD_NODES": 1, "TD_NPROC": 1})
+    assert res.returncode == 0, res
+    assert flow_runner.client(TRAIN + "result = t['total'].data") == 1
