@@ -64,3 +64,18 @@ def test_world_size_one_runs_in_the_task_alone(flow_runner):
     res = flow_runner.run("gang_flow.py", env={"TD_NODES": 1, "TD_NPROC": 1})
     assert res.returncode == 0, res
     assert flow_runner.client(TRAIN + "result = t['total'].data") == 1
+
+
+def test_gpu_topology_without_gpus_fails_with_the_fix(flow_runner):
+    res = flow_runner.run("gpu_flow.py")
+    assert res.returncode != 0
+    assert "needs 2 GPUs" in res.output and "@resources(gpu=2)" in res.output, res
+    assert "METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1" in res.output
+
+
+def test_gpu_topology_rehearsed_on_cpu(flow_runner):
+    res = flow_runner.run("gpu_flow.py", env={"METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL": 1})
+    assert res.returncode == 0, res
+    got = flow_runner.client("t = Flow('GpuFlow').latest_run['train'].task\n"
+                             "result = [t['world'].data, t['devices'].data]")
+    assert got == [2, ["cpu", "cpu"]]
