@@ -96,11 +96,6 @@ def node_gpu_block(node, nproc_per_node, visible_ids, nodes_on_host):
     return ",".join(block)
 
 
-def device_for(accelerator, local_rank):
-    """The device string a rank trains on: cuda:LOCAL_RANK on GPU nodes, else cpu."""
-    return "cuda:%d" % local_rank if accelerator == "cuda" else "cpu"
-
-
 def parse_visible_devices(value: Optional[str], device_count):
     """The list of GPU ids visible to a process, from CUDA_VISIBLE_DEVICES and the device count."""
     if value is None:

@@ -151,7 +151,6 @@ class Leader:
         self.node_gpu_blocks = node_gpu_blocks or {}
         self._body_running = threading.Event()
         self._main_thread = threading.main_thread().ident
-        self._hard_exit_lock = threading.Lock()
 
     def run(self, step_func, args):
         work_dir = tempfile.mkdtemp(prefix="torch-distributed-")
@@ -252,14 +251,13 @@ class Leader:
             time.sleep(0.05)
         # Rank 0 is stuck in native code (a collective or the rendezvous) and cannot be
         # interrupted: end the task. The runtime sees a failed attempt (retry/catch apply).
-        with self._hard_exit_lock:
-            failure = root_cause(self.supervisor.failures)
-            self.runner.release()
-            print("@torch_distributed on step *%s*: gang failed.\n%s\nRank 0 did not stop within "
-                  "%ss (blocked in native code); ending the task."
-                  % (self.step_name, failure.describe(), self.abort_grace),
-                  file=sys.stderr, flush=True)
-            os._exit(1)
+        failure = root_cause(self.supervisor.failures)
+        self.runner.release()
+        print("@torch_distributed on step *%s*: gang failed.\n%s\nRank 0 did not stop within "
+              "%ss (blocked in native code); ending the task."
+              % (self.step_name, failure.describe(), self.abort_grace),
+              file=sys.stderr, flush=True)
+        os._exit(1)
 
     def _raise_if_failed(self, supervisor, stopped):
         if supervisor is None or not supervisor.failed():
@@ -316,10 +314,8 @@ class Agent:
 
 def run_exec_rank(spec, topology, step_func, args):
     """The body of an exec'd rank (start method exec): check in, run the step, exit status."""
-    from .control import ControlPlane as _CP
-
     rank = topology.rank(spec.node, spec.local_rank)
-    control = _CP.connect(spec.master_addr, spec.master_port, spec.gang_id,
+    control = ControlPlane.connect(spec.master_addr, spec.master_port, spec.gang_id,
                           spec.rendezvous_timeout)
     control.join(naming.rank_join_id(rank))
     current_mod.install(rank_info(spec, topology, spec.local_rank))
