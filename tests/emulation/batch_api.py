@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import threading
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from .batch_describe import describe_job, describe_node, summarize
 from .batch_jobs import Job, JobBoard, Node, Queue
@@ -83,7 +83,11 @@ class BatchApi:
                 "jobDefinitionArn": "%s:job-definition/%s:%d" % (self._arn_prefix, name, revision),
             }
             revisions.append(definition)
-        return {"jobDefinitionName": name, "jobDefinitionArn": definition["jobDefinitionArn"], "revision": revision}
+        return {
+            "jobDefinitionName": name,
+            "jobDefinitionArn": definition["jobDefinitionArn"],
+            "revision": revision,
+        }
 
     def describe_job_definitions(self, body: dict) -> dict:
         with self._lock:
@@ -93,7 +97,11 @@ class BatchApi:
             found = [
                 d
                 for d in found
-                if {d["jobDefinitionArn"], d["jobDefinitionName"], "%s:%d" % (d["jobDefinitionName"], d["revision"])}
+                if {
+                    d["jobDefinitionArn"],
+                    d["jobDefinitionName"],
+                    "%s:%d" % (d["jobDefinitionName"], d["revision"]),
+                }
                 & wanted
             ]
         if body.get("jobDefinitionName"):

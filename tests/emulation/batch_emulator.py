@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Collection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -44,8 +45,13 @@ class EmulatorError(Exception):
     """The emulator itself failed (a bug here, not a rejected request)."""
 
 
+def _json(status: int, payload: dict, headers: dict) -> tuple[int, bytes, dict]:
+    """An AWS REST-JSON answer; errors name their type in x-amzn-ErrorType."""
+    return status, json.dumps(payload).encode(), {**headers, "Content-Type": "application/json"}
+
+
 class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
+    server: _Server
 
     def do_POST(self) -> None:
         self._dispatch()
@@ -68,24 +74,28 @@ class _Handler(BaseHTTPRequestHandler):
             emulator.sunk_requests.append("%s %s" % (self.command, self.path))
             self._reply(404, b"", {})
             return
+        try:
+            self._reply(*self._answer(emulator, body))
+        # The HTTP boundary: report the emulator's own bugs instead of dropping the connection.
+        except Exception:
+            emulator.errors.append(traceback.format_exc())
+            self._reply_json(
+                500, {"message": "emulator error"}, {"x-amzn-ErrorType": "ServerException"}
+            )
+
+    def _answer(self, emulator: BatchEmulator, body: bytes) -> tuple[int, bytes, dict]:
         operation = self.path.rstrip("/").rsplit("/", 1)[-1]
         handler = emulator.api.operations.get(operation) if self.path.startswith("/v1/") else None
         if handler is None:
-            self._reply(*emulator.forward(self.command, self.path, self.headers, body))
-            return
+            return emulator.forward(self.command, self.path, self.headers, body)
         try:
             result = handler(json.loads(body or b"{}"))
         except BatchClientError as error:
-            self._reply_json(400, {"message": str(error)}, {"x-amzn-ErrorType": "ClientException"})
-        except Exception:  # the HTTP boundary: report our own bugs instead of dropping the connection
-            emulator.errors.append(traceback.format_exc())
-            self._reply_json(500, {"message": "emulator error"}, {"x-amzn-ErrorType": "ServerException"})
-        else:
-            self._reply_json(200, result, {})
+            return _json(400, {"message": str(error)}, {"x-amzn-ErrorType": "ClientException"})
+        return _json(200, result, {})
 
     def _reply_json(self, status: int, payload: dict, headers: dict) -> None:
-        headers = {**headers, "Content-Type": "application/json"}
-        self._reply(status, json.dumps(payload).encode(), headers)
+        self._reply(*_json(status, payload, headers))
 
     def _reply(self, status: int, body: bytes, headers: dict) -> None:
         self.send_response(status)
@@ -98,7 +108,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
-    emulator: "BatchEmulator"
+    emulator: BatchEmulator
 
 
 class BatchEmulator:
@@ -112,6 +122,8 @@ class BatchEmulator:
     workdir : where node working directories and logs go; a temporary one by default.
     transition_s : time a job spends in each state before RUNNING.
     stop_grace_s : SIGTERM to SIGKILL delay when nodes are stopped (ECS uses 30 s).
+    poll_s : how often the scheduler advances jobs and polls node processes.
+    region, account_id : what job and job definition ARNs are made of.
     """
 
     def __init__(
@@ -119,7 +131,7 @@ class BatchEmulator:
         upstream_url: str,
         *,
         image_env: dict[str, str] | None = None,
-        hold_nodes: frozenset[int] = frozenset(),
+        hold_nodes: Collection[int] = (),
         workdir: Path | None = None,
         transition_s: float = 0.05,
         stop_grace_s: float = 2.0,
@@ -149,7 +161,7 @@ class BatchEmulator:
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def __enter__(self) -> "BatchEmulator":
+    def __enter__(self) -> BatchEmulator:
         self.start()
         return self
 
@@ -207,7 +219,8 @@ class BatchEmulator:
         while not self._stopping.wait(self._poll_s):
             try:
                 self.api.tick()
-            except Exception:  # keep the failure for close() instead of dying silently
+            # Kept for close() to raise, instead of the thread dying silently.
+            except Exception:
                 self.errors.append(traceback.format_exc())
                 return
 

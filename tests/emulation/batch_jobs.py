@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from .batch_spec import NodeLaunch, Placement, injected_environment
 from .node_process import NodeProcess
 
 QUEUED = ("SUBMITTED", "PENDING", "RUNNABLE")
+LAUNCH_ORDER = QUEUED + ("STARTING",)
 FINISHED = ("SUCCEEDED", "FAILED")
 # AWS's statusReason for a container whose main process exited by itself.
 EXITED_REASON = "Essential container in task exited"
@@ -197,8 +198,7 @@ class JobBoard:
     def _queue_step(self, job: Job) -> None:
         if not self._due(job.entered):
             return
-        following = QUEUED[QUEUED.index(job.status) + 1 :] + ("STARTING",)
-        job.move(following[0])
+        job.move(LAUNCH_ORDER[LAUNCH_ORDER.index(job.status) + 1])
         for node in job.nodes:
             # The main node is launched first; child nodes wait in RUNNABLE.
             launching = job.status in QUEUED or node.launch.is_main
@@ -206,12 +206,12 @@ class JobBoard:
 
     def _run_step(self, job: Job) -> None:
         main = job.main
+        if job.terminate_reason is None and self._timed_out(job):
+            job.terminate_reason = TIMEOUT_REASON
         if job.terminate_reason is not None:
             self._stop_all(job, job.terminate_reason)
-        elif job.timeout_s is not None and job.started_at is not None:
-            if now_ms() - job.started_at >= job.timeout_s * 1000:
-                job.terminate_reason = TIMEOUT_REASON
         if main.status == "RUNNING":
+            # AWS launches the child nodes once the main node runs.
             for child in job.children:
                 if child.status == "RUNNABLE":
                     child.move("STARTING")
@@ -222,25 +222,36 @@ class JobBoard:
         job.status = main.status
         job.started_at = main.started_at
 
+    @staticmethod
+    def _timed_out(job: Job) -> bool:
+        """AWS: attemptDurationSeconds counts from the start of the job (its main node)."""
+        if job.timeout_s is None or job.started_at is None:
+            return False
+        return now_ms() - job.started_at >= job.timeout_s * 1000
+
     def _supervise(self, job: Job, node: Node) -> None:
         if node.status == "STARTING":
             held = job.multinode and node.index in self._hold_nodes
             if not held and self._due(node.entered):
                 self._launch(job, node)
         elif node.status == "RUNNING":
-            process = node.process
-            process.enforce(time.monotonic())
-            exit_code = process.exit_code()
+            node.process.enforce(time.monotonic())
+            exit_code = node.process.exit_code()
             if exit_code is not None:
-                process.teardown()
-                node.exit_code = exit_code
-                node.stopped_at = now_ms()
-                if node.stop_reason is not None:
-                    node.move("FAILED")
-                    node.status_reason = node.stop_reason
-                else:
-                    node.move("SUCCEEDED" if exit_code == 0 else "FAILED")
-                    node.status_reason = EXITED_REASON
+                self._exited(node, exit_code)
+
+    @staticmethod
+    def _exited(node: Node, exit_code: int) -> None:
+        node.process.teardown()
+        node.exit_code = exit_code
+        node.stopped_at = now_ms()
+        if node.stop_reason is not None:
+            # Stopped by AWS Batch (TerminateJob, timeout, main node exit): always FAILED.
+            node.move("FAILED")
+            node.status_reason = node.stop_reason
+        else:
+            node.move("SUCCEEDED" if exit_code == 0 else "FAILED")
+            node.status_reason = EXITED_REASON
 
     def _launch(self, job: Job, node: Node) -> None:
         try:

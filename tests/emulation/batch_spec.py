@@ -106,7 +106,12 @@ def _check_bounds(node_range: NodeRange, num_nodes: int, where: str) -> None:
     if node_range.first >= num_nodes or node_range.indices(num_nodes).stop > num_nodes:
         raise BatchClientError(
             "%s: targetNodes %s:%s is outside 0:%d."
-            % (where, node_range.first, "" if node_range.is_open else node_range.last, num_nodes - 1)
+            % (
+                where,
+                node_range.first,
+                "" if node_range.is_open else node_range.last,
+                num_nodes - 1,
+            )
         )
 
 
@@ -118,8 +123,7 @@ def _check_node_ranges(ranges: list[NodeRange], num_nodes: int, where: str) -> N
     missing = sorted(set(range(num_nodes)) - covered)
     if missing:
         raise BatchClientError(
-            "%s: node ranges must cover every node; nodes %s are not covered."
-            % (where, missing)
+            "%s: node ranges must cover every node; nodes %s are not covered." % (where, missing)
         )
 
 
@@ -134,21 +138,17 @@ def validate_job_definition(body: dict) -> None:
         return
     if kind != "multinode":
         raise BatchClientError(
-            "%s: the emulator supports type 'container' or 'multinode', not %r."
-            % (where, kind)
+            "%s: the emulator supports type 'container' or 'multinode', not %r." % (where, kind)
         )
     if "FARGATE" in body.get("platformCapabilities", []):
-        raise BatchClientError(
-            "%s: multi-node parallel jobs are not supported on Fargate." % where
-        )
+        raise BatchClientError("%s: multi-node parallel jobs are not supported on Fargate." % where)
     properties = body.get("nodeProperties")
     if not properties:
         raise BatchClientError("%s: nodeProperties is required." % where)
     num_nodes = properties["numNodes"]
     if not 0 <= properties["mainNode"] < num_nodes:
         raise BatchClientError(
-            "%s: mainNode %d is not below numNodes %d."
-            % (where, properties["mainNode"], num_nodes)
+            "%s: mainNode %d is not below numNodes %d." % (where, properties["mainNode"], num_nodes)
         )
     ranges = properties["nodeRangeProperties"]
     _check_node_ranges([parse_target_nodes(r["targetNodes"]) for r in ranges], num_nodes, where)
@@ -213,7 +213,7 @@ def plan_nodes(definition: dict, submission: dict) -> list[NodeLaunch]:
     for index in range(num_nodes):
         container = copy.deepcopy(_container_for_node(ranges, index, num_nodes))
         # Overrides whose range holds this node apply in request order.
-        for override, override_range in zip(overrides, override_ranges):
+        for override, override_range in zip(overrides, override_ranges, strict=True):
             if index in override_range.indices(num_nodes):
                 container = merge_container(container, override.get("containerOverrides"))
         _check_environment(container, "nodeOverrides")

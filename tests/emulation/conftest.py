@@ -1,36 +1,12 @@
 from __future__ import annotations
 
-import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
-import psutil
 import pytest
 
 from .aws import AwsEmulation, moto_aws
 from .batch_emulator import BatchEmulator, EmulatorError
-
-
-def wait_for(probe: Callable[[], object], timeout_s: float = 10.0, what: str = "condition"):
-    """Polls `probe` until it returns something truthy; fails the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail("timed out after %.1f s waiting for %s" % (timeout_s, what))
-        time.sleep(0.05)
-
-
-def processes_of(emulator_url: str) -> list[psutil.Process]:
-    """Live processes started by the emulator at `emulator_url` (marked by their env)."""
-    found = []
-    for process in psutil.process_iter(["environ", "status"]):
-        environ = process.info["environ"] or {}
-        alive = process.info["status"] != psutil.STATUS_ZOMBIE
-        if alive and environ.get("AWS_ENDPOINT_URL_BATCH") == emulator_url:
-            found.append(process)
-    return found
+from .probes import processes_of
 
 
 @pytest.fixture(scope="module")

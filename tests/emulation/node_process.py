@@ -6,6 +6,7 @@ tree can be signalled at once. Nothing here blocks except `wait`, which is bound
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -27,9 +28,7 @@ class NodeProcess:
         self._torn_down = False
 
     @classmethod
-    def start(
-        cls, argv: list[str], cwd: Path, env: dict[str, str], log_path: Path
-    ) -> "NodeProcess":
+    def start(cls, argv: list[str], cwd: Path, env: dict[str, str], log_path: Path) -> NodeProcess:
         """Raises OSError when the command cannot be executed (AWS: CannotStartContainerError)."""
         log_file = open(log_path, "ab")
         try:
@@ -89,8 +88,6 @@ class NodeProcess:
     def _signal(self, signum: int) -> None:
         if self._torn_down:
             return
-        try:
+        # ProcessLookupError: the whole group has already exited.
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self._popen.pid, signum)
-        except ProcessLookupError:
-            # The whole group has already exited.
-            pass

@@ -11,7 +11,7 @@ from botocore.exceptions import ClientError
 
 from .aws import client
 from .batch_jobs import MAIN_NODE_EXITED_REASON
-from .conftest import processes_of, wait_for
+from .probes import processes_of, wait_for
 
 IMAGE = "python:3.11"
 
@@ -197,6 +197,37 @@ def test_multinode_nodes_get_layout_and_per_node_overrides(aws, batch, tmp_path)
     assert batch.submissions[-1]["nodeOverrides"]["numNodes"] == 3
 
 
+def test_command_that_cannot_start_fails_the_job(aws, batch):
+    client_ = batch_client(batch)
+    register_container(client_, "missing", ["/no/such/entrypoint"])
+    job_id = client_.submit_job(jobName="missing", jobQueue=aws.queue, jobDefinition="missing")[
+        "jobId"
+    ]
+
+    detail = wait_status(client_, job_id, "FAILED", "SUCCEEDED")
+
+    assert detail["status"] == "FAILED"
+    assert detail["container"]["reason"].startswith("CannotStartContainerError:")
+    assert "exitCode" not in detail["container"]
+
+
+def test_attempt_duration_timeout_stops_the_job(aws, start_emulator):
+    batch = start_emulator(stop_grace_s=0.5)
+    client_ = batch_client(batch)
+    register_container(client_, "slow", ["sleep", "60"])
+    job_id = client_.submit_job(
+        jobName="slow",
+        jobQueue=aws.queue,
+        jobDefinition="slow",
+        timeout={"attemptDurationSeconds": 1},
+    )["jobId"]
+
+    detail = wait_status(client_, job_id, "FAILED", "SUCCEEDED", timeout_s=5)
+
+    assert detail["statusReason"] == "Job attempt duration exceeded timeout"
+    assert detail["container"]["exitCode"] == 143
+
+
 def test_main_node_exit_stops_child_nodes(aws, start_emulator, tmp_path):
     batch = start_emulator(stop_grace_s=0.5)
     client_ = batch_client(batch)
@@ -218,9 +249,9 @@ def test_main_node_exit_stops_child_nodes(aws, start_emulator, tmp_path):
         },
         [env_var("OUT", str(tmp_path))],
     )
-    job_id = client_.submit_job(jobName="main-exits", jobQueue=aws.queue, jobDefinition="main-exits")[
-        "jobId"
-    ]
+    job_id = client_.submit_job(
+        jobName="main-exits", jobQueue=aws.queue, jobDefinition="main-exits"
+    )["jobId"]
 
     detail = wait_status(client_, job_id, "SUCCEEDED", "FAILED")
     assert detail["status"] == "SUCCEEDED"
@@ -287,7 +318,9 @@ def test_list_and_cancel_jobs(aws, start_emulator):
     slow = start_emulator(transition_s=30)
     client_ = batch_client(slow)
     register_container(client_, "queued", ["true"])
-    job_id = client_.submit_job(jobName="queued", jobQueue=aws.queue, jobDefinition="queued")["jobId"]
+    job_id = client_.submit_job(jobName="queued", jobQueue=aws.queue, jobDefinition="queued")[
+        "jobId"
+    ]
 
     listed = client_.list_jobs(jobQueue=aws.queue, jobStatus="SUBMITTED")["jobSummaryList"]
     assert [summary["jobId"] for summary in listed] == [job_id]

@@ -61,14 +61,25 @@ def test_narrower_range_wins_and_overrides_apply_in_order():
     submission = {
         "nodeOverrides": {
             "nodePropertyOverrides": [
-                {"targetNodes": "1:", "containerOverrides": {"environment": [{"name": "A", "value": "first"}]}},
-                {"targetNodes": "3:3", "containerOverrides": {"environment": [{"name": "A", "value": "last"}]}},
+                {
+                    "targetNodes": "1:",
+                    "containerOverrides": {"environment": [{"name": "A", "value": "first"}]},
+                },
+                {
+                    "targetNodes": "3:3",
+                    "containerOverrides": {"environment": [{"name": "A", "value": "last"}]},
+                },
             ]
         }
     }
     launches = plan_nodes(definition, submission)
     assert [launch.command for launch in launches] == [["wide"], ["wide"], ["narrow"], ["wide"]]
-    assert [launch.environment.get("A") for launch in launches] == ["wide", "first", "first", "last"]
+    assert [launch.environment.get("A") for launch in launches] == [
+        "wide",
+        "first",
+        "first",
+        "last",
+    ]
     assert [launch.is_main for launch in launches] == [True, False, False, False]
 
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 FLOW = Path(__file__).parent / "flows" / "batch_smoke_flow.py"
-RUN_TIMEOUT_S = 180
+RUN_TIMEOUT_S = 120
+KILL_GRACE_S = 10
 
 
 def isolated_env(*layers: dict[str, str], home: Path) -> dict[str, str]:
@@ -28,14 +32,29 @@ def isolated_env(*layers: dict[str, str], home: Path) -> dict[str, str]:
 
 
 def metaflow(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, FLOW.name, "--no-pylint", *args],
+    """Runs the flow's CLI in its own session, so a hung run is stopped with all its workers."""
+    argv = [sys.executable, FLOW.name, "--no-pylint", *args]
+    process = subprocess.Popen(
+        argv,
         cwd=cwd,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=RUN_TIMEOUT_S,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: Metaflow's atexit hook then terminates its Batch jobs.
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = process.communicate(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate(timeout=KILL_GRACE_S)
+        pytest.fail("%s timed out after %d s\n%s\n%s" % (argv, RUN_TIMEOUT_S, stdout, stderr))
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
 
 def test_flow_runs_on_emulated_batch_and_logs_are_readable(aws, batch, tmp_path):
@@ -48,11 +67,15 @@ def test_flow_runs_on_emulated_batch_and_logs_are_readable(aws, batch, tmp_path)
     run = metaflow(["run", "--with", "batch", "--run-id-file", "run-id"], workdir, env)
 
     assert run.returncode == 0, run.stdout + run.stderr
+    # Job names are "<user>-<flow>-<run id>-<step>-<task id>-<attempt>".
+    assert [s["jobName"].split("-")[-3] for s in batch.submissions] == ["start", "end"]
+    # The only traffic meant for outside 127.0.0.1 was @batch asking for instance metadata.
+    assert all("//169.254.169.254/" in request for request in batch.sunk_requests)
+
+    # Metaflow tails the job's logs from S3 while it runs: end read start's artifact.
+    assert "start ran as AWS Batch job " in run.stdout + run.stderr
+
     run_id = (workdir / "run-id").read_text().strip()
-    steps = [s["jobName"].split("-")[-3] for s in batch.submissions]
-    assert steps == ["start", "end"]
     logs = metaflow(["logs", "%s/start" % run_id], workdir, env)
     assert logs.returncode == 0, logs.stdout + logs.stderr
     assert "hello from AWS Batch job " in logs.stdout
-    end_logs = metaflow(["logs", "%s/end" % run_id], workdir, env)
-    assert "start ran as AWS Batch job " in end_logs.stdout

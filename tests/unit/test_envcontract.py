@@ -4,7 +4,6 @@ import pytest
 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.envcontract import (
     Rendezvous,
-    device_for,
     foreign_launcher_vars,
     node_gpu_block,
     parse_visible_devices,
@@ -167,9 +166,3 @@ def test_node_gpu_block_too_few_gpus_is_a_clear_error():
 ])
 def test_parse_visible_devices(value, count, expected):
     assert parse_visible_devices(value, count) == expected
-
-
-@pytest.mark.parametrize("accelerator,local_rank,expected", [
-    ("cuda", 3, "cuda:3"), ("cpu", 3, "cpu"), ("cuda", 0, "cuda:0")])
-def test_device_for(accelerator, local_rank, expected):
-    assert device_for(accelerator, local_rank) == expected

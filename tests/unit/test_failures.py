@@ -140,10 +140,6 @@ def test_read_error_file_garbage(tmp_path, content):
     assert read_error_file(str(path)) is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "failures.read_error_file assumes the JSON is an object: a file holding other JSON "
-    "(null, a list, a number) raises AttributeError instead of returning None; in the "
-    "supervisor thread that becomes 'lost the gang's control plane'"))
 @pytest.mark.parametrize("content", ["null", "[1, 2]", "42"])
 def test_read_error_file_json_that_is_not_an_object(tmp_path, content):
     path = tmp_path / "error.json"

@@ -4,6 +4,7 @@ Ranks use it as their rendezvous store (TORCHELASTIC_USE_AGENT_STORE=True, as un
 node agents use it to check in, report failures and learn that the gang is aborting.
 """
 
+import os
 import socket
 from datetime import timedelta
 
@@ -42,7 +43,8 @@ class ControlPlane:
             True,
             timedelta(seconds=timeout),
             wait_for_workers=False,
-            master_listen_fd=listener.fileno(),
+            # The store adopts (and at the end closes) the fd it is given: give it its own.
+            master_listen_fd=os.dup(listener.fileno()),
         )
         store.set(Keys.gang, gang_id)
         return cls(store, gang_id)

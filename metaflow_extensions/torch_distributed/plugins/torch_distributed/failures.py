@@ -80,6 +80,8 @@ def read_error_file(path):
             data = json.load(f)
     except (OSError, ValueError):
         return None
+    if not isinstance(data, dict):
+        return None
     message = data.get("message", {})
     if isinstance(message, str):
         return message, ""

@@ -138,7 +138,13 @@ def spawn_member(label, argv, env, cwd=None):
         start_new_session=True,
         preexec_fn=die_with_parent,
     )
-    return Member(label, popen.pid, popen.stdout.fileno(), popen.stderr.fileno(), popen)
+    # The pump takes the pipes over: give it its own fds and let the Popen's file objects go,
+    # so nothing closes the same fd number twice.
+    out_fd, err_fd = os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno())
+    popen.stdout.close()
+    popen.stderr.close()
+    popen.stdout = popen.stderr = None
+    return Member(label, popen.pid, out_fd, err_fd, popen)
 
 
 def stop_members(members, grace):

@@ -1,0 +1,275 @@
+"""The supervisor with real member processes and a real control plane (torch TCPStore)."""
+
+import errno
+import gc
+import os
+import sys
+import time
+
+import pytest
+import torch.distributed  # noqa: F401 - imported before any store, as in a task
+
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import naming
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.control import (
+    ControlPlane,
+    GangMismatch,
+    bind_listener,
+)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import (
+    spawn_member,
+    stop_members,
+)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor import (
+    Place,
+    Slot,
+    Supervisor,
+)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+
+GANG = "1700-train-5-0"
+
+
+@pytest.fixture
+def gang():
+    """Node 0's control plane on a kernel-chosen port, and a second client of it (a node)."""
+    listener = bind_listener("127.0.0.1", 0)
+    port = listener.getsockname()[1]
+    host = ControlPlane.host(listener, GANG, timeout=10)
+    listener.close()  # as the leader does: the store serves on a descriptor of its own
+    node = ControlPlane.connect("127.0.0.1", port, GANG, timeout=10)
+    yield host, node, port
+
+
+@pytest.fixture
+def started():
+    """Members a test spawned: stopped at the end whatever happened."""
+    members = []
+    yield members
+    stop_members(members, 0.2)
+
+
+def member(started, rank, script, label=None):
+    """A real process (an interpreter without site, for speed) running `script`."""
+    proc = spawn_member(label or naming.rank_label(rank),
+                        [sys.executable, "-S", "-c", "import sys, time\n" + script],
+                        {"PATH": os.environ.get("PATH", "")})
+    started.append(proc)
+    return proc
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, failure):
+        self.calls.append(failure)
+
+
+def test_reports_the_first_failing_member_with_its_rank_and_node(gang, started):
+    host, _, _ = gang
+    topo = Topology(1, 4)
+    slots = [
+        Slot(member(started, 1, "sys.exit(0)"), 0, 1, 1),
+        Slot(member(started, 2, "time.sleep(0.3); sys.exit(3)"), 0, 2, 2),
+        Slot(member(started, 3, "time.sleep(60)"), 0, 3, 3),
+        Slot(member(started, 4, "time.sleep(1.5); sys.exit(5)"), 0, 4, 4),
+    ]
+    recorder = Recorder()
+    begun = time.monotonic()
+    sup = Supervisor(slots, host, topo, on_failure=recorder).start()
+    assert sup.wait(10)
+    assert time.monotonic() - begun < 1.4  # did not wait for ranks 3 and 4
+    assert len(recorder.calls) == 1 and sup.failures == recorder.calls
+    failure = recorder.calls[0]
+    assert (failure.rank, failure.node, failure.local_rank) == (2, 0, 2)
+    assert (failure.kind, failure.exitcode) == ("exit", 3)
+    assert failure.describe() == "rank 2 (node 0, local rank 2) exited with code 3."
+    assert slots[2].member.poll() is None  # stopping the rest is the caller's job
+
+
+def test_the_failure_carries_the_members_error_file(gang, started, tmp_path):
+    host, _, _ = gang
+    error_file = tmp_path / "error-rank-1.json"
+    error_file.write_text('{"message": {"message": "ValueError: lr", '
+                          '"extraInfo": {"py_callstack": "Traceback: here"}}}')
+    slot = Slot(member(started, 1, "sys.exit(1)"), 0, 1, 1, str(error_file))
+    sup = Supervisor([slot], host, Topology(1, 2)).start()
+    assert sup.wait(10)
+    failure = sup.failures[0]
+    assert (failure.kind, failure.message, failure.traceback) == \
+        ("exception", "ValueError: lr", "Traceback: here")
+
+
+def test_a_killed_member_is_reported_as_a_signal(gang, started):
+    host, _, _ = gang
+    slot = Slot(member(started, 1, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"),
+                0, 1, 1)
+    sup = Supervisor([slot], host, Topology(1, 2)).start()
+    assert sup.wait(10)
+    assert sup.failures[0].describe() == "rank 1 (node 0, local rank 1) was killed by SIGKILL."
+
+
+def test_finishes_when_every_member_exits_0(gang, started):
+    host, _, _ = gang
+    slots = [Slot(member(started, r, "time.sleep(%s)" % (0.1 * r)), 0, r, r) for r in (1, 2, 3)]
+    recorder = Recorder()
+    sup = Supervisor(slots, host, Topology(1, 4), on_failure=recorder).start()
+    assert not sup.wait(0.1)  # rank 3 is still running
+    assert sup.wait(10)
+    assert not sup.failed() and recorder.calls == []
+    assert [s.member.poll() for s in slots] == [0, 0, 0]
+
+
+def test_sees_a_failure_a_node_reports_through_the_control_plane(gang):
+    host, node, _ = gang
+    recorder = Recorder()
+    sup = Supervisor([], host, Topology(3, 2), watch_nodes=[1, 2], on_failure=recorder).start()
+    assert not sup.wait(0.2)
+    reported = Failure(3, 1, "exception", time.time(), 1, "RuntimeError: node one broke",
+                       "Traceback ...", local_rank=1)
+    node.report_failure(1, reported)
+    assert sup.wait(10)
+    assert recorder.calls == [reported]
+
+
+def test_waits_for_every_watched_node_to_finish(gang):
+    host, node, _ = gang
+    sup = Supervisor([], host, Topology(3, 1), watch_nodes=[1, 2]).start()
+    node.finish(1)
+    assert not sup.wait(0.3)  # node 2 has not finished
+    node.finish(2)
+    assert sup.wait(10)
+    assert not sup.failed()
+
+
+def test_a_node_that_never_joins_is_reported_missing_by_name(gang):
+    host, node, _ = gang
+    topo = Topology(3, 2)
+    joins = {naming.node_join_id(n): Place(n) for n in (1, 2)}
+    node.join(naming.node_join_id(1))
+    begun = time.monotonic()
+    sup = Supervisor([], host, topo, watch_nodes=[1, 2], expected_joins=joins,
+                     join_timeout=1.0).start()
+    assert sup.wait(10)
+    elapsed = time.monotonic() - begun
+    assert 0.9 <= elapsed < 3, elapsed
+    failure = sup.failures[0]
+    assert (failure.kind, failure.node, failure.rank) == ("missing", 2, None)
+    assert "node 2 (ranks 4-5)" in failure.message and "node 1" not in failure.message
+    assert "1.0s" in failure.message
+    assert failure.describe().startswith("node 2 did not join the gang")
+
+
+def test_a_missing_exec_rank_is_named(gang, started):
+    host, node, _ = gang
+    slots = [Slot(member(started, r, "time.sleep(60)"), 0, r, r) for r in (1, 2)]
+    joins = {naming.rank_join_id(1): Place(0, 1, 1), naming.rank_join_id(2): Place(0, 2, 2)}
+    node.join(naming.rank_join_id(2))
+    sup = Supervisor(slots, host, Topology(1, 3), expected_joins=joins, join_timeout=0.5).start()
+    assert sup.wait(10)
+    failure = sup.failures[0]
+    assert (failure.kind, failure.rank, failure.local_rank) == ("missing", 1, 1)
+    assert "Missing: rank 1 (node 0)." in failure.message
+
+
+def test_no_missing_node_once_every_node_joined(gang):
+    host, node, _ = gang
+    joins = {naming.node_join_id(1): Place(1)}
+    sup = Supervisor([], host, Topology(2, 1), watch_nodes=[1], expected_joins=joins,
+                     join_timeout=0.3).start()
+    node.join(naming.node_join_id(1))
+    assert not sup.wait(0.6)  # past the deadline, still watching: nothing is missing
+    node.finish(1)
+    assert sup.wait(10)
+    assert not sup.failed()
+
+
+def test_an_agent_stops_when_node_0_aborts(gang, started):
+    host, node, _ = gang
+    slot = Slot(member(started, 2, "time.sleep(60)"), 1, 2, 0)
+    recorder = Recorder()
+    sup = Supervisor([slot], node, Topology(2, 2), watch_abort=True, on_failure=recorder).start()
+    assert not sup.wait(0.2)
+    host.abort()
+    assert sup.wait(10)
+    assert sup.aborted
+    assert [f.kind for f in recorder.calls] == ["aborted"]
+    assert slot.member.poll() is None  # the agent stops its ranks itself
+
+
+def test_an_abort_is_ignored_without_watch_abort(gang, started):
+    host, _, _ = gang
+    slot = Slot(member(started, 1, "time.sleep(0.4)"), 0, 1, 1)
+    host.abort()
+    sup = Supervisor([slot], host, Topology(1, 2)).start()
+    assert sup.wait(10)
+    assert not sup.failed() and not sup.aborted
+
+
+def test_report_from_outside_calls_on_failure_once(gang, started):
+    host, _, _ = gang
+    slot = Slot(member(started, 1, "time.sleep(0.3); sys.exit(2)"), 0, 1, 1)
+    recorder = Recorder()
+    sup = Supervisor([slot], host, Topology(1, 2), on_failure=recorder).start()
+    rank0 = Failure(0, 0, "exception", time.time(), message="ValueError: x", local_rank=0)
+    sup.report(rank0)
+    assert sup.wait(1)
+    sup.report(Failure(1, 0, "exit", time.time(), 2, local_rank=1))
+    assert recorder.calls == [rank0]
+    assert len(sup.failures) == 2
+
+
+def test_connect_to_another_gangs_store_raises_gang_mismatch(gang):
+    _, _, port = gang
+    with pytest.raises(GangMismatch) as info:
+        ControlPlane.connect("127.0.0.1", port, "1700-train-5-1", timeout=5)
+    assert GANG in str(info.value) and "1700-train-5-1" in str(info.value)
+
+
+def test_two_gangs_on_port_0_get_different_ports_and_stay_apart():
+    listeners = [bind_listener("127.0.0.1", 0) for _ in range(2)]
+    ports = [l.getsockname()[1] for l in listeners]
+    hosts = [ControlPlane.host(l, "gang-%d" % i, timeout=10) for i, l in enumerate(listeners)]
+    for listener in listeners:
+        listener.close()
+    assert ports[0] != ports[1] and 0 not in ports
+    clients = [ControlPlane.connect("127.0.0.1", p, "gang-%d" % i, timeout=10)
+               for i, p in enumerate(ports)]
+    clients[0].join("node1")
+    assert hosts[0].joined("node1") and not hosts[1].joined("node1")
+    with pytest.raises(GangMismatch):
+        ControlPlane.connect("127.0.0.1", ports[1], "gang-0", timeout=10)
+
+
+def test_a_fixed_port_in_use_raises_eaddrinuse():
+    first = bind_listener("127.0.0.1", 0)
+    try:
+        with pytest.raises(OSError) as info:
+            bind_listener("127.0.0.1", first.getsockname()[1])
+        assert info.value.errno == errno.EADDRINUSE
+    finally:
+        first.close()
+
+
+def test_closing_the_listener_after_hosting_never_closes_someone_elses_fd(tmp_path):
+    """TCPStore(master_listen_fd=...) closes the fd it is given when it is destroyed, and the
+    leader closes its listener while the store lives on: the store must own an fd of its own."""
+    listener = bind_listener("127.0.0.1", 0)
+    number = listener.fileno()
+    host = ControlPlane.host(listener, GANG, timeout=10)
+    listener.close()  # what Leader.run's finally does, the store still alive
+    other = os.open(tmp_path / "artifact.bin", os.O_WRONLY | os.O_CREAT)
+    if other != number:  # the task's next file takes the freed number
+        os.dup2(other, number)
+        os.close(other)
+    del host
+    gc.collect()
+    time.sleep(0.3)
+    try:
+        os.fstat(number)
+    finally:
+        try:
+            os.close(number)
+        except OSError:
+            pass
