@@ -7,6 +7,7 @@ that no atexit handler or artifact save of the parent runs in it.
 """
 
 import ctypes
+import functools
 import os
 import selectors
 import signal
@@ -18,13 +19,16 @@ import traceback
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent():
+def die_with_parent(parent_pid):
     """Linux: ask the kernel to SIGKILL this process when the thread that started it exits, so
-    a crashed or killed task never leaves members behind."""
+    a crashed or killed task never leaves members behind. If the parent already died between
+    the fork and this call, leave at once."""
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 class Member:
@@ -66,12 +70,13 @@ def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=()):
     err_r, err_w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # child: never returns
         code = 1
         try:
             os.setpgid(0, 0)
-            die_with_parent()
+            die_with_parent(parent)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
             for fd in (out_r, err_r, out_w, err_w, *close_fds):
@@ -136,7 +141,7 @@ def spawn_member(label, argv, env, cwd=None):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=die_with_parent,
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),
     )
     # The pump takes the pipes over: give it its own fds and let the Popen's file objects go,
     # so nothing closes the same fd number twice.
