@@ -35,9 +35,9 @@ def gang():
     """Node 0's control plane on a kernel-chosen port, and a second client of it (a node)."""
     listener = bind_listener("127.0.0.1", 0)
     port = listener.getsockname()[1]
-    host = ControlPlane.host(listener, GANG, timeout=10)
+    host = ControlPlane.host(listener, GANG, timeout=5)
     listener.close()  # as the leader does: the store serves on a descriptor of its own
-    node = ControlPlane.connect("127.0.0.1", port, GANG, timeout=10)
+    node = ControlPlane.connect("127.0.0.1", port, GANG, timeout=5)
     yield host, node, port
 
 
