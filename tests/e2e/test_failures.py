@@ -1,49 +1,175 @@
-"""Every way a rank can fail stops the whole gang fast, names the cause and leaves nothing.
+"""The fault matrix: every way a rank can fail stops the whole gang fast, names the cause and
+leaves nothing.
 
 2 nodes x 2 processes: rank 0 is the Metaflow task, rank 1 a member forked on node 0, rank 2
-a member on node 1 (started by node 1's agent)."""
+a member on node 1 (started by node 1's agent). Where x when x how is 3 x 4 x 4 = 48 cases;
+CI runs 16 of them that cover every pair of (where, when), (where, how) and (when, how), and
+TD_FULL_FAULT_MATRIX=1 runs all 48. TD_FAULT_REPORT=<file> appends each case's measured
+detection time to that file as a JSON line (docs/reliability.md is written from it).
+"""
 
+import json
+import os
+import subprocess
 import time
 
+import psutil
 import pytest
 
-from tests.support import FlowRunner
-
 GANG = {"TD_NODES": 2, "TD_NPROC": 2}
-# Issue 2 promises detection within 10 s; the fault matrix targets 5 s (docs/reliability.md).
+# The peers of a hung rank give up after this process-group timeout (seconds).
+PG_TIMEOUT = 5
+# A rank hung after its body is failed after the rendezvous timeout; node 1's agent must
+# also check in within it, so it cannot be tiny on a loaded 2-core machine.
+RDZV_TIMEOUT = 10
+# The issue's target is 5 s (docs/reliability.md reports the measured times); CI asserts a
+# looser bound so that a loaded 2-core runner does not turn noise into failures.
 DETECTION_BOUND = 10.0
+# A run that has not ended by then is hung: it is killed and the case fails.
+RUN_BOUND = 120.0
+# The same for a rank hung after its body (the gang must end it after RDZV_TIMEOUT).
+HANG_AFTER_BODY_BOUND = 45.0
+
 WHERE = {0: "rank 0 (node 0, local rank 0)", 1: "rank 1 (node 0, local rank 1)",
          2: "rank 2 (node 1, local rank 0)"}
+RANKS = (0, 1, 2)
+WHENS = ("before_init", "in_rendezvous", "in_collective", "after_body")
+HOWS = ("raise", "exit", "sigkill", "hang")
+# Artifacts the step body sets; a failed attempt must not show them.
+BODY_ARTIFACTS = {"started_attempt", "total", "rank_seen", "env_seen", "envs", "info", "attempt"}
+
+TRAIN = "t = Flow('GangFlow').latest_run['train'].task\n"
 
 
-def run_failing(flow_runner, rank, when, how, extra=None):
-    env = dict(GANG, TD_FAIL_RANK=rank, TD_FAIL_WHEN=when, TD_FAIL_HOW=how, **(extra or {}))
-    res = flow_runner.run("gang_flow.py", env=env)
+def _pairwise():
+    """16 cases covering every pair of dimensions: where = (when + how) mod 3."""
+    return {(RANKS[(i + j) % 3], when, how)
+            for i, when in enumerate(WHENS) for j, how in enumerate(HOWS)}
+
+
+CI_CASES = _pairwise()
+FULL = os.environ.get("TD_FULL_FAULT_MATRIX") == "1"
+
+
+def _cases():
+    for rank in RANKS:
+        for when in WHENS:
+            for how in HOWS:
+                if not FULL and (rank, when, how) not in CI_CASES:
+                    continue
+                marks = []
+                if how == "hang" and when == "after_body":
+                    marks.append(pytest.mark.xfail(
+                        strict=True, reason="lead: finish timeout (a rank hung after its body "
+                        "while the others finished is not failed with 'did not finish')"))
+                elif how == "hang":
+                    marks.append(pytest.mark.xfail(
+                        strict=True, reason="product: the peers' timeouts are reported, not the "
+                        "hung rank (see docs/reliability.md, 'Hangs')"))
+                yield pytest.param(rank, when, how, marks=marks,
+                                   id="rank%d-%s-%s" % (rank, when, how))
+
+
+def run_bounded(flow_runner, env, *args, bound=RUN_BOUND):
+    """Run gang_flow.py; kill the whole process tree if it is still running after `bound`
+    seconds. Returns (returncode or None if it had to be killed, output)."""
+    proc = flow_runner.popen("gang_flow.py", "run", *args, env=env)
+    try:
+        out, err = proc.communicate(timeout=bound)
+        return proc.returncode, out + err
+    except subprocess.TimeoutExpired:
+        tree = [proc] + psutil.Process(proc.pid).children(recursive=True)
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        out, err = proc.communicate()
+        return None, out + err
+
+
+def failing_env(rank, when, how, **extra):
+    return dict(GANG, TD_FAIL_RANK=rank, TD_FAIL_WHEN=when, TD_FAIL_HOW=how,
+                TD_PG_TIMEOUT=PG_TIMEOUT, TD_RDZV_TIMEOUT=RDZV_TIMEOUT, **extra)
+
+
+def report(case, **fields):
+    path = os.environ.get("TD_FAULT_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(dict(case, **fields)) + "\n")
+
+
+@pytest.mark.parametrize("rank, when, how", list(_cases()))
+def test_failing_rank_fails_the_gang(flow_runner, rank, when, how):
+    bound = HANG_AFTER_BODY_BOUND if (when, how) == ("after_body", "hang") else RUN_BOUND
+    code, output = run_bounded(flow_runner, failing_env(rank, when, how), bound=bound)
     ended = time.time()
     failed_at = flow_runner.failed_at()
-    assert failed_at is not None, res
-    return res, ended - failed_at
-
-
-@pytest.mark.parametrize("when", ["before_init", "in_collective", "after_body"])
-@pytest.mark.parametrize("how", ["raise", "exit", "sigkill"])
-@pytest.mark.parametrize("rank", [0, 1, 2])
-def test_failing_rank_fails_the_gang(flow_runner, rank, when, how):
-    res, latency = run_failing(flow_runner, rank, when, how)
-    assert res.returncode != 0, res
-    assert latency < DETECTION_BOUND, (latency, res)
-    if not (rank == 0 and how == "sigkill"):  # a SIGKILLed task cannot speak for itself
-        assert WHERE[rank] in res.output, res
-    if how == "raise":
-        assert "ValueError: injected failure on rank %d" % rank in res.output, res
-        assert "Traceback" in res.output
-    if how == "exit" and rank != 0:
-        assert "exited with code 3" in res.output, res
-    if how == "sigkill" and rank != 0:
-        assert "killed by SIGKILL" in res.output, res
+    latency = None if code is None or failed_at is None else ended - failed_at
+    report(dict(rank=rank, when=when, how=how), returncode=code, latency=latency)
+    assert code is not None, "the run did not end within %ss\n%s" % (bound, output[-6000:])
+    assert code != 0, output[-6000:]
+    assert failed_at is not None, output[-6000:]
+    limit = DETECTION_BOUND + (PG_TIMEOUT if how == "hang" and when != "after_body" else 0) \
+        + (RDZV_TIMEOUT if how == "hang" and when == "after_body" else 0)
+    assert latency < limit, (latency, output[-6000:])
     # the failing rank's last lines are in the log
-    assert "[rank %d] last words of rank %d" % (rank, rank) in res.output, res
+    assert "[rank %d] last words of rank %d" % (rank, rank) in output, output[-6000:]
+    if how == "raise":
+        assert "ValueError: injected failure on rank %d" % rank in output, output[-6000:]
+        assert "Traceback" in output
+    if how == "exit" and rank != 0:
+        assert "exited with code 3" in output, output[-6000:]
+    if how == "sigkill" and rank != 0:
+        assert "killed by SIGKILL" in output, output[-6000:]
+    if how == "hang":
+        # the hung rank is named as the cause, on one line with what happened to it
+        named = [line for line in output.splitlines() if WHERE[rank] in line
+                 and ("hung" in line or "did not finish" in line)]
+        assert named, output[-6000:]
+    elif not (rank == 0 and how == "sigkill"):  # a SIGKILLed task cannot speak for itself
+        assert WHERE[rank] in output, output[-6000:]
+    # the failed task holds nothing of a member: no artifact of rank 1, 2 or 3 leaked
+    got = flow_runner.client(TRAIN + (
+        "names = sorted(a.id for a in t)\n"
+        "result = dict(ok=t.successful, names=names,\n"
+        "              rank=t['rank_seen'].data if 'rank_seen' in names else None)"))
+    assert not got["ok"]
+    assert got["rank"] in (None, 0), got
     print("detection latency rank=%d when=%s how=%s: %.2fs" % (rank, when, how, latency))
+
+
+@pytest.mark.xfail(strict=True, reason="product: a failed attempt's artifacts are persisted by "
+                   "Metaflow's task and visible through the client (design.md promise 6)")
+@pytest.mark.parametrize("rank, how", [(0, "raise"), (2, "sigkill")])
+def test_failed_attempt_shows_no_artifacts(flow_runner, rank, how):
+    code, output = run_bounded(flow_runner, failing_env(rank, "after_body", how))
+    assert code not in (None, 0), output[-6000:]
+    got = flow_runner.client(TRAIN + "result = dict(ok=t.successful, names=sorted(a.id for a in t))")
+    assert not got["ok"]
+    assert not BODY_ARTIFACTS & set(got["names"]), got
+
+
+@pytest.mark.parametrize("rank, when, how", [
+    (2, "in_collective", "raise"),
+    (2, "in_collective", "exit"),
+    (2, "in_collective", "sigkill"),
+    (2, "in_collective", "hang"),
+    (0, "in_collective", "sigkill"),
+    (1, "before_init", "raise"),
+])
+def test_retry_after_each_kind_of_failure(flow_runner, rank, when, how):
+    code, output = run_bounded(
+        flow_runner, failing_env(rank, when, how, TD_FAIL_ATTEMPT=0),
+        "--with", "retry:times=1,minutes_between_retries=0")
+    assert code == 0, output[-6000:]
+    assert "rank %d failing now (%s, %s)" % (rank, when, how) in output
+    got = flow_runner.client(TRAIN + (
+        "result = dict(ok=t.successful, attempt=t['attempt'].data, total=t['total'].data,\n"
+        "              started=t['started_attempt'].data, rank=t['rank_seen'].data)"))
+    # the client shows the second attempt, whole: every rank took part in its all_reduce
+    assert got == dict(ok=True, attempt=1, total=10.0, started=1, rank=0), got
 
 
 def test_missing_node_fails_after_rendezvous_timeout(flow_runner):

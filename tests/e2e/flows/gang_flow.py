@@ -1,11 +1,18 @@
 """A configurable gang for end-to-end tests. The environment chooses the topology and, for
 fault-injection tests, which rank fails, when and how (TD_FAIL_RANK, TD_FAIL_WHEN, TD_FAIL_HOW).
-The failing rank writes the time it failed to $TD_MARK_DIR, so tests can measure detection."""
+The failing rank writes the time it failed to $TD_MARK_DIR, so tests can measure detection.
+
+When (TD_FAIL_WHEN): before_init (at once, first thing in the body), in_rendezvous (the other
+ranks are already waiting inside init_process_group), after_init, in_collective (the other ranks
+are already blocked in an all_reduce), after_body (the others have finished the step).
+How (TD_FAIL_HOW): raise, exit (code 3), sigkill, hang (sleeps; TD_PG_TIMEOUT gives the process
+group a short timeout so that the peers of a hung rank give up)."""
 
 import os
 import signal
 import sys
 import time
+from datetime import timedelta
 
 from metaflow import FlowSpec, current, step, torch_distributed
 
@@ -16,14 +23,23 @@ if os.environ.get("TD_HANG_NODE") and "--task-id" in sys.argv and \
 
 NODES = int(os.environ.get("TD_NODES", "1"))
 NPROC = int(os.environ.get("TD_NPROC", "2"))
+# Seconds the failing rank waits so that its peers are inside the rendezvous or the collective.
+PEERS_INSIDE = 1.0
+
+
+def failing_here(when):
+    return (os.environ.get("TD_FAIL_WHEN") == when
+            and int(os.environ.get("TD_FAIL_RANK", -1)) == int(os.environ["RANK"])
+            and (not os.environ.get("TD_FAIL_ATTEMPT")
+                 or int(os.environ["TD_FAIL_ATTEMPT"]) == current.retry_count))
 
 
 def maybe_fail(when):
+    if not failing_here(when):
+        return
     rank = int(os.environ["RANK"])
-    if os.environ.get("TD_FAIL_WHEN") != when or int(os.environ.get("TD_FAIL_RANK", -1)) != rank:
-        return
-    if os.environ.get("TD_FAIL_ATTEMPT") and int(os.environ["TD_FAIL_ATTEMPT"]) != current.retry_count:
-        return
+    if when in ("in_rendezvous", "in_collective"):
+        time.sleep(PEERS_INSIDE)
     how = os.environ.get("TD_FAIL_HOW", "raise")
     with open(os.path.join(os.environ["TD_MARK_DIR"], "failed-at"), "w") as f:
         f.write(repr(time.time()))
@@ -45,21 +61,23 @@ class GangFlow(FlowSpec):
         self.next(self.train)
 
     @torch_distributed(nodes=NODES, nproc_per_node=NPROC,
-                       rendezvous_timeout=int(os.environ.get("TD_RDZV_TIMEOUT", "60")))
+                       rendezvous_timeout=float(os.environ.get("TD_RDZV_TIMEOUT", "60")))
     @step
     def train(self):
         import torch
         import torch.distributed as dist
 
+        # An artifact set before anything can fail: a failed attempt must not show it.
+        self.started_attempt = current.retry_count
         if os.environ.get("TD_ALL_SLEEP"):
             open(os.path.join(os.environ["TD_MARK_DIR"], "sleeping-%s" % os.environ["RANK"]), "w").close()
             time.sleep(3600)
         maybe_fail("before_init")
-        dist.init_process_group("gloo")
+        maybe_fail("in_rendezvous")
+        timeout = os.environ.get("TD_PG_TIMEOUT")
+        dist.init_process_group("gloo", timeout=timedelta(seconds=float(timeout)) if timeout else None)
         maybe_fail("after_init")
         t = torch.tensor([float(dist.get_rank() + 1)])
-        if os.environ.get("TD_FAIL_WHEN") == "in_collective" and dist.get_rank() != int(os.environ["TD_FAIL_RANK"]):
-            time.sleep(0.5)  # the others are blocked in the all_reduce when the failing rank dies
         maybe_fail("in_collective")
         dist.all_reduce(t)
         self.total = t.item()
