@@ -43,6 +43,10 @@ def test_two_nodes_by_four_node_1_local_rank_2_matches_the_reference_table():
         "LT_ACCELERATOR": "cpu",
         "ACCELERATE_USE_CPU": "true",
         "OMP_NUM_THREADS": "4",
+        "JSONARGPARSE_DEFAULT_ENV": "true",
+        **{"PL_%sTRAINER__%s" % (prefix, arg): value
+           for prefix in ("", "FIT__", "VALIDATE__", "TEST__", "PREDICT__")
+           for arg, value in (("NUM_NODES", "2"), ("DEVICES", "4"), ("ACCELERATOR", "cpu"))},
     }
 
 
@@ -97,6 +101,21 @@ def test_cuda_keeps_the_users_nccl_error_handling():
     env = rank_env(Topology(1, 2), 0, 1, RDZV, accelerator="cuda",
                    base_env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"})
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+
+
+def test_lightning_cli_reads_the_gang_shape_from_its_own_variables():
+    env = rank_env(Topology(2, 3), 1, 0, RDZV, accelerator="cuda")
+    assert env["JSONARGPARSE_DEFAULT_ENV"] == "true"
+    assert env["PL_TRAINER__NUM_NODES"] == "2" and env["PL_TRAINER__DEVICES"] == "3"
+    for sub in ("FIT", "VALIDATE", "TEST", "PREDICT"):
+        assert env["PL_%s__TRAINER__NUM_NODES" % sub] == "2"
+        assert env["PL_%s__TRAINER__DEVICES" % sub] == "3"
+    assert not [k for k in env if k.endswith("TRAINER__ACCELERATOR")]
+
+
+def test_lightning_cli_env_parsing_left_alone_when_the_user_set_it():
+    env = rank_env(Topology(2, 2), 0, 0, RDZV, base_env={"JSONARGPARSE_DEFAULT_ENV": "false"})
+    assert "JSONARGPARSE_DEFAULT_ENV" not in env
 
 
 def test_cuda_visible_devices_untouched_unless_given():

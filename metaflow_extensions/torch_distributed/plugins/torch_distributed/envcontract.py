@@ -11,6 +11,8 @@ from typing import Optional
 # Variables a launcher of another kind may have leaked into our environment; left in place they
 # make Lightning or Accelerate detect SLURM, MPI or LSF instead of us.
 FOREIGN_LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "LSB_", "JSM_NAMESPACE_")
+# LightningCLI without subcommands (run=False), then each of its subcommands.
+LIGHTNING_CLI_PREFIXES = ("", "FIT__", "VALIDATE__", "TEST__", "PREDICT__")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ def rank_env(topology, node, local_rank, rendezvous, accelerator="cpu", error_fi
         "LT_NUM_NODES": str(nodes),
         "LT_DEVICES": str(nproc),
     }
+    trainer = {"NUM_NODES": str(nodes), "DEVICES": str(nproc)}
     if rendezvous.agent_store:
         env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     if error_file:
@@ -64,13 +67,27 @@ def rank_env(topology, node, local_rank, rendezvous, accelerator="cpu", error_fi
         env["ACCELERATE_USE_CPU"] = "true"
         env["PL_TRAINER_ACCELERATOR"] = "cpu"
         env["LT_ACCELERATOR"] = "cpu"
+        trainer["ACCELERATOR"] = "cpu"
     else:
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = base_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    env.update(lightning_cli_env(trainer))
+    if "JSONARGPARSE_DEFAULT_ENV" not in base_env:
+        # LightningCLI passes every Trainer argument explicitly, so PL_TRAINER_* never reach
+        # it; with jsonargparse's environment parsing on, it reads the variables above.
+        env["JSONARGPARSE_DEFAULT_ENV"] = "true"
     if cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     if "OMP_NUM_THREADS" not in base_env:
         env["OMP_NUM_THREADS"] = str(max(1, cpu_count // nproc))
     return env
+
+
+def lightning_cli_env(trainer_args):
+    """LightningCLI's names for Trainer arguments: PL_TRAINER__<ARG> for LightningCLI(run=False)
+    and PL_<SUBCOMMAND>__TRAINER__<ARG> for each subcommand. They are defaults: a config file
+    or a --trainer.* argument still wins."""
+    return {"PL_%sTRAINER__%s" % (prefix, arg): value
+            for prefix in LIGHTNING_CLI_PREFIXES for arg, value in trainer_args.items()}
 
 
 def foreign_launcher_vars(base_env):

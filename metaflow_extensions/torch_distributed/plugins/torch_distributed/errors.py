@@ -63,3 +63,10 @@ def _stopped_note(stopped):
     if not stopped:
         return "No other rank was running."
     return "The other ranks (%s) were stopped." % ", ".join(str(r) for r in sorted(stopped))
+
+
+class TorchDistributedFrameworkError(TorchDistributedException):
+    """The step's framework did not train as one gang: a rank never joined the gang's process
+    group, or the framework was configured with a shape that contradicts the gang's."""
+
+    headline = "@torch_distributed: the ranks did not train as one gang"

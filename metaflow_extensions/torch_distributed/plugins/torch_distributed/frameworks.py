@@ -1,0 +1,250 @@
+"""Did every rank's framework join the gang? The checks around one rank's step body.
+
+The environment of envcontract.py makes torch, Lightning, Fabric, Accelerate and the HF Trainer
+form the gang's process group with no arguments. A few choices in user code defeat it without
+any error from the framework: a subclass of Lightning's Trainer reads PL_<SUBCLASS>_* instead of
+PL_TRAINER_*, and code that never calls init_process_group (or runs Accelerate with
+ACCELERATE_USE_CPU=false) runs alone. Every rank then trains by itself on the full data.
+
+`run_body` runs a rank's step body while recording the process groups the rank joins through
+torch's rendezvous (env://, tcp://, file://, whatever the caller imported), then reports a rank
+of a gang that never joined a group of the gang's size: an error by default, a warning or
+nothing as METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK says. It also turns Lightning's own error for
+explicit `devices=`/`num_nodes=` that contradict the gang into one that names the fix.
+`diagnose` and `explain_error` are pure; docs/frameworks/ documents every message.
+"""
+
+import importlib
+import os
+import re
+import sys
+
+from .errors import TorchDistributedConfigError, TorchDistributedFrameworkError
+
+CHECK_ENV = "METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK"
+CHECK_MODES = ("error", "warn", "off")
+
+# Modules whose presence in a rank says that the step used Lightning (Trainer or Fabric).
+_LIGHTNING = ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric")
+
+# lightning/pytorch/plugins/environments/torchelastic.py, validate_settings (2.x)
+_LIGHTNING_MISMATCH = re.compile(
+    r"You set `devices=(?P<devices>[^`]+)` and `num_nodes=(?P<num_nodes>[^`]+)` in Lightning, "
+    r"but the product .* does not match the world size \((?P<world>\d+)\)")
+
+
+def check_mode(step_name, environ):
+    """The group check's mode from METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK (default "error")."""
+    mode = environ.get(CHECK_ENV, "error").strip().lower() or "error"
+    if mode not in CHECK_MODES:
+        raise TorchDistributedConfigError(
+            step_name, "%s=%r is not one of %s. Unset it, or set it to warn or off for steps "
+            "whose ranks are meant to work without a process group."
+            % (CHECK_ENV, environ[CHECK_ENV], ", ".join(CHECK_MODES)))
+    return mode
+
+
+def run_body(step_func, args, step_name, topology, environ=None):
+    """Run one rank's step body `step_func(*args)` and check that it joined the gang."""
+    environ = os.environ if environ is None else environ
+    if topology.world_size == 1:
+        return step_func(*args)
+    mode = check_mode(step_name, environ)
+    with GroupWatch(enabled=mode != "off") as watch:
+        try:
+            step_func(*args)
+        except ValueError as ex:
+            hint = explain_error(str(ex), topology)
+            if hint is None:
+                raise
+            raise TorchDistributedFrameworkError(step_name, hint) from ex
+        if mode == "off":
+            return None
+        rank = int(environ.get("RANK", "0"))
+        problem = diagnose(rank, topology, watch.group_sizes(), loaded_frameworks(sys.modules),
+                           lightning_trainer_subclasses(sys.modules))
+    if problem is None:
+        return None
+    if mode == "error":
+        raise TorchDistributedFrameworkError(step_name, problem + _opt_out())
+    print("@torch_distributed on step *%s*: WARNING: %s" % (step_name, problem),
+          file=sys.stderr, flush=True)
+    return None
+
+
+class GroupWatch:
+    """Records the world size of every process group this process joins through torch's
+    rendezvous while the `with` block runs.
+
+    torch looks its rendezvous handlers up by URL scheme at every init_process_group call
+    (torch/distributed/rendezvous.py), so wrapping them sees every group formed by
+    init_process_group, however the caller imported it; a group created with an explicit
+    `store=` skips the rendezvous and is seen only while it is still initialised at the end.
+    """
+
+    def __init__(self, enabled=True):
+        self.enabled = enabled
+        self.joined = []
+        self._handlers = None
+        self._originals = {}
+
+    def __enter__(self):
+        if not self.enabled or not _distributed_available():
+            return self
+        # the module, not the function torch.distributed re-exports under the same name
+        rendezvous = importlib.import_module("torch.distributed.rendezvous")
+        self._handlers = rendezvous._rendezvous_handlers
+        self._originals = dict(self._handlers)
+        for scheme, handler in self._originals.items():
+            self._handlers[scheme] = self._watching(handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self._handlers is not None:
+            self._handlers.update(self._originals)
+        return False
+
+    def _watching(self, handler):
+        def watched(url, **kwargs):
+            for store, rank, world_size in handler(url, **kwargs):
+                self.joined.append(world_size)
+                yield store, rank, world_size
+
+        return watched
+
+    def group_sizes(self):
+        """World sizes of the groups joined, and of the default group still initialised."""
+        sizes = list(self.joined)
+        if _distributed_available():
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                sizes.append(dist.get_world_size())
+        return sizes
+
+
+def _distributed_available():
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return dist.is_available()
+
+
+def loaded_frameworks(modules):
+    """Which of Lightning, Accelerate (the HF Trainer included) and fastai this process used,
+    judged from `modules` (sys.modules). Lightning imports parts of transformers, so Accelerate
+    counts only once it has set up its state (Accelerator(), TrainingArguments)."""
+    found = []
+    if any(name in modules for name in _LIGHTNING):
+        found.append("lightning")
+    state = modules.get("accelerate.state")
+    if state is not None and getattr(getattr(state, "PartialState", None), "_shared_state", None):
+        found.append("accelerate")
+    if "fastai.learner" in modules:
+        found.append("fastai")
+    return found
+
+
+def lightning_trainer_subclasses(modules):
+    """Names of the subclasses of Lightning's Trainer defined in this process, sorted."""
+    names = set()
+    for module_name in ("lightning.pytorch", "pytorch_lightning"):
+        module = modules.get(module_name)
+        trainer = getattr(module, "Trainer", None)
+        if trainer is None:
+            continue
+        pending = list(trainer.__subclasses__())
+        while pending:
+            cls = pending.pop()
+            names.add(cls.__name__)
+            pending.extend(cls.__subclasses__())
+    return sorted(names)
+
+
+def diagnose(rank, topology, group_sizes, frameworks=(), trainer_subclasses=()):
+    """What is wrong with a rank of `topology` that joined groups of `group_sizes`, or None.
+
+    Pure. A rank is fine when it joined a group of the gang's world size.
+    """
+    world = topology.world_size
+    if world == 1 or world in group_sizes:
+        return None
+    shape = topology.describe()
+    if group_sizes:
+        sizes = sorted(set(group_sizes))
+        return (
+            "rank %d joined a process group of %s process%s, not the gang's (%s): the ranks "
+            "did not train together. Call init_process_group() with no world_size, rank or "
+            "init_method (the gang's environment supplies them), and do not override "
+            "WORLD_SIZE or RANK."
+            % (rank, " and ".join(str(s) for s in sizes), "" if sizes == [1] else "es", shape))
+    lines = [
+        "rank %d finished the step without joining the gang's process group (%s): every rank "
+        "ran the step alone, on all of the data, so rank 0's results are those of a single "
+        "process. How to fix it:" % (rank, shape)]
+    lines.extend("  - " + hint for hint in _hints(topology, frameworks, trainer_subclasses))
+    return "\n".join(lines)
+
+
+def _hints(topology, frameworks, trainer_subclasses):
+    nodes, nproc = topology.nodes, topology.nproc_per_node
+    hints = []
+    if "lightning" in frameworks:
+        for name in trainer_subclasses:
+            hints.append(
+                "Lightning: %s subclasses Trainer, so it reads PL_%s_* and not the gang's "
+                "PL_TRAINER_NUM_NODES=%d and PL_TRAINER_DEVICES=%d. Pass them: %s(..., "
+                "num_nodes=current.torch_distributed.num_nodes, "
+                "devices=current.torch_distributed.local_world_size)."
+                % (name, name.upper(), nodes, nproc, name))
+        if not trainer_subclasses:
+            hints.append(
+                "Lightning: the Trainer ended up with one device on one node "
+                "(SingleDeviceStrategy). Build a plain Trainer() without num_nodes, devices or "
+                "strategy; with LightningCLI leave JSONARGPARSE_DEFAULT_ENV unset (the gang sets "
+                "it to true so that the CLI reads PL_FIT__TRAINER__NUM_NODES and "
+                "PL_FIT__TRAINER__DEVICES).")
+    if "accelerate" in frameworks:
+        hints.append(
+            "Accelerate / HF Trainer: on CPU they form the group only with "
+            "ACCELERATE_USE_CPU=true, which the gang sets: do not set it to false, and create "
+            "the Accelerator (or TrainingArguments) inside the step.")
+    if "fastai" in frameworks:
+        hints.append("fastai: train inside `with learn.distrib_ctx():`.")
+    if not hints:
+        hints.append(
+            "Plain torch: call torch.distributed.init_process_group() (no arguments) in the step "
+            "before the first collective, and wrap the model in DistributedDataParallel.")
+    return hints
+
+
+def _opt_out():
+    return ("\nIf the ranks are meant to work without a process group (for example each "
+            "handles its own shard and only uses current.torch_distributed.gather), set "
+            "%s=warn (or off) in the step's environment, e.g. with "
+            "@environment(vars={'%s': 'warn'})." % (CHECK_ENV, CHECK_ENV))
+
+
+def explain_error(message, topology):
+    """The fix for a framework's own error about the gang's shape, or None. Pure."""
+    match = _LIGHTNING_MISMATCH.search(message)
+    if match is None:
+        return None
+    devices, num_nodes = match.group("devices"), match.group("num_nodes")
+    nodes, nproc = topology.nodes, topology.nproc_per_node
+    given = []
+    if devices != str(nproc):
+        given.append("devices=%s" % devices)
+    if num_nodes != str(nodes):
+        given.append("num_nodes=%s" % num_nodes)
+    given = " and ".join(given) or "devices=%s, num_nodes=%s" % (devices, num_nodes)
+    return (
+        "Lightning's Trainer was given %s, which contradicts the gang's %s (Lightning found "
+        "devices=%s and num_nodes=%s for a world size of %s). "
+        "Remove %s from Trainer(...): the gang sets PL_TRAINER_NUM_NODES=%d and "
+        "PL_TRAINER_DEVICES=%d, which a plain Trainer() reads. If you must pass them, pass "
+        "num_nodes=current.torch_distributed.num_nodes and "
+        "devices=current.torch_distributed.local_world_size."
+        % (given, topology.describe(), devices, num_nodes, match.group("world"), given, nodes,
+           nproc))
