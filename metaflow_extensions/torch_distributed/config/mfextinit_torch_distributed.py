@@ -17,3 +17,7 @@ TORCH_DISTRIBUTED_ABORT_GRACE = from_conf("TORCH_DISTRIBUTED_ABORT_GRACE", 2)
 
 # Run a GPU topology on CPU with gloo (rehearse a GPU flow on a machine without GPUs).
 TORCH_DISTRIBUTED_CPU_REHEARSAL = from_conf("TORCH_DISTRIBUTED_CPU_REHEARSAL", False)
+
+# Seconds node 0 of a gang whose nodes are separate machines (AWS Batch) waits for a heartbeat
+# from a node that has started before it fails the gang, naming that node.
+TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT = from_conf("TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT", 30)

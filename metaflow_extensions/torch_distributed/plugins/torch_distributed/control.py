@@ -82,6 +82,40 @@ class ControlPlane:
             return None
         return Failure.from_json(self._store.get(Keys.failure(node)).decode())
 
+    def beat(self, node):
+        """Tell node 0 that node `node` is alive (see Supervisor's heartbeat watch)."""
+        self._store.add(Keys.beat(node), 1)
+
+    def beats(self, node):
+        """How many heartbeats node `node` has sent."""
+        return self._store.add(Keys.beat(node), 0)
+
+    def ship_log(self, node, target_fd, data):
+        """Queue output of node `node` (complete lines, for fd 1 or 2) for node 0's task log."""
+        seq = self._store.add(Keys.log_count(node), 1)
+        self._store.set(Keys.log_chunk(node, seq), bytes([target_fd]) + data)
+
+    def end_log(self, node):
+        self._store.set(Keys.log_end(node), "1")
+
+    def take_logs(self, node, after):
+        """([(target fd, data)], last seq taken) of the chunks node `node` shipped after `after`;
+        each chunk is deleted from the store once taken."""
+        count = self._store.add(Keys.log_count(node), 0)
+        chunks = []
+        for seq in range(after + 1, count + 1):
+            key = Keys.log_chunk(node, seq)
+            if not self._store.check([key]):
+                break  # counted but not written yet: take it next time
+            raw = self._store.get(key)
+            self._store.delete_key(key)
+            chunks.append((raw[0], raw[1:]))
+            after = seq
+        return chunks, after
+
+    def log_ended(self, node):
+        return self._store.check([Keys.log_end(node)])
+
     def abort(self):
         self._store.set(Keys.abort, "1")
 

@@ -5,6 +5,7 @@ import sys
 
 from metaflow.decorators import StepDecorator
 
+from . import batch
 from . import current as current_mod
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .launch import GangSpec, current_task_identity, top_level_args
@@ -75,6 +76,7 @@ class TorchDistributedDecorator(StepDecorator):
             return
         check_metaflow_version(step_name)
         _reject_parallel(step_name, graph, decorators)
+        _install_current_parallel()
         gpus, source = _requested_gpus(decorators)
         if gpus is None:
             visible = len(visible_gpu_ids())
@@ -88,6 +90,33 @@ class TorchDistributedDecorator(StepDecorator):
         self.gpus_requested = source if source and source.startswith("@") else None
         self.rendezvous_timeout = _timeout(step_name, self.attributes["rendezvous_timeout"])
         self.start_method = _start_method(step_name, self.attributes["start_method"])
+        self.on_batch = any(d.name == "batch" for d in decorators)
+        _check_backend(step_name, self.topology, decorators)
+        if self.topology.nodes > 1 and os.environ.get(batch.TRAMPOLINE_ENV) == step_name:
+            # This process submits the step's AWS Batch job (`batch step`): make it N nodes.
+            batch.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
+                                     self.name)
+
+    def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
+        # @batch sends the step to AWS Batch for every attempt but @catch's local fallback;
+        # tell that step's `batch step` process to submit a multi-node job.
+        if (self.active and self.on_batch and self.topology.nodes > 1
+                and retry_count <= max_user_code_retries):
+            cli_args.env[batch.TRAMPOLINE_ENV] = self.step_name
+
+    def _common_fields(self):
+        """GangSpec fields that are the same for every node of every attempt."""
+        from metaflow.metaflow_config import TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT
+
+        return dict(
+            step_name=self.step_name,
+            nodes=self.topology.nodes,
+            nproc_per_node=self.topology.nproc_per_node,
+            accelerator="auto",  # decided on each node, where its GPUs are seen
+            rendezvous_timeout=self.rendezvous_timeout,
+            start_method=self.start_method,
+            heartbeat_timeout=float(TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT),
+        )
 
     def task_decorate(self, step_func, flow, graph, retry_count, max_user_code_retries,
                       ubf_context):
@@ -95,6 +124,8 @@ class TorchDistributedDecorator(StepDecorator):
             return step_func
         spec = GangSpec.from_env(os.environ)
         if spec is not None:  # this process is a member started by a gang
+            if spec.backend == "batch" and spec.role == "agent":
+                spec = self._place_batch_agent(spec)
             return _member_step(spec, step_func, self.name)
         if retry_count > max_user_code_retries:
             return step_func  # @catch's fallback attempt runs alone, as on any step
@@ -109,52 +140,76 @@ class TorchDistributedDecorator(StepDecorator):
 
         identity = current_task_identity(cli_args, self.step_name, retry_count,
                                          max_user_code_retries, self.flow_datastore)
-        accelerator, blocks = self._local_devices()
+        remote = batch.main_node_plan(os.environ, self.step_name)
+        if remote is None:  # every node on this host
+            accelerator, blocks = self._local_devices()
+            master_addr, port, backend = "127.0.0.1", 0, "local"
+        else:  # node 0 of an AWS Batch multi-node job
+            accelerator, blocks = self._node_devices(), {}
+            master_addr, port, backend = batch.main_node_address(os.environ), remote[1], "batch"
         fields = dict(
-            step_name=self.step_name,
-            nodes=self.topology.nodes,
-            nproc_per_node=self.topology.nproc_per_node,
-            master_addr="127.0.0.1",
+            self._common_fields(),
+            master_addr=master_addr,
             gang_id=naming.gang_id(identity.run_id, self.step_name, identity.task_id,
                                    retry_count),
             restart_count=retry_count,
             accelerator=accelerator,
-            rendezvous_timeout=self.rendezvous_timeout,
             start_method=_resolve_start_method(self.start_method),
             task=identity.__dict__,
             top_args=top_level_args(cli_args),
+            backend=backend,
         )
         leader = Leader(self.step_name, self.topology, fields, float(TORCH_DISTRIBUTED_ABORT_GRACE),
-                        self.name, blocks)
+                        self.name, blocks, port=port)
 
         def gang_step(*args):
             leader.run(step_func, args)
 
         return gang_step
 
+    def _place_batch_agent(self, spec):
+        """Complete the GangSpec of a node agent on its AWS Batch node."""
+        from metaflow._vendor import click
+        from metaflow.cli_args import cli_args
+
+        # spin-step keeps its options in its click context only (not in cli_args)
+        input_paths = click.get_current_context().params.get("input_paths") or ""
+        spec = batch.resolve_node(spec, os.environ, input_paths, top_level_args(cli_args))
+        return GangSpec(**{**spec.__dict__, "accelerator": self._node_devices(),
+                           "start_method": _resolve_start_method(spec.start_method)})
+
     def _local_devices(self):
         """(accelerator, CUDA_VISIBLE_DEVICES per node) for a gang whose nodes share this host."""
-        from metaflow.metaflow_config import TORCH_DISTRIBUTED_CPU_REHEARSAL
-
         from .envcontract import node_gpu_block
 
-        visible = visible_gpu_ids()
-        needed = self.topology.world_size
-        if _truthy(TORCH_DISTRIBUTED_CPU_REHEARSAL):
+        accelerator = self._accelerator(self.topology.world_size, "this machine")
+        if accelerator == "cpu":
             return "cpu", {}
+        visible = visible_gpu_ids()
+        return "cuda", {n: node_gpu_block(n, self.topology.nproc_per_node, visible,
+                                          self.topology.nodes)
+                        for n in range(self.topology.nodes)}
+
+    def _node_devices(self):
+        """The accelerator of one node of a gang whose nodes are separate machines."""
+        return self._accelerator(self.topology.nproc_per_node, "this node")
+
+    def _accelerator(self, needed, where):
+        from metaflow.metaflow_config import TORCH_DISTRIBUTED_CPU_REHEARSAL
+
+        visible = visible_gpu_ids()
+        if _truthy(TORCH_DISTRIBUTED_CPU_REHEARSAL):
+            return "cpu"
         if len(visible) >= needed and visible:
-            blocks = {n: node_gpu_block(n, self.topology.nproc_per_node, visible,
-                                        self.topology.nodes)
-                      for n in range(self.topology.nodes)}
-            return "cuda", blocks
+            return "cuda"
         if self.gpus_requested:
             raise TorchDistributedEnvironmentError(
                 self.step_name,
-                "the gang needs %d GPUs (%s, from %s) but this machine shows %d. Run it where "
+                "the gang needs %d GPUs on %s (%s, from %s) but it shows %d. Run it where "
                 "the GPUs are (e.g. --with batch), or rehearse it on CPU with gloo: "
                 "METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1 python flow.py run"
-                % (needed, self.topology.describe(), self.gpus_requested, len(visible)))
-        return "cpu", {}
+                % (needed, where, self.topology.describe(), self.gpus_requested, len(visible)))
+        return "cpu"
 
 
 def _member_step(spec, step_func, decorator_name):
@@ -200,6 +255,31 @@ def _requested_gpus(decorators):
                 if best is None or gpus > best:
                     best, source = gpus, "@%s(gpu=%d)" % (deco.name, gpus)
     return best, source
+
+
+def _install_current_parallel():
+    """current.parallel, as @parallel defines it, read from the environment when used: @batch's
+    task_pre_step reads it on every node of a multi-node job (and sets MF_PARALLEL_*)."""
+    from metaflow import current
+    from metaflow.metaflow_current import Parallel
+
+    if isinstance(getattr(type(current), "parallel", None), property):
+        return  # @parallel elsewhere in the flow, or an earlier step, installed it
+    setattr(type(current), "parallel", property(lambda _: Parallel(
+        main_ip=os.environ.get("MF_PARALLEL_MAIN_IP", "127.0.0.1"),
+        num_nodes=int(os.environ.get("MF_PARALLEL_NUM_NODES", "1")),
+        node_index=int(os.environ.get("MF_PARALLEL_NODE_INDEX", "0")),
+        control_task_id=os.environ.get("MF_PARALLEL_CONTROL_TASK_ID"),
+    )))
+
+
+def _check_backend(step_name, topology, decorators):
+    if topology.nodes > 1 and any(d.name == "kubernetes" for d in decorators):
+        raise TorchDistributedConfigError(
+            step_name, "a gang of %d nodes (%s) cannot run on Kubernetes yet: multi-node "
+            "gangs run on this machine or on AWS Batch (--with batch). On Kubernetes use one "
+            "node with several GPUs (nodes=1, e.g. nproc_per_node=8 with @kubernetes(gpu=8))."
+            % (topology.nodes, topology.describe()))
 
 
 def _reject_parallel(step_name, graph, decorators):

@@ -15,14 +15,16 @@ import threading
 import time
 
 from . import current as current_mod
-from . import naming
+from . import frameworks, naming
 from .control import ControlPlane, GangMismatch, bind_listener
 from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
 from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
     TorchDistributedRendezvousTimeout
+from .batch import is_port_in_use, port_in_use_error
 from .failures import Failure, root_cause
 from .launch import GangSpec, member_command
 from .procs import OutputPump, fork_member, run_member_body, spawn_member, stop_members
+from .remote_logs import LogReceiver, LogShipper
 from .supervisor import Place, Slot, Supervisor
 
 # Seconds a stopped member gets between SIGTERM and SIGKILL.
@@ -31,6 +33,8 @@ STOP_GRACE = 1.0
 SYMPTOM_WAIT = 1.0
 # Seconds to copy the last output of exited members into the task's log.
 DRAIN_TIMEOUT = 5.0
+# Seconds node 0 waits for the last output of remote nodes after the gang ended.
+REMOTE_DRAIN_TIMEOUT = 3.0
 
 
 class NodeRunner:
@@ -45,8 +49,10 @@ class NodeRunner:
         self.decorator_name = decorator_name
         self.base_env = dict(os.environ)  # what exec'd members start from
         self.slots = []
-        self.pump = OutputPump()
-        self._saved_fds = None
+        # A remote node also ships its output to node 0, whose task log Metaflow keeps.
+        remote = spec.backend != "local" and spec.node != 0
+        self.pump = OutputPump(tee=(lambda: LogShipper(spec)) if remote else None)
+        self.saved_fds = None
 
     def rendezvous(self):
         return Rendezvous(self.spec.master_addr, self.spec.master_port, self.spec.gang_id,
@@ -89,7 +95,7 @@ class NodeRunner:
     def _body(self, local_rank):
         def body():
             current_mod.install(rank_info(self.spec, self.topology, local_rank))
-            self.step_func(*self.args)
+            frameworks.run_body(self.step_func, self.args, self.spec.step_name, self.topology)
         return body
 
     def capture(self, own_label, close_in_pump=()):
@@ -107,25 +113,25 @@ class NodeRunner:
         for (r, _), target in zip(own, (1, 2)):
             self.pump.add(r, own_label, target)
         self.pump.start(close_in_child=[w for _, w in own] + list(close_in_pump))
-        self._saved_fds = (os.dup(1), os.dup(2))
+        self.saved_fds = (os.dup(1), os.dup(2))
         for (_, w), fd in zip(own, (1, 2)):
             os.dup2(w, fd)
             os.close(w)
 
     def release(self):
         """Give this process its own stdout and stderr back and let the pump copy what is left."""
-        if self._saved_fds is None:
+        if self.saved_fds is None:
             return
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os.dup2(self._saved_fds[0], 1)
-        os.dup2(self._saved_fds[1], 2)
-        for fd in self._saved_fds:
+        os.dup2(self.saved_fds[0], 1)
+        os.dup2(self.saved_fds[1], 2)
+        for fd in self.saved_fds:
             os.close(fd)
-        self._saved_fds = None
+        self.saved_fds = None
         self.pump.drain(DRAIN_TIMEOUT)
 
     def stop(self):
@@ -141,10 +147,13 @@ class Leader:
     """Node 0 of a gang, running inside the Metaflow task process."""
 
     def __init__(self, step_name, topology, spec_fields, abort_grace, decorator_name,
-                 node_gpu_blocks=None):
+                 node_gpu_blocks=None, port=0):
         self.step_name = step_name
         self.topology = topology
         self.spec_fields = spec_fields  # GangSpec fields common to every member, minus port
+        # Locally the store takes any free port; remote nodes need one fixed in advance.
+        self.port = port
+        self.remote = spec_fields["backend"] != "local"
         self.abort_grace = abort_grace
         self.decorator_name = decorator_name
         # CUDA_VISIBLE_DEVICES per node when emulated nodes share this host's GPUs
@@ -153,20 +162,20 @@ class Leader:
         self._main_thread = threading.main_thread().ident
 
     def run(self, step_func, args):
+        listener = self._bind()
         work_dir = tempfile.mkdtemp(prefix="torch-distributed-")
-        listener = bind_listener("0.0.0.0", 0)
         spec = GangSpec(**self.spec_fields, role="leader", node=0, work_dir=work_dir,
                         master_port=listener.getsockname()[1],
                         cuda_visible_devices=self.node_gpu_blocks.get(0))
         runner = NodeRunner(spec, self.topology, step_func, args, self.decorator_name)
         self.runner = runner
         agents = []
-        control = supervisor = None
+        control = supervisor = receiver = None
         saved_env = dict(os.environ)
         old_handler = signal.getsignal(signal.SIGUSR1)
         try:
             runner.start_ranks(range(1, self.topology.nproc_per_node), close_fds=[listener.fileno()])
-            for node in range(1, self.topology.nodes):
+            for node in range(1, self.topology.nodes if not self.remote else 1):
                 argv, env = runner.command(
                     "agent", naming.hidden_task_id(spec.task["task_id"], node), node=node,
                     cuda_visible_devices=self.node_gpu_blocks.get(node))
@@ -175,20 +184,30 @@ class Leader:
             runner.capture(naming.rank_label(0), close_in_pump=[listener.fileno()])
             control = ControlPlane.host(listener, spec.gang_id, spec.rendezvous_timeout)
             self.control = control
+            if self.remote and self.topology.nodes > 1:
+                receiver = self.receiver = LogReceiver(
+                    ControlPlane.connect("127.0.0.1", spec.master_port, spec.gang_id,
+                                         spec.rendezvous_timeout),
+                    range(1, self.topology.nodes),
+                    {1: runner.saved_fds[0], 2: runner.saved_fds[1]}).start()
             supervisor = Supervisor(
                 runner.slots, control, self.topology,
                 watch_nodes=range(1, self.topology.nodes),
                 expected_joins=self._expected_joins(spec),
                 join_timeout=spec.rendezvous_timeout,
+                heartbeat_timeout=spec.heartbeat_timeout,
                 on_failure=self._on_failure).start()
             self.supervisor = supervisor
             signal.signal(signal.SIGUSR1, _raise_aborted)
             self._run_rank0(spec, step_func, args, supervisor)
-            supervisor.wait()
+            if not supervisor.wait(spec.rendezvous_timeout):
+                supervisor.report(supervisor.unfinished_failure(spec.rendezvous_timeout))
         finally:
             signal.signal(signal.SIGUSR1, old_handler)
             if supervisor is not None and supervisor.failed() and control is not None:
                 _quietly(control.abort)
+            if receiver is not None:
+                receiver.stop(REMOTE_DRAIN_TIMEOUT)
             stopped = runner.stop()
             runner.release()
             os.environ.clear()
@@ -196,6 +215,14 @@ class Leader:
             listener.close()
             shutil.rmtree(work_dir, ignore_errors=True)
         self._raise_if_failed(supervisor, stopped)
+
+    def _bind(self):
+        try:
+            return bind_listener("0.0.0.0", self.port)
+        except OSError as ex:
+            if self.port and is_port_in_use(ex):
+                raise port_in_use_error(self.step_name, self.port)
+            raise
 
     def _expected_joins(self, spec):
         joins = {naming.node_join_id(n): Place(n) for n in range(1, self.topology.nodes)}
@@ -212,7 +239,7 @@ class Leader:
         current_mod.install(rank_info(spec, self.topology, 0))
         self._body_running.set()
         try:
-            step_func(*args)
+            frameworks.run_body(step_func, args, self.step_name, self.topology)
         except BaseException as ex:
             self._body_running.clear()
             self._rank0_failed(ex, supervisor)
@@ -252,6 +279,8 @@ class Leader:
         # Rank 0 is stuck in native code (a collective or the rendezvous) and cannot be
         # interrupted: end the task. The runtime sees a failed attempt (retry/catch apply).
         failure = root_cause(self.supervisor.failures)
+        if getattr(self, "receiver", None) is not None:
+            self.receiver.stop(1.0)
         self.runner.release()
         print("@torch_distributed on step *%s*: gang failed.\n%s\nRank 0 did not stop within "
               "%ss (blocked in native code); ending the task."
@@ -297,7 +326,8 @@ class Agent:
                       % (self.spec.master_addr, self.spec.master_port, ex), file=sys.stderr)
                 return 2
             control.join(naming.node_join_id(self.spec.node))
-            supervisor = Supervisor(runner.slots, control, self.topology, watch_abort=True).start()
+            supervisor = Supervisor(runner.slots, control, self.topology, watch_abort=True,
+                                    heartbeat_node=self.spec.node).start()
             supervisor.wait()
             if supervisor.aborted:
                 print("node 0 aborted the gang; stopping this node's ranks", file=sys.stderr)
@@ -319,7 +349,8 @@ def run_exec_rank(spec, topology, step_func, args):
                           spec.rendezvous_timeout)
     control.join(naming.rank_join_id(rank))
     current_mod.install(rank_info(spec, topology, spec.local_rank))
-    return run_member_body(lambda: step_func(*args), os.environ.get("TORCHELASTIC_ERROR_FILE"))
+    return run_member_body(lambda: frameworks.run_body(step_func, args, spec.step_name, topology),
+                           os.environ.get("TORCHELASTIC_ERROR_FILE"))
 
 
 def _raise_aborted(signum, frame):

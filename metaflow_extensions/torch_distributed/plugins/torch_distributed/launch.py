@@ -41,6 +41,11 @@ class GangSpec:
     top_args: list  # the task's top-level CLI options
     local_rank: Optional[int] = None
     cuda_visible_devices: Optional[str] = None
+    # "local" (every node on this host) or "batch" (nodes are the nodes of an AWS Batch
+    # multi-node job; a node agent's place is filled in on its node, see batch.resolve_node)
+    backend: str = "local"
+    # Seconds node 0 waits for a heartbeat of a started node before failing the gang
+    heartbeat_timeout: Optional[float] = None
 
     def identity(self):
         return TaskIdentity(**self.task)
@@ -78,7 +83,13 @@ def member_command(spec, hidden_task_id, decorator_name, base_env):
 
 def spin_step_argv(executable, script, top_args, step_name, identity, hidden_task_id):
     """argv of a spin-step process running `step_name` of the same task under a hidden id."""
-    argv = [executable, "-u", script, *top_args, "spin-step", step_name,
+    return [executable, "-u", script, *top_args, "spin-step",
+            *spin_step_options(step_name, identity, hidden_task_id)]
+
+
+def spin_step_options(step_name, identity, hidden_task_id):
+    """What follows `spin-step` in a member's command line."""
+    argv = [step_name,
             "--run-id", identity.run_id,
             "--task-id", hidden_task_id,
             "--input-paths", identity.input_paths,
@@ -96,15 +107,20 @@ def spin_step_argv(executable, script, top_args, step_name, identity, hidden_tas
 def spin_env(base_env, spec, decorator_name, spin_root):
     """The environment of a spin-step member: the task's own, plus what spin-step needs to run
     our decorator and to keep its bookkeeping out of the user's directories."""
+    env = dict(base_env)
+    env.update(spin_env_additions(base_env, spec, decorator_name))
+    env["METAFLOW_DATASTORE_SYSROOT_SPIN"] = spin_root
+    return env
+
+
+def spin_env_additions(base_env, spec, decorator_name):
+    """The variables a spin-step member needs on top of `base_env`: its GangSpec, and the
+    spin-step decorator allow-list extended by our decorator."""
     allowed = json.loads(base_env.get("METAFLOW_SPIN_ALLOWED_DECORATORS", "null") or "null")
     allowed = list(allowed or _SPIN_DEFAULT_DECORATORS)
     if decorator_name not in allowed:
         allowed.append(decorator_name)
-    env = dict(base_env)
-    env.update(spec.to_env())
-    env["METAFLOW_SPIN_ALLOWED_DECORATORS"] = json.dumps(allowed)
-    env["METAFLOW_DATASTORE_SYSROOT_SPIN"] = spin_root
-    return env
+    return {**spec.to_env(), "METAFLOW_SPIN_ALLOWED_DECORATORS": json.dumps(allowed)}
 
 
 def current_task_identity(cli_args, step_name, retry_count, max_user_code_retries, flow_datastore):

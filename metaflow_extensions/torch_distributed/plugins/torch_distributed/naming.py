@@ -1,4 +1,7 @@
-"""Names derived from a gang's identity, defined once: ids, hidden task ids, store keys, labels."""
+"""Names derived from a gang's identity, defined once: ids, hidden task ids, ports, store keys,
+labels."""
+
+import hashlib
 
 # Prefix of every key our control plane writes to the gang's TCPStore; torch's own keys
 # (written by init_process_group) live under other prefixes.
@@ -8,6 +11,19 @@ _KEY_PREFIX = "mftd/"
 def gang_id(run_id, step_name, task_id, attempt):
     """Unique per task attempt: TORCHELASTIC_RUN_ID, and the guard against cross-gang joins."""
     return "%s-%s-%s-%s" % (run_id, step_name, task_id, attempt)
+
+
+# Ports a remote gang's store may use: above the privileged and well-known service ports and
+# below Linux's default ephemeral range (32768-60999), so no outgoing connection holds one.
+REMOTE_PORT_RANGE = (20000, 32767)
+
+
+def remote_port(run_id, step_name, task_id, attempt):
+    """The store port of a gang whose nodes are separate machines (node 0 cannot bind port 0
+    and tell the others): fixed by run, step, task and attempt, so a retry moves to another."""
+    digest = hashlib.sha256(gang_id(run_id, step_name, task_id, attempt).encode()).digest()
+    low, high = REMOTE_PORT_RANGE
+    return low + int.from_bytes(digest[:4], "big") % (high - low + 1)
 
 
 def hidden_task_id(task_id, node, local_rank=None):
@@ -52,6 +68,25 @@ class Keys:
     @staticmethod
     def failure(node):
         return "%snode/%d/failure" % (_KEY_PREFIX, node)
+
+    @staticmethod
+    def beat(node):
+        """A counter node `node` increments while it is alive."""
+        return "%snode/%d/beat" % (_KEY_PREFIX, node)
+
+    @staticmethod
+    def log_count(node):
+        """How many log chunks node `node` has shipped to node 0."""
+        return "%snode/%d/log" % (_KEY_PREFIX, node)
+
+    @staticmethod
+    def log_chunk(node, seq):
+        return "%snode/%d/log/%d" % (_KEY_PREFIX, node, seq)
+
+    @staticmethod
+    def log_end(node):
+        """Set when node `node` has shipped its last log chunk."""
+        return "%snode/%d/log/end" % (_KEY_PREFIX, node)
 
     @staticmethod
     def gather(seq, rank):

@@ -178,10 +178,15 @@ class OutputPump:
     the last lines of a crashing rank are never lost: it leaves when every pipe reached end of
     file (all its writers exited). Complete lines are written with one os.write each, so lines
     of different ranks never mix; a last line without a newline is still written.
+
+    `tee`, if given, is called in the pump process and returns a sink (a callable taking the
+    target fd and the bytes written to it, with a `close()`), which also gets every write: a
+    remote node ships its output to node 0 this way.
     """
 
-    def __init__(self):
+    def __init__(self, tee=None):
         self._streams = []  # (read fd, prefix bytes, target fd)
+        self._tee = tee
         self.pid = None
 
     def add(self, fd, prefix, target_fd):
@@ -195,7 +200,7 @@ class OutputPump:
             try:
                 for fd in close_in_child:
                     os.close(fd)
-                _pump(self._streams)
+                _pump(self._streams, self._tee() if self._tee else None)
                 code = 0
             finally:
                 os._exit(code)
@@ -218,7 +223,12 @@ class OutputPump:
         return False
 
 
-def _pump(streams):
+def _pump(streams, sink=None):
+    def write(target, data):
+        _write_all(target, data)
+        if sink is not None:
+            sink(target, data)
+
     selector = selectors.DefaultSelector()
     pending = {}
     for fd, prefix, target in streams:
@@ -234,14 +244,16 @@ def _pump(streams):
             buf = pending[key.fd] + chunk
             if not chunk:
                 if buf:
-                    _write_all(target, prefix + buf + b"\n")
+                    write(target, prefix + buf + b"\n")
                 selector.unregister(key.fd)
                 del pending[key.fd]
                 continue
             *lines, rest = buf.split(b"\n")
             if lines:
-                _write_all(target, b"".join(prefix + line + b"\n" for line in lines))
+                write(target, b"".join(prefix + line + b"\n" for line in lines))
             pending[key.fd] = rest
+    if sink is not None:
+        sink.close()
 
 
 def _write_all(fd, data):

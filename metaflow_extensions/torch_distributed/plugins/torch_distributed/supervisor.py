@@ -14,6 +14,8 @@ from . import failures as F
 from .procs import Member
 
 POLL_INTERVAL = 0.05
+# Seconds between two heartbeats of a node agent.
+HEARTBEAT_INTERVAL = 1.0
 
 
 @dataclass
@@ -34,10 +36,13 @@ class GangAborted(Exception):
 class Supervisor:
     """Watches `slots` (this node's processes); on node 0 also `watch_nodes` (the other nodes,
     through the control plane) and `expected_joins` ({join id: Slot-like place}) until the
-    join deadline; on other nodes, with `watch_abort`, node 0's abort."""
+    join deadline, and, with `heartbeat_timeout`, that every watched node that started beating
+    keeps beating; on other nodes, with `watch_abort`, node 0's abort, and with `heartbeat_node`
+    this node sends heartbeats."""
 
     def __init__(self, slots, control, topology, watch_nodes=(), expected_joins=None,
-                 join_timeout=None, watch_abort=False, on_failure=None, clock=time.monotonic):
+                 join_timeout=None, watch_abort=False, on_failure=None, clock=time.monotonic,
+                 heartbeat_node=None, heartbeat_timeout=None):
         self.slots = list(slots)
         self.control = control
         self.topology = topology
@@ -52,6 +57,10 @@ class Supervisor:
         self._lock = threading.Lock()
         self._pending_joins = dict(expected_joins or {})
         self._nodes_left = set(watch_nodes)
+        self.heartbeat_node = heartbeat_node
+        self.heartbeat_timeout = heartbeat_timeout
+        self._next_beat = clock()
+        self._beats = {}  # node -> (heartbeats seen, when the count last changed)
         self._thread = threading.Thread(target=self._run, name="torch-distributed-supervisor",
                                         daemon=True)
 
@@ -97,8 +106,26 @@ class Supervisor:
             self._fail(F.Failure(None, -1, "control", time.time(),
                                  message="lost the gang's control plane: %s" % ex))
 
+    def unfinished_failure(self, waited):
+        """The failure to report when rank 0 finished its body `waited` seconds ago and some
+        ranks or nodes still have not finished theirs."""
+        places = [s for s in self.slots if s.member.poll() is None]
+        places += [Place(n) for n in sorted(self._nodes_left)]
+        places = places or [Place(0)]
+        first = places[0]
+        return F.Failure(
+            first.rank, first.node, "unfinished", time.time(), local_rank=first.local_rank,
+            message="did not finish its step body within %ss after rank 0 finished its own "
+            "(still running: %s). A rank that hangs (e.g. in a collective the others never "
+            "join, or in code only some ranks run) is stopped; raise rendezvous_timeout if "
+            "ranks legitimately finish later than rank 0."
+            % (waited, "; ".join(_member_name(p, self.topology) for p in places)))
+
     def _check(self):
         now = time.time()
+        if self.heartbeat_node is not None and self.clock() >= self._next_beat:
+            self.control.beat(self.heartbeat_node)
+            self._next_beat = self.clock() + HEARTBEAT_INTERVAL
         for slot in self.slots:
             code = slot.member.poll()
             if code in (None, 0):
@@ -115,6 +142,10 @@ class Supervisor:
                 return reported
             if self.control.finished(node):
                 self._nodes_left.discard(node)
+            elif self.heartbeat_timeout is not None:
+                lost = self._check_heartbeat(node, now)
+                if lost is not None:
+                    return lost
         if self.watch_abort and self.control.aborted():
             raise GangAborted()
         return self._check_joins(now)
@@ -136,8 +167,23 @@ class Supervisor:
             "Check that every node can start (image, capacity) and reach node 0, or raise "
             "rendezvous_timeout." % (self.join_timeout, names))
 
+    def _check_heartbeat(self, node, now):
+        count = self.control.beats(node)
+        seen = self._beats.get(node)
+        if seen is None or count != seen[0]:
+            self._beats[node] = (count, self.clock())
+            return None
+        if count == 0 or self.clock() - seen[1] < self.heartbeat_timeout:
+            return None  # not started yet (the join deadline covers it), or still beating
+        return F.Failure(
+            None, node, "lost", now,
+            message="stopped sending heartbeats %ss ago: %s or its container died, hangs, or "
+            "cannot reach node 0 any more. Its own log (and the instance's) tells why."
+            % (self.heartbeat_timeout, _member_name(Place(node), self.topology)))
+
     def _all_done(self):
-        return not self._nodes_left and all(s.member.poll() == 0 for s in self.slots)
+        return (not self._nodes_left and not self._pending_joins
+                and all(s.member.poll() == 0 for s in self.slots))
 
 
 @dataclass
