@@ -1,0 +1,40 @@
+"""(c) The work as a @torch_distributed step: nproc_per_node=BENCH_WORLD on this host, start
+method BENCH_START_METHOD (fork or exec)."""
+
+import json
+import os
+import sys
+
+from metaflow import FlowSpec, current, step, torch_distributed
+
+import work
+
+# BENCH_PRELOAD=1: the train task imports torch before the gang forks its members, which is
+# what the decorator itself could do (docs/benchmarks.md, "Where the time goes").
+if os.environ.get("BENCH_PRELOAD") and "step" in sys.argv and "train" in sys.argv:
+    import torch.distributed  # noqa: F401
+
+
+class BenchOurs(FlowSpec):
+    @step
+    def start(self):
+        self.next(self.train)
+
+    @torch_distributed(nproc_per_node=int(os.environ.get("BENCH_WORLD", "1")),
+                       start_method=os.environ.get("BENCH_START_METHOD", "fork"))
+    @step
+    def train(self):
+        result, state = work.run(work.task_created())
+        if current.torch_distributed.is_main:
+            self.result = result
+            if state is not None:
+                self.state = state
+        self.next(self.end)
+
+    @step
+    def end(self):
+        print("BENCH_RESULT " + json.dumps(self.result))
+
+
+if __name__ == "__main__":
+    BenchOurs()
