@@ -67,6 +67,11 @@ class BatchApi:
         with self._lock:
             return self._job(job_id)
 
+    def job_ids(self, job_name: str) -> list[str]:
+        """Ids of the jobs submitted under `job_name`, oldest first."""
+        with self._lock:
+            return [j.job_id for j in self._board.jobs.values() if j.name == job_name]
+
     # -- job definitions -------------------------------------------------------------
 
     def register_job_definition(self, body: dict) -> dict:

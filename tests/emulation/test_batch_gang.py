@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from .mfrun import isolated_env, metaflow
+from .probes import wait_for
 
 FLOWS = Path(__file__).parent / "flows"
 
@@ -108,3 +109,112 @@ def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang):
             rank, rank, rank // 2) in out.stdout
         assert "[rank %d] rank %d writes to stderr" % (rank, rank) in err.stdout
     assert "writes to stderr" not in out.stdout
+
+
+def test_a_failing_rank_on_node_1_fails_the_job_and_retry_submits_a_new_one(gang):
+    res = gang.run(TD_FAIL_RANK=2, TD_FAIL_ATTEMPT=0, TD_RETRIES=1)
+    assert res.returncode == 0, res.output
+    # Attempt 0 failed with node 1's root cause, traceback and last words in the task's log ...
+    assert "rank 2 (node 1, local rank 0) raised ValueError: injected failure on rank 2" \
+        in res.output
+    assert "[rank 2] last words of rank 2" in res.output
+    assert 'raise ValueError("injected failure on rank %d" % rank)' in res.output
+    # ... and the retry was a new two-node job, under a new store port.
+    first, second = gang.jobs_of("train")
+    assert first["jobName"].endswith("-0") and second["jobName"].endswith("-1")
+    assert all(len(j["nodeOverrides"]["nodePropertyOverrides"]) == 2 for j in (first, second))
+    ports = [_main_plan(j)["master_port"] for j in (first, second)]
+    assert ports[0] != ports[1]
+    assert gang.client("run['train'].task['attempt'].data") == 1
+    assert gang.client("run['train'].task['total'].data") == 10.0
+
+
+def test_a_node_that_never_starts_fails_the_step_at_the_rendezvous_timeout(aws, start_emulator,
+                                                                            tmp_path):
+    batch = start_emulator(hold_nodes=[1])
+    gang = BatchRun(aws, batch, tmp_path, "batch_gang_flow.py")
+    res = gang.run(TD_RENDEZVOUS_TIMEOUT=8)
+    assert res.returncode != 0
+    assert "did not join the gang within the rendezvous timeout of 8.0s" in res.output
+    assert "Missing: node 1 (ranks 2-3)" in res.output
+    [job] = gang.jobs_of("train")  # a gang that never formed is not retried by AWS
+
+
+def test_a_node_that_stops_answering_is_caught_by_its_heartbeat(gang):
+    import threading
+
+    import psutil
+
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(
+        res=gang.run(TD_BUSY=120, METAFLOW_TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT=3)))
+    runner.start()
+    job_id = wait_for(lambda: _train_job_id(gang.batch), 120, "the train job")
+    node1 = gang.batch.node_dir(job_id, 1)
+    wait_for(lambda: "[rank 3] rank 3 says hello" in _read(node1.parent / "node-1" /
+                                                           "container.log"),
+             120, "node 1's ranks to start")
+    frozen = [p for p in psutil.process_iter(["cwd"])
+              if (p.info["cwd"] or "").startswith(str(node1))]
+    assert frozen
+    stopped_at = time.monotonic()
+    for p in frozen:  # the node hangs as a whole: no exit, no report, no heartbeat
+        p.suspend()
+    try:
+        runner.join(150)
+    finally:
+        for p in frozen:
+            if p.is_running():
+                p.kill()
+    res = outcome["res"]
+    assert res.returncode != 0
+    assert "node 1 stopped sending heartbeats 3.0s ago" in res.output
+    detected = time.monotonic() - stopped_at
+    assert detected < 60, detected
+
+
+def test_a_foreach_of_two_gangs_submits_two_multinode_jobs(aws, batch, tmp_path):
+    run = BatchRun(aws, batch, tmp_path, "batch_foreach_flow.py")
+    res = run.run()
+    assert res.returncode == 0, res.output
+    jobs = run.jobs_of("train")
+    assert len(jobs) == 2
+    assert all(len(j["nodeOverrides"]["nodePropertyOverrides"]) == 2 for j in jobs)
+    # Node 0 of each job runs the task's own command, with its own split index.
+    mains = [j["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]["command"][-1]
+             for j in jobs]
+    assert sorted("--split-index 0" in m for m in mains) == [False, True]
+    assert sorted("--split-index 1" in m for m in mains) == [False, True]
+    results = run.client("run['join'].task['results'].data")
+    assert [(lr, total) for lr, total, _ in results] == [(0.1, pytest.approx(0.2)),
+                                                         (0.2, pytest.approx(0.4))]
+    for lr, _, seen in results:
+        assert [s[0] for s in seen] == [lr, lr]  # both ranks of a gang got its input
+    ports = {s[1] for _, _, seen in results for s in seen}
+    assert len(ports) == 2
+
+
+def test_a_fargate_queue_is_rejected_with_a_clear_message(aws, batch, tmp_path):
+    gang = BatchRun(aws, batch, tmp_path, "batch_gang_flow.py")
+    gang.env.update(METAFLOW_BATCH_JOB_QUEUE=aws.fargate_queue,
+                    METAFLOW_ECS_FARGATE_EXECUTION_ROLE=aws.role_arn)
+    res = gang.run()
+    assert res.returncode != 0
+    assert "runs multi-node jobs on EC2 compute environments only" in res.output
+    assert "%r is Fargate" % aws.fargate_queue in res.output
+    assert gang.jobs_of("train") == []
+
+
+def _main_plan(job):
+    env = job["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]["environment"]
+    return json.loads({e["name"]: e["value"] for e in env}[
+        "METAFLOW_TORCH_DISTRIBUTED_BATCH_MAIN"])
+
+
+def _train_job_id(batch):
+    names = [s["jobName"] for s in batch.submissions if s["jobName"].split("-")[-3] == "train"]
+    return batch.api.job_ids(names[-1])[-1] if names else None
+
+
+def _read(path):
+    return path.read_text(errors="replace") if path.exists() else ""

@@ -11,7 +11,8 @@ import time
 
 from metaflow import FlowSpec, current, environment, retry, step, torch_distributed
 
-TD = {k: v for k, v in os.environ.items() if k.startswith("TD_")}
+TD = {k: v for k, v in os.environ.items()
+      if k.startswith("TD_") or k == "METAFLOW_TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT"}
 NODES = int(TD.get("TD_NODES", "2"))
 NPROC = int(TD.get("TD_NPROC", "2"))
 RETRIES = int(TD.get("TD_RETRIES", "0"))
@@ -47,6 +48,7 @@ class BatchGangFlow(FlowSpec):
             dist.all_reduce(torch.ones(1))
             time.sleep(0.05)
         if failing(rank):
+            print("last words of rank %d" % rank, file=sys.stderr, flush=True)
             raise ValueError("injected failure on rank %d" % rank)
         self.places = current.torch_distributed.gather(dict(
             rank=rank,
