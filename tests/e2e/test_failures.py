@@ -140,6 +140,14 @@ def test_failing_rank_fails_the_gang(flow_runner, rank, when, how):
     print("detection latency rank=%d when=%s how=%s: %.2fs" % (rank, when, how, latency))
 
 
+@pytest.mark.xfail(strict=True, reason="product: when the task itself (rank 0) is SIGKILLed, "
+                   "e.g. by the OOM killer, the log shows only Metaflow's 'Task failed.'")
+def test_killed_task_is_named(flow_runner):
+    code, output = run_bounded(flow_runner, failing_env(0, "in_collective", "sigkill"))
+    assert code not in (None, 0), output[-6000:]
+    assert WHERE[0] in output and "SIGKILL" in output, output[-6000:]
+
+
 @pytest.mark.xfail(strict=True, reason="product: a failed attempt's artifacts are persisted by "
                    "Metaflow's task and visible through the client (design.md promise 6)")
 @pytest.mark.parametrize("rank, how", [(0, "raise"), (2, "sigkill")])
