@@ -40,6 +40,16 @@ class AwsEmulation:
         return client(self.endpoint_url, service)
 
 
+def validate_request(service: str, operation: str, params: dict) -> None:
+    """Fails unless `params` is valid input of `operation` in botocore's model of `service`."""
+    import botocore.session
+    from botocore.validate import ParamValidator
+
+    model = botocore.session.get_session().get_service_model(service)
+    report = ParamValidator().validate(params, model.operation_model(operation).input_shape)
+    assert not report.has_errors(), report.generate_report()
+
+
 def client(endpoint_url: str, service: str):
     return boto3.client(
         service,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from .aws import validate_request
 from .mfrun import isolated_env, metaflow
 from .probes import wait_for
 
@@ -81,6 +82,8 @@ def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang):
     res = gang.run()
     assert res.returncode == 0, res.output
     [job] = gang.jobs_of("train")
+    for submission in gang.batch.submissions:  # what Metaflow and we sent is valid AWS input
+        validate_request("batch", "SubmitJob", submission)
     overrides = job["nodeOverrides"]["nodePropertyOverrides"]
     assert [o["targetNodes"] for o in overrides] == ["0:0", "1:1"]
     main, agent = (o["containerOverrides"]["command"][-1] for o in overrides)
