@@ -273,3 +273,61 @@ def test_closing_the_listener_after_hosting_never_closes_someone_elses_fd(tmp_pa
             os.close(number)
         except OSError:
             pass
+
+
+def test_an_agent_sends_heartbeats_and_node_0_sees_them(gang, started):
+    host, node, _ = gang
+    topo = Topology(2, 1)
+    agent = Supervisor([Slot(member(started, 1, "time.sleep(60)"), 1, 1, 0)], node, topo,
+                       heartbeat_node=1).start()
+    try:
+        time.sleep(2.5)
+        assert host.beats(1) >= 2
+        watch = Supervisor([], host, topo, watch_nodes=[1], heartbeat_timeout=2).start()
+        assert not watch.wait(3)  # beats keep coming: no failure
+        watch.finished.set()
+    finally:
+        agent.finished.set()
+
+
+def test_a_node_that_stops_beating_is_reported_lost_by_name(gang):
+    host, node, _ = gang
+    topo = Topology(2, 2)
+    node.beat(1)  # it started, then went silent
+    recorder = Recorder()
+    begun = time.monotonic()
+    sup = Supervisor([], host, topo, watch_nodes=[1], heartbeat_timeout=1.0,
+                     on_failure=recorder).start()
+    assert sup.wait(5)
+    assert time.monotonic() - begun < 3
+    [failure] = recorder.calls
+    assert failure.kind == "lost" and failure.node == 1
+    assert "stopped sending heartbeats 1.0s ago: node 1 (ranks 2-3)" in failure.describe()
+
+
+def test_a_node_that_never_beat_is_left_to_the_join_deadline(gang):
+    host, _, _ = gang
+    sup = Supervisor([], host, Topology(2, 1), watch_nodes=[1], heartbeat_timeout=0.3).start()
+    assert not sup.wait(1.0)
+    sup.finished.set()
+
+
+def test_an_unfinished_rank_and_node_are_named(gang, started):
+    host, _, _ = gang
+    topo = Topology(2, 2)
+    slots = [Slot(member(started, 1, "time.sleep(60)"), 0, 1, 1)]
+    sup = Supervisor(slots, host, topo, watch_nodes=[1])
+    failure = sup.unfinished_failure(7.0)
+    assert (failure.rank, failure.node, failure.kind) == (1, 0, "unfinished")
+    assert "did not finish its step body within 7.0s after rank 0 finished its own (still " \
+        "running: rank 1 (node 0); node 1 (ranks 2-3))" in failure.describe()
+
+
+def test_not_done_while_a_check_in_is_pending(gang, started):
+    host, _, _ = gang
+    slots = [Slot(member(started, 1, "sys.exit(0)"), 0, 1, 1)]
+    sup = Supervisor(slots, host, Topology(1, 2), join_timeout=30,
+                     expected_joins={naming.rank_join_id(1): Place(0, 1, 1)}).start()
+    assert not sup.wait(1.0)  # exited 0, but never checked in: not a finished gang
+    host.join(naming.rank_join_id(1))
+    assert sup.wait(2.0) and not sup.failed()

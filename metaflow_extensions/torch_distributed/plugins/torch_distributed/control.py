@@ -93,7 +93,8 @@ class ControlPlane:
     def ship_log(self, node, target_fd, data):
         """Queue output of node `node` (complete lines, for fd 1 or 2) for node 0's task log."""
         seq = self._store.add(Keys.log_count(node), 1)
-        self._store.set(Keys.log_chunk(node, seq), bytes([target_fd]) + data)
+        stream = 1 if target_fd == 1 else 2
+        self._store.set(Keys.log_chunk(node, seq), bytes([stream]) + data)
 
     def end_log(self, node):
         self._store.set(Keys.log_end(node), "1")
