@@ -15,10 +15,6 @@ from typing import Optional
 # The environment variable that carries a GangSpec into an exec'd member.
 SPEC_ENV = "METAFLOW_TORCH_DISTRIBUTED_MEMBER"
 
-# Metaflow runs only these decorators in a spin-step process (metaflow_config.py).
-_SPIN_DEFAULT_DECORATORS = ["conda", "pypi", "conda_base", "pypi_base", "environment",
-                            "project", "timeout", "conda_env_internal", "card"]
-
 
 @dataclass(frozen=True)
 class GangSpec:
@@ -116,8 +112,11 @@ def spin_env(base_env, spec, decorator_name, spin_root):
 def spin_env_additions(base_env, spec, decorator_name):
     """The variables a spin-step member needs on top of `base_env`: its GangSpec, and the
     spin-step decorator allow-list extended by our decorator."""
+    from metaflow.metaflow_config import SPIN_ALLOWED_DECORATORS
+
+    # The variable wins over Metaflow's configuration (its config file included), as in Metaflow.
     allowed = json.loads(base_env.get("METAFLOW_SPIN_ALLOWED_DECORATORS", "null") or "null")
-    allowed = list(allowed or _SPIN_DEFAULT_DECORATORS)
+    allowed = list(allowed or SPIN_ALLOWED_DECORATORS)
     if decorator_name not in allowed:
         allowed.append(decorator_name)
     return {**spec.to_env(), "METAFLOW_SPIN_ALLOWED_DECORATORS": json.dumps(allowed)}
