@@ -1,0 +1,120 @@
+"""Every framework with zero configuration, on a real gang of 2 nodes x 2 processes (CPU, gloo):
+plain torch, Lightning (both packages), its traps, Fabric and Accelerate.
+
+A rank's record (gathered onto rank 0 with current.torch_distributed.gather) holds the row
+indices it trained on and the sum of its weights after training: one gang means 4 disjoint
+quarters of the 64 rows and the same weights on every rank (the gradients were all-reduced).
+"""
+
+import pytest
+
+ROWS = list(range(64))
+GROUP_CHECK = "METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK"
+
+
+def ranks_of(flow_runner, flow):
+    return flow_runner.client(
+        "t = Flow(%r).latest_run['train'].task\nresult = t['ranks'].data" % flow)
+
+
+def assert_one_gang(ranks):
+    shards = [r["seen"] for r in ranks]
+    assert [len(s) for s in shards] == [16, 16, 16, 16], shards
+    assert sorted(sum(shards, [])) == ROWS, shards
+    weights = [r["weight_sum"] for r in ranks]
+    assert max(weights) - min(weights) < 1e-6, weights
+
+
+def test_plain_torch_ddp_and_a_destroyed_group_pass_the_group_check(flow_runner):
+    res = flow_runner.run("fw_torch_flow.py")
+    assert res.returncode == 0, res
+    assert_one_gang(ranks_of(flow_runner, "TorchFlow"))
+    assert "WARNING" not in res.output
+
+
+def test_ranks_that_never_form_a_group_fail_the_step_with_the_fix(flow_runner):
+    res = flow_runner.run("fw_torch_flow.py", env={"TD_MODE": "alone"})
+    assert res.returncode != 0
+    assert "@torch_distributed on step *train*: rank " in res.output, res
+    assert "finished the step without joining the gang's process group (2 nodes x 2 processes " \
+           "per node = world size 4)" in res.output, res
+    assert "init_process_group() (no arguments)" in res.output
+    assert "%s=warn" % GROUP_CHECK in res.output
+    ok = flow_runner.client("result = Flow('TorchFlow').latest_run['train'].task.successful")
+    assert ok is False
+
+
+def test_the_group_check_can_be_a_warning(flow_runner):
+    res = flow_runner.run("fw_torch_flow.py", env={"TD_MODE": "alone", GROUP_CHECK: "warn"})
+    assert res.returncode == 0, res
+    for rank in range(4):
+        assert "@torch_distributed on step *train*: WARNING: rank %d finished the step without " \
+               "joining" % rank in res.output, res
+    # what the warning is about: every rank trained on all the data
+    assert [sorted(r["seen"]) for r in ranks_of(flow_runner, "TorchFlow")] == [ROWS] * 4
+
+
+@pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
+def test_bare_lightning_trainer_is_ddp_over_the_gang(flow_runner, package):
+    res = flow_runner.run("fw_lightning_flow.py", env={"TD_LT": package})
+    assert res.returncode == 0, res
+    ranks = ranks_of(flow_runner, "LightningFlow")
+    assert [(r["strategy"], r["world_size"], r["global_rank"]) for r in ranks] == \
+        [("DDPStrategy", 4, rank) for rank in range(4)]
+    assert_one_gang(ranks)
+    # Lightning launched nothing: it saw processes created externally (TorchElastic), and the
+    # 4 bodies are the gang's 4 processes, each run once
+    assert {(r["environment"], r["external"]) for r in ranks} == {("TorchElasticEnvironment", True)}
+    bodies = [line.split() for line in (flow_runner.marks / "bodies").read_text().splitlines()]
+    assert sorted(rank for rank, _ in bodies) == ["0", "1", "2", "3"]
+    assert len({pid for _, pid in bodies}) == 4
+    # rank 0's trained weights are the step's artifact and reach the next step
+    shapes = flow_runner.client(
+        "result = Flow('LightningFlow').latest_run['end'].task['state_shapes'].data")
+    assert shapes == {"layer.weight": [2, 32], "layer.bias": [2, 0]}
+
+
+def test_lightning_cli_reads_the_gang_shape_from_the_environment(flow_runner):
+    res = flow_runner.run("fw_lightning_flow.py", env={"TD_TRAP": "cli"})
+    assert res.returncode == 0, res
+    ranks = ranks_of(flow_runner, "LightningFlow")
+    assert {(r["strategy"], r["world_size"]) for r in ranks} == {("DDPStrategy", 4)}
+    assert_one_gang(ranks)
+
+
+def test_a_trainer_subclass_fails_the_step_and_names_the_fix(flow_runner):
+    res = flow_runner.run("fw_lightning_flow.py", env={"TD_TRAP": "subclass"})
+    assert res.returncode != 0
+    assert "FineTuner subclasses Trainer, so it reads PL_FINETUNER_* and not the gang's " \
+           "PL_TRAINER_NUM_NODES=2 and PL_TRAINER_DEVICES=2" in res.output, res
+    assert "FineTuner(..., num_nodes=current.torch_distributed.num_nodes" in res.output
+
+
+@pytest.mark.parametrize("trap,given", [("devices1", "devices=1"), ("num_nodes1", "num_nodes=1")])
+def test_explicit_devices_or_num_nodes_fail_fast_with_the_fix(flow_runner, trap, given):
+    res = flow_runner.run("fw_lightning_flow.py", env={"TD_TRAP": trap})
+    assert res.returncode != 0
+    assert "Lightning's Trainer was given %s, which contradicts the gang's 2 nodes x 2 " \
+           "processes per node" % given in res.output, res
+    assert "Remove %s from Trainer(...)" % given in res.output
+    # it failed when the Trainer was built: no rank trained
+    assert "`Trainer.fit` stopped" not in res.output
+
+
+def test_fabric_with_no_arguments_forms_the_group(flow_runner):
+    res = flow_runner.run("fw_fabric_flow.py")
+    assert res.returncode == 0, res
+    ranks = ranks_of(flow_runner, "FabricFlow")
+    assert [(r["strategy"], r["world_size"], r["global_rank"]) for r in ranks] == \
+        [("DDPStrategy", 4, rank) for rank in range(4)]
+    assert_one_gang(ranks)
+
+
+def test_accelerator_on_cpu_forms_one_group_of_four(flow_runner):
+    res = flow_runner.run("fw_accelerate_flow.py")
+    assert res.returncode == 0, res
+    ranks = ranks_of(flow_runner, "AccelerateFlow")
+    assert [(r["num_processes"], r["process_index"], r["group_size"]) for r in ranks] == \
+        [(4, rank, 4) for rank in range(4)]
+    assert {r["distributed_type"] for r in ranks} == {"DistributedType.MULTI_CPU"}
+    assert_one_gang(ranks)
