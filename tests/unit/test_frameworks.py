@@ -15,6 +15,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors impo
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.frameworks import (
     GroupWatch,
+    accelerate_processes,
     check_mode,
     diagnose,
     explain_error,
@@ -69,6 +70,13 @@ def test_lightning_without_a_subclass_points_at_single_device_and_the_cli():
     message = diagnose(0, GANG, [], ["lightning"], [])
     assert "SingleDeviceStrategy" in message and "JSONARGPARSE_DEFAULT_ENV" in message
     assert "Plain torch" not in message
+
+
+def test_accelerate_alone_in_a_group_of_the_gangs_size_ran_alone():
+    message = diagnose(1, GANG, [4], ["accelerate"], accelerate_processes=1)
+    assert message.startswith("rank 1 finished the step without joining")
+    assert "ACCELERATE_USE_CPU=true" in message
+    assert diagnose(1, GANG, [4], ["accelerate"], accelerate_processes=4) is None
 
 
 def test_accelerate_and_fastai_hints():
@@ -148,6 +156,20 @@ def test_loaded_frameworks_from_module_tables():
         ["lightning", "fastai"]
     assert loaded_frameworks({"accelerate.state": Fresh}) == []
     assert loaded_frameworks({"accelerate.state": State}) == ["accelerate"]
+
+
+def test_accelerate_processes_from_its_state():
+    class State:
+        class PartialState:
+            _shared_state = {"num_processes": 1}
+
+    class Fresh:
+        class PartialState:
+            _shared_state = {}
+
+    assert accelerate_processes({}) is None
+    assert accelerate_processes({"accelerate.state": Fresh}) is None
+    assert accelerate_processes({"accelerate.state": State}) == 1
 
 
 # --- GroupWatch and run_body with a real (one-process) torch rendezvous -----------------------

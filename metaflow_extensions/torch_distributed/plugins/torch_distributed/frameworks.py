@@ -62,7 +62,8 @@ def run_body(step_func, args, step_name, topology, environ=None):
             return None
         rank = int(environ.get("RANK", "0"))
         problem = diagnose(rank, topology, watch.group_sizes(), loaded_frameworks(sys.modules),
-                           lightning_trainer_subclasses(sys.modules))
+                           lightning_trainer_subclasses(sys.modules),
+                           accelerate_processes(sys.modules))
     if problem is None:
         return None
     if mode == "error":
@@ -146,6 +147,16 @@ def loaded_frameworks(modules):
     return found
 
 
+def accelerate_processes(modules):
+    """The number of processes Accelerate's state says it trains with, or None before any
+    Accelerator() or TrainingArguments was built. It can be 1 in a group of the gang's size:
+    with LOCAL_RANK set and ACCELERATE_USE_CPU off, Accelerate initialises the default group on
+    CPU and then runs the process alone (DistributedType.NO)."""
+    state = modules.get("accelerate.state")
+    shared = getattr(getattr(state, "PartialState", None), "_shared_state", None)
+    return shared.get("num_processes") if shared else None
+
+
 def lightning_trainer_subclasses(modules):
     """Names of the subclasses of Lightning's Trainer defined in this process, sorted."""
     names = set()
@@ -162,12 +173,16 @@ def lightning_trainer_subclasses(modules):
     return sorted(names)
 
 
-def diagnose(rank, topology, group_sizes, frameworks=(), trainer_subclasses=()):
+def diagnose(rank, topology, group_sizes, frameworks=(), trainer_subclasses=(),
+             accelerate_processes=None):
     """What is wrong with a rank of `topology` that joined groups of `group_sizes`, or None.
 
-    Pure. A rank is fine when it joined a group of the gang's world size.
+    Pure. A rank is fine when it joined a group of the gang's world size, unless Accelerate
+    (`accelerate_processes`, when it was used) trained with a different number of processes.
     """
     world = topology.world_size
+    if accelerate_processes not in (None, world):
+        group_sizes = []  # a group exists, but Accelerate trained this process alone
     if world == 1 or world in group_sizes:
         return None
     shape = topology.describe()
