@@ -6,7 +6,7 @@ import pytest
 
 from tests.support import REPO
 
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 
