@@ -49,8 +49,11 @@ class NodeRunner:
         self.decorator_name = decorator_name
         self.base_env = dict(os.environ)  # what exec'd members start from
         self.slots = []
-        # A remote node also ships its output to node 0, whose task log Metaflow keeps.
+        # A remote node also ships its output to node 0, whose task log Metaflow keeps. The
+        # shipper's store client needs torch: import it before the pump is forked.
         remote = spec.backend != "local" and spec.node != 0
+        if remote:
+            import torch.distributed  # noqa: F401
         self.pump = OutputPump(tee=(lambda: LogShipper(spec)) if remote else None)
         self.saved_fds = None
 
@@ -280,7 +283,7 @@ class Leader:
         # interrupted: end the task. The runtime sees a failed attempt (retry/catch apply).
         failure = root_cause(self.supervisor.failures)
         if getattr(self, "receiver", None) is not None:
-            self.receiver.stop(1.0)
+            self.receiver.stop(REMOTE_DRAIN_TIMEOUT)
         self.runner.release()
         print("@torch_distributed on step *%s*: gang failed.\n%s\nRank 0 did not stop within "
               "%ss (blocked in native code); ending the task."

@@ -7,6 +7,7 @@ The node's own container log keeps a copy.
 """
 
 import os
+import queue
 import sys
 import threading
 import time
@@ -15,43 +16,46 @@ from .control import ControlPlane
 
 # Seconds between two looks for new chunks on node 0.
 POLL_INTERVAL = 0.1
+# Seconds a remote node's pump spends shipping what is left when its ranks are done.
+CLOSE_TIMEOUT = 10.0
 
 
 class LogShipper:
-    """The pump's sink on a remote node: ships each write to node 0. Runs in the pump process;
-    connects on first use, and on any store error stops shipping (the local copy goes on)."""
+    """The pump's sink on a remote node: ships each write to node 0, in order, from a thread of
+    the pump process, so the pump's local writes never wait for the network or for node 0 to
+    come up. On any store error it stops shipping (the local copy goes on)."""
 
     def __init__(self, spec):
         self.spec = spec
-        self._control = None
+        self._queue = queue.Queue()
         self._broken = False
+        self._thread = threading.Thread(target=self._run, name="torch-distributed-ship",
+                                        daemon=True)
+        self._thread.start()
 
     def __call__(self, target_fd, data):
-        if self._broken:
-            return
+        if not self._broken:
+            self._queue.put((target_fd, data))
+
+    def close(self, timeout=CLOSE_TIMEOUT):
+        """Ship what is queued (at most `timeout` seconds), then tell node 0 this is the end."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self):
         try:
-            self._connected().ship_log(self.spec.node, target_fd, data)
+            control = ControlPlane.connect(self.spec.master_addr, self.spec.master_port,
+                                           self.spec.gang_id, self.spec.rendezvous_timeout)
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    control.end_log(self.spec.node)
+                    return
+                control.ship_log(self.spec.node, *item)
         except Exception as ex:  # noqa: BLE001 - node 0 gone: keep the local log going
-            self._give_up(ex)
-
-    def close(self):
-        if self._broken:
-            return
-        try:
-            self._connected().end_log(self.spec.node)
-        except Exception as ex:  # noqa: BLE001
-            self._give_up(ex)
-
-    def _connected(self):
-        if self._control is None:
-            self._control = ControlPlane.connect(self.spec.master_addr, self.spec.master_port,
-                                                 self.spec.gang_id, self.spec.rendezvous_timeout)
-        return self._control
-
-    def _give_up(self, ex):
-        self._broken = True
-        os.write(2, ("[node %d] cannot ship this node's output to node 0 any more (%s); it "
-                     "stays in this node's own log\n" % (self.spec.node, ex)).encode())
+            self._broken = True
+            os.write(2, ("[node %d] cannot ship this node's output to node 0 any more (%s); "
+                         "it stays in this node's own log\n" % (self.spec.node, ex)).encode())
 
 
 class LogReceiver:
