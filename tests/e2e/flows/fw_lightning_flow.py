@@ -3,7 +3,7 @@ Trainer(max_steps=4) trains BoringModel on 64 indexed rows, 16 per rank.
 
 TD_LT picks the package (lightning.pytorch or pytorch_lightning). TD_TRAP picks one of the traps
 of docs/frameworks/lightning.md instead of the bare Trainer: subclass (class FineTuner(Trainer)),
-cli (LightningCLI), devices1 (Trainer(devices=1)) or num_nodes1 (Trainer(num_nodes=1)).
+cli (LightningCLI) or devices1 (Trainer(devices=1)).
 Every body appends "RANK PID" to $TD_MARK_DIR/bodies, so a test sees any re-executed script."""
 
 import importlib
@@ -61,18 +61,17 @@ class LightningFlow(FlowSpec):
                 trainer = FineTuner(**QUIET)
             elif TRAP == "devices1":
                 trainer = pl.Trainer(devices=1, **QUIET)
-            elif TRAP == "num_nodes1":
-                trainer = pl.Trainer(num_nodes=1, **QUIET)
             else:
                 trainer = pl.Trainer(**QUIET)
         trainer.fit(model)
-        environment = trainer.strategy.cluster_environment
+        # None under SingleDeviceStrategy (the subclass trap)
+        environment = getattr(trainer.strategy, "cluster_environment", None)
         self.ranks = current.torch_distributed.gather(dict(
             strategy=type(trainer.strategy).__name__,
             world_size=trainer.world_size,
             global_rank=trainer.global_rank,
             environment=type(environment).__name__,
-            external=environment.creates_processes_externally,
+            external=getattr(environment, "creates_processes_externally", None),
             seen=seen,
             weight_sum=float(sum(p.detach().sum() for p in model.parameters())),
         ))
