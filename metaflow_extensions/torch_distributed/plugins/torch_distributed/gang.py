@@ -115,7 +115,8 @@ class NodeRunner:
         own = [os.pipe(), os.pipe()]
         for (r, _), target in zip(own, (1, 2)):
             self.pump.add(r, own_label, target)
-        self.pump.start(close_in_child=[w for _, w in own] + list(close_in_pump))
+        self.pump.start(close_in_child=[w for _, w in own] + list(close_in_pump),
+                        orphan_note=_orphan_note(own_label, self.spec, os.getpid()))
         self.saved_fds = (os.dup(1), os.dup(2))
         for (_, w), fd in zip(own, (1, 2)):
             os.dup2(w, fd)
@@ -125,6 +126,7 @@ class NodeRunner:
         """Give this process its own stdout and stderr back and let the pump copy what is left."""
         if self.saved_fds is None:
             return
+        self.pump.parent_done()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -354,6 +356,14 @@ def run_exec_rank(spec, topology, step_func, args):
     current_mod.install(rank_info(spec, topology, spec.local_rank))
     return run_member_body(lambda: frameworks.run_body(step_func, args, spec.step_name, topology),
                            os.environ.get("TORCHELASTIC_ERROR_FILE"))
+
+
+def _orphan_note(label, spec, pid):
+    what = ("rank 0 (node 0, local rank 0), the Metaflow task process" if spec.node == 0
+            else "the node agent of node %d" % spec.node)
+    return ("%s @torch_distributed on step *%s*: %s (pid %d) died without a word: it was killed "
+            "by a signal it cannot catch (SIGKILL: the OOM killer, a kill -9, the end of its "
+            "container). Its ranks were stopped with it." % (label, spec.step_name, what, pid))
 
 
 def _raise_aborted(signum, frame):

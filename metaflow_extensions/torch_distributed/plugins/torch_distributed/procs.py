@@ -187,28 +187,49 @@ class OutputPump:
     def __init__(self, tee=None):
         self._streams = []  # (read fd, prefix bytes, target fd)
         self._tee = tee
+        self._alive_w = None
         self.pid = None
 
     def add(self, fd, prefix, target_fd):
         self._streams.append((fd, prefix.encode() + b" " if prefix else b"", target_fd))
 
-    def start(self, close_in_child=()):
-        """Fork the pump; close `close_in_child` (e.g. write ends of pumped pipes) in it."""
+    def start(self, close_in_child=(), orphan_note=None):
+        """Fork the pump; close `close_in_child` (e.g. write ends of pumped pipes) in it. If the
+        process that started it dies before the pump is done (SIGKILL, the OOM killer), the
+        pump writes `orphan_note` to stderr last, since that process can say nothing."""
+        # The parent says "done" on this pipe before it lets go of the pump; end of file
+        # without it means the parent died.
+        alive_r, self._alive_w = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:
             code = 1
             try:
-                for fd in close_in_child:
+                for fd in [*close_in_child, self._alive_w]:
                     os.close(fd)
-                _pump(self._streams, self._tee() if self._tee else None)
+                sink = self._tee() if self._tee else None
+                if orphan_note:
+                    sink = _NoteOnOrphan(sink, alive_r, orphan_note)
+                _pump(self._streams, sink)
                 code = 0
             finally:
                 os._exit(code)
+        os.close(alive_r)
         for fd, _, _ in self._streams:
             os.close(fd)
 
+    def parent_done(self):
+        """Tell the pump that its parent ends normally (call before closing pumped pipes)."""
+        if self._alive_w is not None:
+            try:
+                os.write(self._alive_w, b"1")
+            except BrokenPipeError:
+                pass  # the pump already left: there is no one to tell
+            os.close(self._alive_w)
+            self._alive_w = None
+
     def drain(self, timeout):
         """Wait for the pump to copy what is left, at most `timeout` seconds."""
+        self.parent_done()
         if self.pid is None:
             return True
         deadline = time.monotonic() + timeout
@@ -221,6 +242,32 @@ class OutputPump:
         os.waitpid(self.pid, 0)
         self.pid = None
         return False
+
+
+class _NoteOnOrphan:
+    """A pump sink that, at the end, says so if the pump's parent died instead of saying done."""
+
+    def __init__(self, inner, alive_fd, note):
+        self.inner = inner
+        self.alive_fd = alive_fd
+        self.note = note
+
+    def __call__(self, target, data):
+        if self.inner is not None:
+            self.inner(target, data)
+
+    def close(self):
+        os.set_blocking(self.alive_fd, False)
+        try:
+            died = os.read(self.alive_fd, 1) == b""  # closed without a word
+        except BlockingIOError:
+            died = False  # the parent is still there
+        if died:
+            line = self.note.rstrip("\n").encode() + b"\n"
+            _write_all(2, line)
+            self(2, line)
+        if self.inner is not None:
+            self.inner.close()
 
 
 def _pump(streams, sink=None):
