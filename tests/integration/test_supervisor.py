@@ -312,15 +312,64 @@ def test_a_node_that_never_beat_is_left_to_the_join_deadline(gang):
     sup.finished.set()
 
 
-def test_an_unfinished_rank_and_node_are_named(gang, started):
-    host, _, _ = gang
+def test_unfinished_ranks_are_named_on_every_node(gang, started):
+    host, node, _ = gang
     topo = Topology(2, 2)
     slots = [Slot(member(started, 1, "time.sleep(60)"), 0, 1, 1)]
     sup = Supervisor(slots, host, topo, watch_nodes=[1])
     failure = sup.unfinished_failure(7.0)
     assert (failure.rank, failure.node, failure.kind) == (1, 0, "unfinished")
     assert "did not finish its step body within 7.0s after rank 0 finished its own (still " \
-        "running: rank 1 (node 0); node 1 (ranks 2-3))" in failure.describe()
+        "running: rank 1 (node 0); rank 2 (node 1); rank 3 (node 1))" in failure.describe()
+    node.rank_finished(2)  # node 1 agent saw rank 2 finish
+    assert host.rank_is_done(2)  # rank_finished waits for the server
+    assert "(still running: rank 1 (node 0); rank 3 (node 1))" in \
+        sup.unfinished_failure(7.0).describe()
+
+
+def test_an_agent_tells_node_0_which_of_its_ranks_finished(gang, started):
+    host, node, _ = gang
+    slots = [Slot(member(started, 2, "sys.exit(0)"), 1, 2, 0),
+             Slot(member(started, 3, "time.sleep(60)"), 1, 3, 1)]
+    agent = Supervisor(slots, node, Topology(2, 2), heartbeat_node=1).start()
+    try:
+        wait_until(lambda: host.rank_is_done(2))
+        assert not host.rank_is_done(3)
+    finally:
+        agent.finished.set()
+
+
+def test_rank_0_still_busy_long_after_every_other_rank_finished_is_failed(gang, started):
+    host, _, _ = gang
+    slots = [Slot(member(started, 1, "sys.exit(0)"), 0, 1, 1)]
+    recorder = Recorder()
+    begun = time.monotonic()
+    sup = Supervisor(slots, host, Topology(1, 2), leader_busy=lambda: True,
+                     finish_timeout=0.5, on_failure=recorder).start()
+    assert sup.wait(5)
+    assert time.monotonic() - begun < 3
+    [failure] = recorder.calls
+    assert (failure.rank, failure.kind) == (0, "unfinished")
+    assert "rank 0 (node 0, local rank 0) did not finish its step body within 0.5s after " \
+        "every other rank finished its own" in failure.describe()
+
+
+def test_rank_0_that_finishes_in_time_is_not_failed(gang, started):
+    host, _, _ = gang
+    busy = [True]
+    slots = [Slot(member(started, 1, "sys.exit(0)"), 0, 1, 1)]
+    sup = Supervisor(slots, host, Topology(1, 2), leader_busy=lambda: busy[0],
+                     finish_timeout=5).start()
+    assert not sup.wait(0.5)
+    busy[0] = False
+    assert sup.wait(2) and not sup.failed()
+
+
+def wait_until(probe, timeout=5):
+    deadline = time.monotonic() + timeout
+    while not probe():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
 
 
 def test_not_done_while_a_check_in_is_pending(gang, started):

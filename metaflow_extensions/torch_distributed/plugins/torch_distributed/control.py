@@ -61,26 +61,38 @@ class ControlPlane:
             raise GangMismatch(found, gang_id)
         return cls(store, gang_id)
 
+    def _set(self, key, value):
+        """TCPStore's set does not wait for the server; the check after it does (requests of one
+        connection are served in order), so whoever looks next sees the value."""
+        self._store.set(key, value)
+        self._store.check([key])
+
     def join(self, join_id):
-        self._store.set(Keys.joined(join_id), "1")
+        self._set(Keys.joined(join_id), "1")
 
     def joined(self, join_id):
         return self._store.check([Keys.joined(join_id)])
 
     def finish(self, node):
-        self._store.set(Keys.done(node), "1")
+        self._set(Keys.done(node), "1")
 
     def finished(self, node):
         return self._store.check([Keys.done(node)])
 
     def report_failure(self, node, failure):
-        self._store.set(Keys.failure(node), failure.to_json())
+        self._set(Keys.failure(node), failure.to_json())
 
     def failure(self, node):
         """The failure node `node` reported, or None."""
         if not self._store.check([Keys.failure(node)]):
             return None
         return Failure.from_json(self._store.get(Keys.failure(node)).decode())
+
+    def rank_finished(self, rank):
+        self._set(Keys.rank_done(rank), "1")
+
+    def rank_is_done(self, rank):
+        return self._store.check([Keys.rank_done(rank)])
 
     def beat(self, node):
         """Tell node 0 that node `node` is alive (see Supervisor's heartbeat watch)."""
@@ -97,7 +109,7 @@ class ControlPlane:
         self._store.set(Keys.log_chunk(node, seq), bytes([stream]) + data)
 
     def end_log(self, node):
-        self._store.set(Keys.log_end(node), "1")
+        self._set(Keys.log_end(node), "1")
 
     def take_logs(self, node, after):
         """([(target fd, data)], last seq taken) of the chunks node `node` shipped after `after`;
@@ -118,7 +130,7 @@ class ControlPlane:
         return self._store.check([Keys.log_end(node)])
 
     def abort(self):
-        self._store.set(Keys.abort, "1")
+        self._set(Keys.abort, "1")
 
     def aborted(self):
         return self._store.check([Keys.abort])

@@ -201,6 +201,8 @@ class Leader:
                 expected_joins=self._expected_joins(spec),
                 join_timeout=spec.rendezvous_timeout,
                 heartbeat_timeout=spec.heartbeat_timeout,
+                leader_busy=self._body_running.is_set,
+                finish_timeout=spec.rendezvous_timeout,
                 on_failure=self._on_failure).start()
             self.supervisor = supervisor
             signal.signal(signal.SIGUSR1, _raise_aborted)

@@ -70,6 +70,11 @@ class Keys:
         return "%snode/%d/failure" % (_KEY_PREFIX, node)
 
     @staticmethod
+    def rank_done(rank):
+        """Set when rank `rank` (a member on a node other than 0) finished its step body."""
+        return "%srank/%d/done" % (_KEY_PREFIX, rank)
+
+    @staticmethod
     def beat(node):
         """A counter node `node` increments while it is alive."""
         return "%snode/%d/beat" % (_KEY_PREFIX, node)

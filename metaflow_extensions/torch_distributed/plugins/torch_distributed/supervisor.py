@@ -42,7 +42,8 @@ class Supervisor:
 
     def __init__(self, slots, control, topology, watch_nodes=(), expected_joins=None,
                  join_timeout=None, watch_abort=False, on_failure=None, clock=time.monotonic,
-                 heartbeat_node=None, heartbeat_timeout=None):
+                 heartbeat_node=None, heartbeat_timeout=None, leader_busy=None,
+                 finish_timeout=None):
         self.slots = list(slots)
         self.control = control
         self.topology = topology
@@ -61,6 +62,12 @@ class Supervisor:
         self.heartbeat_timeout = heartbeat_timeout
         self._next_beat = clock()
         self._beats = {}  # node -> (heartbeats seen, when the count last changed)
+        # On node 0: rank 0's body still running (a callable), and how long it may run on
+        # once every other rank finished.
+        self.leader_busy = leader_busy
+        self.finish_timeout = finish_timeout
+        self._others_done_at = None
+        self._reported_done = set()
         self._thread = threading.Thread(target=self._run, name="torch-distributed-supervisor",
                                         daemon=True)
 
@@ -96,8 +103,13 @@ class Supervisor:
                     self._fail(failure)
                     return
                 if self._all_done():
-                    self.finished.set()
-                    return
+                    if not (self.leader_busy and self.leader_busy()):
+                        self.finished.set()
+                        return
+                    failure = self._check_leader_finishes()
+                    if failure is not None:
+                        self._fail(failure)
+                        return
                 time.sleep(POLL_INTERVAL)
         except GangAborted:
             self.aborted = True
@@ -106,11 +118,29 @@ class Supervisor:
             self._fail(F.Failure(None, -1, "control", time.time(),
                                  message="lost the gang's control plane: %s" % ex))
 
+    def _check_leader_finishes(self):
+        if self._others_done_at is None:
+            self._others_done_at = self.clock()
+        if self.clock() - self._others_done_at < self.finish_timeout:
+            return None
+        return F.Failure(
+            0, 0, "unfinished", time.time(), local_rank=0,
+            message="did not finish its step body within %ss after every other rank finished "
+            "its own. Rank 0 is the Metaflow task: a rank 0 that hangs (e.g. in a collective the "
+            "others never join, or in code only rank 0 runs) is stopped; raise "
+            "rendezvous_timeout if it legitimately runs longer" % self.finish_timeout)
+
     def unfinished_failure(self, waited):
         """The failure to report when rank 0 finished its body `waited` seconds ago and some
-        ranks or nodes still have not finished theirs."""
-        places = [s for s in self.slots if s.member.poll() is None]
-        places += [Place(n) for n in sorted(self._nodes_left)]
+        ranks or nodes still have not finished theirs. Ranks of other nodes are named from
+        what their agents reported done."""
+        places = [s for s in self.slots if s.rank is not None and s.member.poll() is None]
+        nodes = sorted({s.node for s in self.slots if s.rank is None and s.member.poll() is None}
+                       | self._nodes_left)
+        for node in nodes:
+            places += [Place(node, r, self.topology.locate(r)[1])
+                       for r in self.topology.ranks_of(node)
+                       if not self.control.rank_is_done(r)] or [Place(node)]
         places = places or [Place(0)]
         first = places[0]
         return F.Failure(
@@ -118,11 +148,16 @@ class Supervisor:
             message="did not finish its step body within %ss after rank 0 finished its own "
             "(still running: %s). A rank that hangs (e.g. in a collective the others never "
             "join, or in code only some ranks run) is stopped; raise rendezvous_timeout if "
-            "ranks legitimately finish later than rank 0."
+            "ranks legitimately finish later than rank 0"
             % (waited, "; ".join(_member_name(p, self.topology) for p in places)))
 
     def _check(self):
         now = time.time()
+        if self.heartbeat_node is not None:  # an agent: tell node 0 which ranks are done
+            for slot in self.slots:
+                if slot.rank not in self._reported_done and slot.member.poll() == 0:
+                    self.control.rank_finished(slot.rank)
+                    self._reported_done.add(slot.rank)
         if self.heartbeat_node is not None and self.clock() >= self._next_beat:
             self.control.beat(self.heartbeat_node)
             self._next_beat = self.clock() + HEARTBEAT_INTERVAL
