@@ -154,9 +154,9 @@ def test_a_node_that_stops_answering_is_caught_by_its_heartbeat(gang):
     runner.start()
     job_id = wait_for(lambda: _train_job_id(gang.batch), 120, "the train job")
     node1 = gang.batch.node_dir(job_id, 1)
-    wait_for(lambda: "[rank 3] rank 3 says hello" in _read(node1.parent / "node-1" /
-                                                           "container.log"),
-             120, "node 1's ranks to start")
+    log = node1 / "container.log"
+    wait_for(lambda: "[node 1 agent] joined the gang of node 0" in _read(log) and
+             "[rank 3] rank 3 says hello" in _read(log), 120, "node 1 to join and start")
     frozen = [p for p in psutil.process_iter(["cwd"])
               if (p.info["cwd"] or "").startswith(str(node1))]
     assert frozen

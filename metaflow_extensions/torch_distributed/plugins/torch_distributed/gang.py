@@ -333,6 +333,9 @@ class Agent:
                       % (self.spec.master_addr, self.spec.master_port, ex), file=sys.stderr)
                 return 2
             control.join(naming.node_join_id(self.spec.node))
+            if self.spec.backend != "local":
+                print("joined the gang of node 0 at %s:%d" % (self.spec.master_addr,
+                                                             self.spec.master_port), flush=True)
             supervisor = Supervisor(runner.slots, control, self.topology, watch_abort=True,
                                     heartbeat_node=self.spec.node).start()
             supervisor.wait()
