@@ -16,9 +16,9 @@ PAGE = REPO / "docs" / "troubleshooting.md"
 PLACEHOLDER = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdrfx%]")
 # Calls whose string arguments are messages a user can see.
 MESSAGE_CALL = re.compile(r"(Error|Exception|Failure|Timeout|Mismatch|Aborted|Failed)$")
-# Functions that compose the text of a failure (its place, what happened, who was stopped).
-MESSAGE_FUNCTIONS = {"describe", "where", "_stopped_note",
-                     "diagnose", "_hints", "_opt_out", "explain_error"}
+# Functions that compose the text of a failure (its place, what happened, who was stopped,
+# the hints of the group check, notes written for a process that died).
+MESSAGE_FUNCTION = re.compile(r"^(describe|where|diagnose|explain_error|_hints|_opt_out)$|_note$")
 
 
 def modules():
@@ -67,7 +67,7 @@ def messages():
     for path in modules():
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and node.name in MESSAGE_FUNCTIONS:
+            if isinstance(node, ast.FunctionDef) and MESSAGE_FUNCTION.search(node.name):
                 found += [(path.name, s) for s in strings_in(node)
                           if s != ast.get_docstring(node, clean=False)]
             elif isinstance(node, ast.Raise) and node.exc is not None:
@@ -124,6 +124,7 @@ def test_the_scan_finds_the_messages_it_must():
     assert any("exists only inside a step decorated" in m for m in found)
     assert any("was killed by" in m for m in found)
     assert any("without joining the gang's process group" in m for m in found)
+    assert any("died without a word" in m for m in found)
     assert "TorchDistributedGangFailed" in error_classes()
     assert "GangMismatch" in error_classes()
 
