@@ -1,5 +1,7 @@
 """Every framework with zero configuration, on a real gang of 2 nodes x 2 processes (CPU, gloo):
-plain torch, Lightning (both packages), its traps, Fabric and Accelerate.
+Lightning (both packages), its traps, Fabric and Accelerate; and plain torch that forgets
+init_process_group (the right way is covered by the sampler test of test_local_gang.py and the
+flow of docs/frameworks/torch.md, run by test_docs.py).
 
 A rank's record (gathered onto rank 0 with current.torch_distributed.gather) holds the row
 indices it trained on and the sum of its weights after training: one gang means 4 disjoint
@@ -25,15 +27,8 @@ def assert_one_gang(ranks):
     assert max(weights) - min(weights) < 1e-6, weights
 
 
-def test_plain_torch_ddp_and_a_destroyed_group_pass_the_group_check(flow_runner):
-    res = flow_runner.run("fw_torch_flow.py")
-    assert res.returncode == 0, res
-    assert_one_gang(ranks_of(flow_runner, "TorchFlow"))
-    assert "WARNING" not in res.output
-
-
 def test_ranks_that_never_form_a_group_fail_the_step_with_the_fix(flow_runner):
-    res = flow_runner.run("fw_torch_flow.py", env={"TD_MODE": "alone"})
+    res = flow_runner.run("fw_torch_flow.py")
     assert res.returncode != 0
     assert "@torch_distributed on step *train*: rank " in res.output, res
     assert "finished the step without joining the gang's process group (2 nodes x 2 processes " \
@@ -45,7 +40,7 @@ def test_ranks_that_never_form_a_group_fail_the_step_with_the_fix(flow_runner):
 
 
 def test_the_group_check_can_be_a_warning(flow_runner):
-    res = flow_runner.run("fw_torch_flow.py", env={"TD_MODE": "alone", GROUP_CHECK: "warn"})
+    res = flow_runner.run("fw_torch_flow.py", env={GROUP_CHECK: "warn"})
     assert res.returncode == 0, res
     for rank in range(4):
         assert "@torch_distributed on step *train*: WARNING: rank %d finished the step without " \
