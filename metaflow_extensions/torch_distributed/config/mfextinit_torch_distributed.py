@@ -21,3 +21,7 @@ TORCH_DISTRIBUTED_CPU_REHEARSAL = from_conf("TORCH_DISTRIBUTED_CPU_REHEARSAL", F
 # Seconds node 0 of a gang whose nodes are separate machines (AWS Batch) waits for a heartbeat
 # from a node that has started before it fails the gang, naming that node.
 TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT = from_conf("TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT", 30)
+
+# What happens when a rank of a gang ran its step body without joining the gang's process
+# group (its ranks trained independently): "error" (default), "warn" or "off".
+TORCH_DISTRIBUTED_GROUP_CHECK = from_conf("TORCH_DISTRIBUTED_GROUP_CHECK", "error")

@@ -7,6 +7,7 @@ from metaflow.decorators import StepDecorator
 
 from . import batch
 from . import current as current_mod
+from . import frameworks
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .launch import GangSpec, current_task_identity, top_level_args
 from .topology import Topology, plan_topology
@@ -90,6 +91,7 @@ class TorchDistributedDecorator(StepDecorator):
         self.gpus_requested = source if source and source.startswith("@") else None
         self.rendezvous_timeout = _timeout(step_name, self.attributes["rendezvous_timeout"])
         self.start_method = _start_method(step_name, self.attributes["start_method"])
+        frameworks.check_mode(step_name, os.environ)  # a bad value fails before the run
         self.on_batch = any(d.name == "batch" for d in decorators)
         _check_backend(step_name, self.topology, decorators)
         if self.topology.nodes > 1 and os.environ.get(batch.TRAMPOLINE_ENV) == step_name:
@@ -123,6 +125,7 @@ class TorchDistributedDecorator(StepDecorator):
         if not self.active:
             return step_func
         spec = GangSpec.from_env(os.environ)
+        _require_torch(self.step_name)
         if spec is not None:  # this process is a member started by a gang
             if spec.backend == "batch" and spec.role == "agent":
                 spec = self._place_batch_agent(spec)
@@ -183,16 +186,21 @@ class TorchDistributedDecorator(StepDecorator):
         from .envcontract import node_gpu_block
 
         accelerator = self._accelerator(self.topology.world_size, "this machine")
-        if accelerator == "cpu":
-            return "cpu", {}
         visible = visible_gpu_ids()
+        if accelerator == "cpu":
+            # A CPU gang on a GPU machine (a rehearsal): hide the GPUs, or torch would pick
+            # NCCL for init_process_group() with no backend.
+            return "cpu", ({n: "" for n in range(self.topology.nodes)} if visible else {})
         return "cuda", {n: node_gpu_block(n, self.topology.nproc_per_node, visible,
                                           self.topology.nodes)
                         for n in range(self.topology.nodes)}
 
     def _node_devices(self):
         """The accelerator of one node of a gang whose nodes are separate machines."""
-        return self._accelerator(self.topology.nproc_per_node, "this node")
+        accelerator = self._accelerator(self.topology.nproc_per_node, "this node")
+        if accelerator == "cpu" and visible_gpu_ids():
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # as in _local_devices
+        return accelerator
 
     def _accelerator(self, needed, where):
         from metaflow.metaflow_config import TORCH_DISTRIBUTED_CPU_REHEARSAL
@@ -209,6 +217,15 @@ class TorchDistributedDecorator(StepDecorator):
                 "the GPUs are (e.g. --with batch), or rehearse it on CPU with gloo: "
                 "METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1 python flow.py run"
                 % (needed, where, self.topology.describe(), self.gpus_requested, len(visible)))
+        if visible:
+            raise TorchDistributedEnvironmentError(
+                self.step_name,
+                "%s shows %d GPUs, fewer than the %d ranks it would run (%s), so they cannot "
+                "have one GPU each. Ask for at most %d processes per GPU machine (e.g. "
+                "nproc_per_node=%d, or @resources(gpu=%d) and nodes), or run the gang on CPU "
+                "on purpose: METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1."
+                % (where, len(visible), needed, self.topology.describe(), len(visible),
+                   len(visible), len(visible)))
         return "cpu"
 
 
@@ -255,6 +272,16 @@ def _requested_gpus(decorators):
                 if best is None or gpus > best:
                     best, source = gpus, "@%s(gpu=%d)" % (deco.name, gpus)
     return best, source
+
+
+def _require_torch(step_name):
+    try:
+        import torch.distributed  # noqa: F401
+    except ImportError as ex:
+        raise TorchDistributedEnvironmentError(
+            step_name, "torch is not installed where this task runs (%s). Install torch in the "
+            "task's environment: the image for @batch, @pypi/@conda packages, or the Python "
+            "you run the flow with." % ex)
 
 
 def _install_current_parallel():

@@ -35,12 +35,15 @@ _LIGHTNING_MISMATCH = re.compile(
 
 def check_mode(step_name, environ):
     """The group check's mode from METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK (default "error")."""
-    mode = environ.get(CHECK_ENV, "error").strip().lower() or "error"
+    raw = environ.get(CHECK_ENV)
+    if raw is None:  # Metaflow's configuration (a config profile), else "error"
+        from metaflow.metaflow_config import TORCH_DISTRIBUTED_GROUP_CHECK as raw
+    mode = str(raw).strip().lower() or "error"
     if mode not in CHECK_MODES:
         raise TorchDistributedConfigError(
             step_name, "%s=%r is not one of %s. Unset it, or set it to warn or off for steps "
             "whose ranks are meant to work without a process group."
-            % (CHECK_ENV, environ[CHECK_ENV], ", ".join(CHECK_MODES)))
+            % (CHECK_ENV, raw, ", ".join(CHECK_MODES)))
     return mode
 
 
