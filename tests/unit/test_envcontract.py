@@ -181,6 +181,8 @@ def test_node_gpu_block_too_few_gpus_is_a_clear_error():
     (" 1 , 2 ", 4, ["1", "2"]),
     ("", 4, []),
     ("-1", 4, []),
+    ("0,-1,1", 4, ["0"]),
+    ("1,,2", 4, ["1"]),
     ("GPU-8f1c,GPU-77a0", 2, ["GPU-8f1c", "GPU-77a0"]),
 ])
 def test_parse_visible_devices(value, count, expected):

@@ -117,4 +117,9 @@ def parse_visible_devices(value: Optional[str], device_count):
     """The list of GPU ids visible to a process, from CUDA_VISIBLE_DEVICES and the device count."""
     if value is None:
         return [str(i) for i in range(device_count)]
-    return [v.strip() for v in value.split(",") if v.strip() and v.strip() != "-1"]
+    visible = []
+    for item in (v.strip() for v in value.split(",")):
+        if not item or item.startswith("-"):
+            break  # CUDA stops at the first invalid entry: "0,-1,1" shows device 0 only
+        visible.append(item)
+    return visible
