@@ -343,8 +343,12 @@ def test_pump_outlives_a_task_that_is_killed(tmp_path):
         kill_quietly(pump_pid)
 
 
-def test_pump_says_who_died_when_its_task_is_killed(tmp_path):
-    """Nothing in a SIGKILLed task can speak: its pump writes the note it was given, last."""
+@pytest.mark.parametrize("killed", [True, False])
+def test_pump_says_who_died_only_when_its_task_is_killed(killed):
+    """Nothing in a SIGKILLed task can speak: its pump writes the note it was given, last. A
+    task that ends normally tells its pump so, and no note is written."""
+    ending = ("time.sleep(0.3)\nos.kill(os.getpid(), signal.SIGKILL)" if killed
+              else "os.close(w)\npump.drain(10)")
     script = textwrap.dedent("""
         import os, signal, sys, time
         sys.path.insert(0, %r)
@@ -356,34 +360,12 @@ def test_pump_says_who_died_when_its_task_is_killed(tmp_path):
         pump.add(r, "[rank 0]", 1)
         pump.start(close_in_child=[w], orphan_note="[rank 0] the task died")
         os.write(w, b"last words\\n")
-        time.sleep(0.3)
-        os.kill(os.getpid(), signal.SIGKILL)
-    """ % str(REPO))
+    """ % str(REPO)) + ending
     task = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=20)
-    assert task.returncode == -signal.SIGKILL
+    assert task.returncode == (-signal.SIGKILL if killed else 0), task.stderr
     assert task.stdout == "[rank 0] last words\n"
-    assert task.stderr == "[rank 0] the task died\n"
-
-
-def test_pump_of_a_task_that_ends_normally_adds_no_note(tmp_path):
-    script = textwrap.dedent("""
-        import os, sys
-        sys.path.insert(0, %r)
-        from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import (
-            OutputPump)
-
-        r, w = os.pipe()
-        pump = OutputPump()
-        pump.add(r, "[rank 0]", 1)
-        pump.start(close_in_child=[w], orphan_note="[rank 0] the task died")
-        os.write(w, b"bye\\n")
-        os.close(w)
-        pump.drain(10)
-    """ % str(REPO))
-    task = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=20)
-    assert (task.returncode, task.stdout, task.stderr) == (0, "[rank 0] bye\n", "")
+    assert task.stderr == ("[rank 0] the task died\n" if killed else "")
 
 
 # stop_members
