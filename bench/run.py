@@ -235,24 +235,27 @@ class Session:
         return rec
 
 
-def measure(cfg, rng, log):
+PARTS = ("launch", "ddp", "artifact", "fail")
+
+
+def measure(cfg, rng, log, parts=PARTS):
     s = Session(log)
-    for rep in range(cfg["reps"]):
+    for rep in range(cfg["reps"] if "launch" in parts else 0):
         log("launch, repetition %d/%d" % (rep + 1, cfg["reps"]))
         for size in shuffled(cfg["sizes"], rng):
             for launcher in shuffled(LAUNCHERS, rng):
                 s.go(rep, launcher, BENCH_KIND="launch", BENCH_WORLD=size)
-    for rep in range(cfg["ddp_reps"]):
+    for rep in range(cfg["ddp_reps"] if "ddp" in parts else 0):
         log("ddp, repetition %d/%d" % (rep + 1, cfg["ddp_reps"]))
         for launcher in shuffled(["torchrun", "ours_fork"], rng):
             s.go(rep, launcher, BENCH_KIND="ddp", BENCH_WORLD=cfg["ddp_world"],
                  BENCH_STEPS=cfg["ddp_steps"])
-    for rep in range(cfg["artifact_reps"]):
+    for rep in range(cfg["artifact_reps"] if "artifact" in parts else 0):
         log("artifact, repetition %d/%d" % (rep + 1, cfg["artifact_reps"]))
         for launcher in shuffled(["single", "ours_fork", "parallel"], rng):
             s.go(rep, launcher, BENCH_KIND="artifact", BENCH_WORLD=cfg["artifact_world"],
                  BENCH_MB=cfg["artifact_mb"])
-    for when in ("before_init", "in_collective"):
+    for when in ("before_init", "in_collective") if "fail" in parts else ():
         fail = dict(BENCH_KIND="fail", BENCH_WORLD=cfg["fail_world"], BENCH_FAIL_RANK=1,
                     BENCH_FAIL_WHEN=when)
         for rep in range(max(cfg["fail_reps"], cfg["parallel_fail_reps"])):
@@ -289,6 +292,8 @@ def main(argv=None):
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
                         help="world sizes of the launch measurements, e.g. 1,2,4,8")
     parser.add_argument("--seed", type=int, default=0, help="of the shuffled run order")
+    parser.add_argument("--only", type=lambda s: s.split(","), default=list(PARTS),
+                        help="comma-separated parts to run (%s); default all" % ",".join(PARTS))
     parser.add_argument("--no-docs", action="store_true", help="write the JSON only")
     parser.add_argument("--note", default="", help="a sentence for the docs, e.g. how loaded "
                         "the machine was by other work")
@@ -298,7 +303,11 @@ def main(argv=None):
         cfg["reps"] = args.reps
     if args.sizes:
         cfg["sizes"] = args.sizes
-    command = " ".join([".venv/bin/python", "bench/run.py", *(argv if argv is not None else sys.argv[1:])])
+    options = (["--quick"] if args.quick else []) + (["--reps", str(args.reps)] if args.reps else []) \
+        + (["--sizes", ",".join(map(str, args.sizes))] if args.sizes else []) \
+        + (["--seed", str(args.seed)] if args.seed else []) \
+        + (["--only", ",".join(args.only)] if list(args.only) != list(PARTS) else [])
+    command = " ".join([".venv/bin/python", "bench/run.py", *options])
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = RESULTS / ("%s%s.json" % (stamp, "-quick" if args.quick else ""))
@@ -309,11 +318,11 @@ def main(argv=None):
     info = machine()
     started = time.time()
     log("bench: %s (%s)" % (command, json.dumps(cfg)))
-    runs = measure(cfg, random.Random(args.seed), log)
+    runs = measure(cfg, random.Random(args.seed), log, args.only)
     info["load_1min_after"] = os.getloadavg()[0]
     loads = [r["load_1min"] for r in runs]
     info["load_1min_median_during"] = statistics.median(loads) if loads else None
-    data = {"command": command, "note": args.note, "config": cfg, "quick": args.quick, "machine": info,
+    data = {"command": command, "note": args.note, "config": cfg, "parts": list(args.only), "quick": args.quick, "machine": info,
             "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
             "duration_s": round(time.time() - started, 1), "runs": runs}
     out.write_text(json.dumps(data, indent=1))

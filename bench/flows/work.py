@@ -14,9 +14,23 @@ import time
 import psutil
 
 
+def created():
+    """When this process was created (time.time() scale). psutil's create_time adds the boot
+    time, which /proc/stat gives in whole seconds: on Linux, count back from /proc/uptime
+    instead, which is exact to 10 ms."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return psutil.Process().create_time()
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def task_created():
     """Creation time of this Metaflow task process: the zero of every time reported."""
-    return psutil.Process().create_time()
+    return created()
 
 
 def since(t0):
@@ -35,7 +49,7 @@ def _init(world_size):
 
 def launch(t0, world_size):
     """import torch, init the group, one all-reduce: the phases, in seconds since t0."""
-    times = {"proc": round(psutil.Process().create_time() - t0, 4), "body": since(t0),
+    times = {"proc": round(created() - t0, 4), "body": since(t0),
              "torch_preloaded": "torch" in sys.modules}
     import torch
 
@@ -98,6 +112,15 @@ def state_dict(megabytes):
     return out
 
 
+def artifact(world_size, megabytes):
+    """The ranks form their group and synchronise once, as training would, before rank 0's
+    state dict is saved."""
+    dist = _init(world_size)
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"megabytes": megabytes}
+
+
 def fail(world_size, fail_rank, when, mark_dir):
     """Every rank forms the group and all-reduces; `fail_rank` is SIGKILLed before the
     rendezvous or once its peers are blocked in the all-reduce. Writes the time of death."""
@@ -133,7 +156,7 @@ def run(t0):
     if kind == "ddp":
         return ddp(world, int(env["BENCH_STEPS"])), None
     if kind == "artifact":
-        return {"body": since(t0)}, state_dict(float(env["BENCH_MB"]))
+        return artifact(world, float(env["BENCH_MB"])), state_dict(float(env["BENCH_MB"]))
     if kind == "fail":
         return fail(world, int(env["BENCH_FAIL_RANK"]), env["BENCH_FAIL_WHEN"],
                     env["BENCH_MARK_DIR"]), None
