@@ -380,3 +380,30 @@ def test_not_done_while_a_check_in_is_pending(gang, started):
     assert not sup.wait(1.0)  # exited 0, but never checked in: not a finished gang
     host.join(naming.rank_join_id(1))
     assert sup.wait(2.0) and not sup.failed()
+
+
+def test_a_symptom_waits_for_the_root_cause_from_another_node(gang):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import \
+        root_cause
+
+    host, node, _ = gang
+    recorder = Recorder()
+    sup = Supervisor([], host, Topology(3, 1), watch_nodes=[1, 2], on_failure=recorder).start()
+    node.report_failure(1, Failure(1, 1, "exception", time.time(), local_rank=0,
+                                   message="RuntimeError: Connection closed by peer"))
+    time.sleep(0.4)
+    assert not recorder.calls  # only a symptom so far: still waiting for its cause
+    node.report_failure(2, Failure(2, 2, "signal", time.time(), -9, local_rank=0))
+    assert sup.wait(3)
+    assert root_cause(sup.failures).rank == 2
+
+
+def test_symptoms_alone_are_reported_after_the_wait(gang):
+    host, node, _ = gang
+    sup = Supervisor([], host, Topology(2, 1), watch_nodes=[1]).start()
+    begun = time.monotonic()
+    node.report_failure(1, Failure(1, 1, "exception", time.time(), local_rank=0,
+                                   message="RuntimeError: Connection closed by peer"))
+    assert sup.wait(5)
+    assert 0.8 < time.monotonic() - begun < 3
+    assert [f.rank for f in sup.failures] == [1]

@@ -14,6 +14,8 @@ from . import failures as F
 from .procs import Member
 
 POLL_INTERVAL = 0.05
+# Seconds to wait for the root cause once only symptoms (communication errors) are known.
+SYMPTOM_WAIT = 1.0
 # Seconds between two heartbeats of a node agent.
 HEARTBEAT_INTERVAL = 1.0
 
@@ -68,6 +70,9 @@ class Supervisor:
         self.finish_timeout = finish_timeout
         self._others_done_at = None
         self._reported_done = set()
+        self._symptoms = []  # failures seen, held back while only symptoms are known
+        self._symptom_deadline = None
+        self._seen = set()  # slots and nodes whose failure is already recorded
         self._thread = threading.Thread(target=self._run, name="torch-distributed-supervisor",
                                         daemon=True)
 
@@ -99,8 +104,10 @@ class Supervisor:
         try:
             while not self.finished.is_set():
                 failure = self._check()
-                if failure is not None:
-                    self._fail(failure)
+                if failure is not None and self._settle(failure):
+                    return
+                if self._symptom_deadline is not None and self.clock() >= self._symptom_deadline:
+                    self._flush()  # no root cause came: report the symptoms
                     return
                 if self._all_done():
                     if not (self.leader_busy and self.leader_busy()):
@@ -117,6 +124,23 @@ class Supervisor:
         except Exception as ex:  # the store is gone: node 0 died or the network broke
             self._fail(F.Failure(None, -1, "control", time.time(),
                                  message="lost the gang's control plane: %s" % ex))
+
+    def _settle(self, failure):
+        """Record `failure`; True once the gang's failure is settled and reported. A rank that
+        failed because a peer went away (a communication error) is a symptom: keep watching for
+        SYMPTOM_WAIT seconds, so that the peer's own failure, which may come from another node
+        through its agent, is there to be named as the root cause."""
+        self._symptoms.append(failure)
+        if failure.is_symptom():
+            if self._symptom_deadline is None:
+                self._symptom_deadline = self.clock() + SYMPTOM_WAIT
+            return False
+        self._flush()
+        return True
+
+    def _flush(self):
+        for seen in self._symptoms:
+            self._fail(seen)
 
     def _check_leader_finishes(self):
         if self._others_done_at is None:
@@ -163,17 +187,20 @@ class Supervisor:
             self._next_beat = self.clock() + HEARTBEAT_INTERVAL
         for slot in self.slots:
             code = slot.member.poll()
-            if code in (None, 0):
+            if code in (None, 0) or id(slot) in self._seen:
                 continue
+            self._seen.add(id(slot))
             if slot.rank is None:
+                self._seen.add(slot.node)
                 reported = self.control.failure(slot.node)
                 return reported or F.Failure(
                     None, slot.node, "agent", now, code,
                     message="node agent exited with code %d before reporting a cause" % code)
             return F.from_exit(slot.rank, slot.node, slot.local_rank, code, now, slot.error_file)
         for node in list(self._nodes_left):
-            reported = self.control.failure(node)
+            reported = None if node in self._seen else self.control.failure(node)
             if reported is not None:
+                self._seen.add(node)
                 return reported
             if self.control.finished(node):
                 self._nodes_left.discard(node)
