@@ -67,10 +67,13 @@ class Results:
     def ddp(self, launcher):
         return median(r["result"]["steps_per_s"] for r in self.select("ddp", launcher))
 
-    def ddp_ratio(self):
+    def ddp_ratios(self):
         a = {r["rep"]: r["result"]["steps_per_s"] for r in self.select("ddp", "ours_fork")}
         b = {r["rep"]: r["result"]["steps_per_s"] for r in self.select("ddp", "torchrun")}
-        return median(a[k] / b[k] for k in a if k in b)
+        return [a[k] / b[k] for k in sorted(a) if k in b]
+
+    def ddp_ratio(self):
+        return median(self.ddp_ratios())
 
     def detection(self, launcher, when):
         runs = self.select("fail", launcher, ok=False, BENCH_FAIL_WHEN=when)
@@ -229,7 +232,10 @@ def render(data, source):
     out.append("")
     out.append(table(["launcher", "steps per second (median)"],
                      [(NAMES[k], fmt(res.ddp(k), "%.1f")) for k in ("torchrun", "ours_fork")]))
-    out += ["", "Ratio ours / torchrun: **%s** (target >= 0.98)." % fmt(res.ddp_ratio()), ""]
+    out += ["", "Ratio ours / torchrun: **%s** (target >= 0.98), the median of the paired "
+            "ratios %s (a repetition whose torchrun or ours run failed has no ratio)." % (
+                fmt(res.ddp_ratio()), ", ".join("%.2f" % r for r in res.ddp_ratios()) or "none"),
+            ""]
 
     out += ["## Artifacts: a %s MB state dict" % cfg["artifact_mb"], ""]
     out.append(
@@ -287,6 +293,12 @@ def analysis(res, sizes):
             "Every launcher pays this once in its rank 0." % (
                 body, res.launch("single", sizes[0], "import") - body,
                 res.launch("single", sizes[0], "wall")))
+        walls = [r["wall"] for r in res.select("launch", "single")]
+        lines.append(
+            "* **Noise.** The same one-process flow took between %.2f and %.2f s across this "
+            "run's repetitions: a ratio of whole-flow times on this machine moves by about "
+            "+-%.0f%% between repetitions, as much as the targets' margins." % (
+                min(walls), max(walls), 50 * (max(walls) - min(walls)) / median(walls)))
     for n in sizes:
         if n == 1:
             continue

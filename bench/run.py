@@ -47,7 +47,7 @@ LAUNCHERS = {
     "ours_preload": ("bench_ours.py", {"BENCH_START_METHOD": "fork", "BENCH_PRELOAD": "1"}),
 }
 
-FULL = dict(sizes=[1, 2, 4, 8], reps=5, ddp_world=2, ddp_steps=300, ddp_reps=3,
+FULL = dict(sizes=[1, 2, 4, 8], reps=5, ddp_world=2, ddp_steps=1000, ddp_reps=3,
             artifact_world=4, artifact_mb=200, artifact_reps=2, fail_world=4, fail_reps=3,
             parallel_fail_reps=1, parallel_bound=120.0)
 QUICK = dict(sizes=[1, 4], reps=1, ddp_world=2, ddp_steps=50, ddp_reps=1,

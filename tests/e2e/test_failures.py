@@ -4,8 +4,9 @@ leaves nothing.
 2 nodes x 2 processes: rank 0 is the Metaflow task, rank 1 a member forked on node 0, rank 2
 a member on node 1 (started by node 1's agent). Where x when x how is 3 x 4 x 4 = 48 cases;
 CI runs 17 of them: 16 that cover every pair of (where, when), (where, how) and (when, how),
-and a member hung after its body. TD_FULL_FAULT_MATRIX=1 runs all 48. TD_FAULT_REPORT=<file> appends each case's measured
-detection time to that file as a JSON line (docs/reliability.md is written from it).
+and a member hung after its body. TD_FULL_FAULT_MATRIX=1 runs all 48. TD_FAULT_REPORT=<file>
+appends each case's measured detection time to that file as a JSON line (docs/reliability.md
+is written from it by bench/fault_table.py).
 """
 
 import json
@@ -64,16 +65,18 @@ def _cases():
                 if (rank, when, how) == (0, "after_body", "hang"):
                     marks.append(pytest.mark.xfail(
                         strict=True, reason="product: rank 0 (the task) hung after its body "
-                        "while the others finished is never failed (only @timeout ends it)"))
-                elif (rank, when, how) == (2, "after_body", "hang"):
-                    marks.append(pytest.mark.xfail(
-                        strict=True, reason="product: a member hung after its body on another "
-                        "node is named only as 'node 1' (listed twice in 'still running'), and "
-                        "'The other ranks (0, 1, 2, 3) were stopped' includes it"))
+                        "is stopped after rendezvous_timeout, but the message says 'another "
+                        "rank of the gang failed' instead of naming rank 0 as not finished"))
                 elif how == "hang" and when != "after_body":
                     marks.append(pytest.mark.xfail(
                         strict=True, reason="product: the peers' timeouts are reported, not the "
                         "hung rank (docs/reliability.md, Known gaps)"))
+                elif (rank, when) == (2, "in_collective") and how in ("raise", "sigkill"):
+                    # A race, so not strict: these two cases failed in 6 of 9 runs.
+                    marks.append(pytest.mark.xfail(
+                        strict=False, reason="product race: node 1's report of rank 2's failure "
+                        "arrives after node 0 gave up waiting (SYMPTOM_WAIT), so the step names "
+                        "rank 0's 'Connection closed by peer' instead of rank 2"))
                 yield pytest.param(rank, when, how, marks=marks,
                                    id="rank%d-%s-%s" % (rank, when, how))
 
@@ -132,14 +135,14 @@ def test_failing_rank_fails_the_gang(flow_runner, rank, when, how):
         assert "Traceback" in output
     if how == "exit" and rank != 0:
         assert "exited with code 3" in output, output[-6000:]
-    if how == "sigkill" and rank != 0:
-        assert "killed by SIGKILL" in output, output[-6000:]
+    if how == "sigkill":
+        assert ("killed by SIGKILL" if rank else "SIGKILL") in output, output[-6000:]
     if how == "hang":
         # the hung rank is named as the cause, on one line with what happened to it
         named = [line for line in output.splitlines() if WHERE[rank] in line
                  and ("hung" in line or "did not finish" in line)]
         assert named, output[-6000:]
-    elif not (rank == 0 and how == "sigkill"):  # a SIGKILLed task cannot speak for itself
+    else:
         assert WHERE[rank] in output, output[-6000:]
     # the failed task holds nothing of a member: no artifact of rank 1, 2 or 3 leaked
     got = flow_runner.client(TRAIN + (
@@ -149,14 +152,6 @@ def test_failing_rank_fails_the_gang(flow_runner, rank, when, how):
     assert not got["ok"]
     assert got["rank"] in (None, 0), got
     print("detection latency rank=%d when=%s how=%s: %.2fs" % (rank, when, how, latency))
-
-
-@pytest.mark.xfail(strict=True, reason="product: when the task itself (rank 0) is SIGKILLed, "
-                   "e.g. by the OOM killer, the log shows only Metaflow's 'Task failed.'")
-def test_killed_task_is_named(flow_runner):
-    code, output = run_bounded(flow_runner, failing_env(0, "in_collective", "sigkill"))
-    assert code not in (None, 0), output[-6000:]
-    assert WHERE[0] in output and "SIGKILL" in output, output[-6000:]
 
 
 @pytest.mark.xfail(strict=True, reason="product: a failed attempt's artifacts are persisted by "
