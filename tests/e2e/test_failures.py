@@ -71,12 +71,6 @@ def _cases():
                     marks.append(pytest.mark.xfail(
                         strict=True, reason="product: the peers' timeouts are reported, not the "
                         "hung rank (docs/reliability.md, Known gaps)"))
-                elif (rank, when) == (2, "in_collective") and how in ("raise", "sigkill"):
-                    # A race, so not strict: these two cases failed in 6 of 9 runs.
-                    marks.append(pytest.mark.xfail(
-                        strict=False, reason="product race: node 1's report of rank 2's failure "
-                        "arrives after node 0 gave up waiting (SYMPTOM_WAIT), so the step names "
-                        "rank 0's 'Connection closed by peer' instead of rank 2"))
                 yield pytest.param(rank, when, how, marks=marks,
                                    id="rank%d-%s-%s" % (rank, when, how))
 
