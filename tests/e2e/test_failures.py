@@ -51,7 +51,7 @@ def _pairwise():
 
 
 # plus a member hung after its body: the supervisor's finish timeout
-CI_CASES = _pairwise() | {(1, "after_body", "hang")}
+CI_CASES = _pairwise() | {(1, "after_body", "hang"), (0, "after_body", "hang")}
 FULL = os.environ.get("TD_FULL_FAULT_MATRIX") == "1"
 
 
@@ -62,12 +62,7 @@ def _cases():
                 if not FULL and (rank, when, how) not in CI_CASES:
                     continue
                 marks = []
-                if (rank, when, how) == (0, "after_body", "hang"):
-                    marks.append(pytest.mark.xfail(
-                        strict=True, reason="product: rank 0 (the task) hung after its body "
-                        "is stopped after rendezvous_timeout, but the message says 'another "
-                        "rank of the gang failed' instead of naming rank 0 as not finished"))
-                elif how == "hang" and when != "after_body":
+                if how == "hang" and when != "after_body":
                     marks.append(pytest.mark.xfail(
                         strict=True, reason="product: the peers' timeouts are reported, not the "
                         "hung rank (docs/reliability.md, Known gaps)"))
@@ -148,8 +143,6 @@ def test_failing_rank_fails_the_gang(flow_runner, rank, when, how):
     print("detection latency rank=%d when=%s how=%s: %.2fs" % (rank, when, how, latency))
 
 
-@pytest.mark.xfail(strict=True, reason="product: a failed attempt's artifacts are persisted by "
-                   "Metaflow's task and visible through the client (design.md promise 6)")
 @pytest.mark.parametrize("rank, how", [(0, "raise"), (2, "sigkill")])
 def test_failed_attempt_shows_no_artifacts(flow_runner, rank, how):
     code, output = run_bounded(flow_runner, failing_env(rank, "after_body", how))

@@ -132,9 +132,9 @@ class TorchDistributedDecorator(StepDecorator):
             return _member_step(spec, step_func, self.name)
         if retry_count > max_user_code_retries:
             return step_func  # @catch's fallback attempt runs alone, as on any step
-        return self._leader_step(step_func, retry_count, max_user_code_retries)
+        return self._leader_step(flow, step_func, retry_count, max_user_code_retries)
 
-    def _leader_step(self, step_func, retry_count, max_user_code_retries):
+    def _leader_step(self, flow, step_func, retry_count, max_user_code_retries):
         from metaflow.cli_args import cli_args
         from metaflow.metaflow_config import TORCH_DISTRIBUTED_ABORT_GRACE
 
@@ -166,7 +166,16 @@ class TorchDistributedDecorator(StepDecorator):
                         self.name, blocks, port=port)
 
         def gang_step(*args):
-            leader.run(step_func, args)
+            before = set(vars(flow))
+            try:
+                leader.run(step_func, args)
+            except BaseException:
+                # Metaflow persists a failed attempt's artifacts; a gang that failed keeps none
+                # of what rank 0's body set (inputs from earlier steps stay).
+                for name in set(vars(flow)) - before:
+                    if not name.startswith("_"):
+                        delattr(flow, name)
+                raise
 
         return gang_step
 

@@ -300,7 +300,8 @@ class Leader:
             return
         failure = root_cause(supervisor.failures)
         stopped_ranks = [r for r in range(self.topology.world_size) if r != failure.rank]
-        if failure.rank == 0 and getattr(self, "rank0_exception", None) is not None:
+        if (failure.rank == 0 and failure.kind == "exception"
+                and getattr(self, "rank0_exception", None) is not None):
             # Re-raise rank 0's own exception, so @catch and the task's error show its type.
             print("@torch_distributed on step *%s*: %s failed with the error below. The other "
                   "ranks (%s) were stopped." % (self.step_name, failure.where(),
