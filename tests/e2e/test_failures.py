@@ -61,12 +61,7 @@ def _cases():
             for how in HOWS:
                 if not FULL and (rank, when, how) not in CI_CASES:
                     continue
-                marks = []
-                if how == "hang" and when != "after_body":
-                    marks.append(pytest.mark.xfail(
-                        strict=True, reason="product: the peers' timeouts are reported, not the "
-                        "hung rank (docs/reliability.md, Known gaps)"))
-                yield pytest.param(rank, when, how, marks=marks,
+                yield pytest.param(rank, when, how,
                                    id="rank%d-%s-%s" % (rank, when, how))
 
 

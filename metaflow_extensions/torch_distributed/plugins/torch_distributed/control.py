@@ -4,6 +4,7 @@ Ranks use it as their rendezvous store (TORCHELASTIC_USE_AGENT_STORE=True, as un
 node agents use it to check in, report failures and learn that the gang is aborting.
 """
 
+import json
 import os
 import socket
 from datetime import timedelta
@@ -78,6 +79,15 @@ class ControlPlane:
 
     def finished(self, node):
         return self._store.check([Keys.done(node)])
+
+    def report_running(self, node, ranks):
+        self._set(Keys.running(node), json.dumps(list(ranks)))
+
+    def running(self, node):
+        """Ranks node `node` said were still running when it reported its failure."""
+        if not self._store.check([Keys.running(node)]):
+            return []
+        return json.loads(self._store.get(Keys.running(node)).decode())
 
     def report_failure(self, node, failure):
         self._set(Keys.failure(node), failure.to_json())

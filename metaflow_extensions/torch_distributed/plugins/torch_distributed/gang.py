@@ -344,6 +344,8 @@ class Agent:
                 print("node 0 aborted the gang; stopping this node's ranks", file=sys.stderr)
                 return 3
             if supervisor.failed():
+                # which ranks were still running: a hung one among them may be the cause
+                _quietly(control.report_running, self.spec.node, supervisor.running_ranks())
                 _quietly(control.report_failure, self.spec.node, root_cause(supervisor.failures))
                 return 1
             control.finish(self.spec.node)

@@ -70,6 +70,11 @@ class Keys:
         return "%snode/%d/failure" % (_KEY_PREFIX, node)
 
     @staticmethod
+    def running(node):
+        """The ranks of node `node` still running when its agent reported a failure (JSON)."""
+        return "%snode/%d/running" % (_KEY_PREFIX, node)
+
+    @staticmethod
     def rank_done(rank):
         """Set when rank `rank` (a member on a node other than 0) finished its step body."""
         return "%srank/%d/done" % (_KEY_PREFIX, rank)

@@ -5,6 +5,7 @@ One thread polls every member process and the control plane. The first failure a
 an abort from node 0) ends the watch and calls `on_failure` once; the caller stops the rest.
 """
 
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -16,6 +17,10 @@ from .procs import Member
 POLL_INTERVAL = 0.05
 # Seconds to wait for the root cause once only symptoms (communication errors) are known.
 SYMPTOM_WAIT = 1.0
+# Seconds more to wait, when only timeouts are known, for every node to say which ranks run.
+TIMEOUT_SKEW_WAIT = 5.0
+# A peer's error that says it gave up waiting (gloo, the store, NCCL's watchdog).
+_TIMEOUT_HINT = re.compile(r"time[sd]? ?out|timed out|Timeout", re.I)
 # Seconds between two heartbeats of a node agent.
 HEARTBEAT_INTERVAL = 1.0
 
@@ -60,6 +65,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._pending_joins = dict(expected_joins or {})
         self._nodes_left = set(watch_nodes)
+        self._watched = set(watch_nodes)
         self.heartbeat_node = heartbeat_node
         self.heartbeat_timeout = heartbeat_timeout
         self._next_beat = clock()
@@ -81,8 +87,21 @@ class Supervisor:
         return self
 
     def report(self, failure):
-        """Record a failure seen outside the thread (rank 0's exception in the main thread)."""
-        self._fail(failure)
+        """Record a failure seen outside the thread (rank 0's exception in the main thread).
+        A symptom joins the thread's wait for a root cause while the thread runs."""
+        with self._lock:
+            held = (failure.is_symptom() and not self.failures and self._thread.is_alive()
+                    and not self.finished.is_set())
+            if held:
+                self._symptoms.append(failure)
+                if self._symptom_deadline is None:
+                    self._symptom_deadline = self.clock() + SYMPTOM_WAIT
+        if not held:
+            self._fail(failure)
+
+    def running_ranks(self):
+        """Ranks of this node's slots whose process is still running."""
+        return [s.rank for s in self.slots if s.rank is not None and s.member.poll() is None]
 
     def failed(self):
         with self._lock:
@@ -107,8 +126,9 @@ class Supervisor:
                 if failure is not None and self._settle(failure):
                     return
                 if self._symptom_deadline is not None and self.clock() >= self._symptom_deadline:
-                    self._flush()  # no root cause came: report the symptoms
-                    return
+                    if not self._waiting_for_timeouts():
+                        self._flush()  # no root cause came: report the symptoms
+                        return
                 if self._all_done():
                     if not (self.leader_busy and self.leader_busy()):
                         self.finished.set()
@@ -130,17 +150,69 @@ class Supervisor:
         failed because a peer went away (a communication error) is a symptom: keep watching for
         SYMPTOM_WAIT seconds, so that the peer's own failure, which may come from another node
         through its agent, is there to be named as the root cause."""
-        self._symptoms.append(failure)
-        if failure.is_symptom():
-            if self._symptom_deadline is None:
+        with self._lock:
+            self._symptoms.append(failure)
+            if failure.is_symptom() and self._symptom_deadline is None:
                 self._symptom_deadline = self.clock() + SYMPTOM_WAIT
+        if failure.is_symptom():
+            if self.heartbeat_node is not None:  # an agent: tell node 0 at once who still runs
+                self.control.report_running(self.heartbeat_node, self.running_ranks())
             return False
         self._flush()
         return True
 
     def _flush(self):
-        for seen in self._symptoms:
-            self._fail(seen)
+        with self._lock:
+            seen = list(self._symptoms)
+        if seen and all(f.is_symptom() for f in seen):
+            hung = self._hung_rank(seen)
+            if hung is not None:
+                seen.append(hung)
+        for failure in seen:
+            self._fail(failure)
+
+    def _waiting_for_timeouts(self):
+        """Ranks that wait for a hung peer time out one by one, as they started (other nodes
+        start later): while only timeouts are known, give nodes that have not said which of
+        their ranks still run up to TIMEOUT_SKEW_WAIT more seconds to say it."""
+        with self._lock:
+            symptoms = list(self._symptoms)
+        if not symptoms or not all(_TIMEOUT_HINT.search(f.message) for f in symptoms):
+            return False
+        if self.clock() >= self._symptom_deadline + TIMEOUT_SKEW_WAIT:
+            return False
+        return bool(self._silent_nodes())
+
+    def _silent_nodes(self):
+        """Unfinished nodes that neither reported a failure nor said which ranks still run."""
+        nodes = {s.node for s in self.slots if s.rank is None} | self._watched
+        return [n for n in sorted(nodes) if (n in self._nodes_left or n not in self._watched)
+                and not self.control.running(n) and self.control.failure(n) is None]
+
+    def _hung_rank(self, symptoms):
+        """When every failure so far is a peer's timeout, the rank still running without an
+        error is the one the others waited for: name it (None if there is no such rank)."""
+        if not all(_TIMEOUT_HINT.search(f.message) for f in symptoms):
+            return None
+        failed = {f.rank for f in symptoms}
+        running = [(s.rank, s.node, s.local_rank) for s in self.slots
+                   if s.rank is not None and s.member.poll() is None]
+        if self.leader_busy and self.leader_busy():
+            running.insert(0, (0, 0, 0))
+        silent = self._silent_nodes()
+        for node in sorted({s.node for s in self.slots if s.rank is None} | self._watched):
+            running += [(r, node, self.topology.locate(r)[1]) for r in self.control.running(node)]
+        for node in silent:  # no word from these: any of their ranks may be the one
+            running += [(r, node, self.topology.locate(r)[1]) for r in self.topology.ranks_of(node)]
+        running = [r for r in running if r[0] not in failed]
+        if not running:
+            return None
+        rank, node, local_rank = running[0]
+        return F.Failure(
+            rank, node, "hung", time.time(), local_rank=local_rank,
+            message="hung: it neither failed nor finished while the other ranks timed out "
+            "waiting for it (%s). Its [rank %d] lines show where it was; see the debugging "
+            "guide to dump its stack next time" % (symptoms[0].where(), rank))
 
     def _check_leader_finishes(self):
         if self._others_done_at is None:
