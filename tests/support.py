@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -71,7 +72,7 @@ class FlowRunner:
         path = self.flow_path(name)
         return subprocess.Popen([sys.executable, str(path), "--no-pylint", *args], cwd=self.root,
                                 env=self.env(env), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, preexec_fn=_like_a_terminal)
 
     def failed_at(self):
         mark = self.marks / "failed-at"
@@ -108,3 +109,10 @@ class FlowRunner:
         for p in left:
             p.kill()
         assert not left, "processes left behind: %s" % [p.info for p in left]
+
+
+def _like_a_terminal():
+    """Give the run the SIGINT of a user's terminal: the suite itself may run where SIGINT is
+    ignored (a background job of a non-interactive shell, as CI may start it), and an ignored
+    SIGINT is inherited, so a test's Ctrl-C would never reach the run."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
