@@ -180,7 +180,9 @@ class Leader:
         old_handler = signal.getsignal(signal.SIGUSR1)
         try:
             runner.start_ranks(range(1, self.topology.nproc_per_node), close_fds=[listener.fileno()])
-            for node in range(1, self.topology.nodes if not self.remote else 1):
+            # Remote nodes start on their own machines; local ones are agents started here.
+            local_nodes = [] if self.remote else range(1, self.topology.nodes)
+            for node in local_nodes:
                 argv, env = runner.command(
                     "agent", naming.hidden_task_id(spec.task["task_id"], node), node=node,
                     cuda_visible_devices=self.node_gpu_blocks.get(node))

@@ -78,7 +78,8 @@ class Supervisor:
         self._reported_done = set()
         self._symptoms = []  # failures seen, held back while only symptoms are known
         self._symptom_deadline = None
-        self._seen = set()  # slots and nodes whose failure is already recorded
+        self._seen_slots = set()  # ids of slots whose failure is already recorded
+        self._seen_nodes = set()  # nodes whose reported failure is already recorded
         self._thread = threading.Thread(target=self._run, name="torch-distributed-supervisor",
                                         daemon=True)
 
@@ -259,20 +260,20 @@ class Supervisor:
             self._next_beat = self.clock() + HEARTBEAT_INTERVAL
         for slot in self.slots:
             code = slot.member.poll()
-            if code in (None, 0) or id(slot) in self._seen:
+            if code in (None, 0) or id(slot) in self._seen_slots:
                 continue
-            self._seen.add(id(slot))
+            self._seen_slots.add(id(slot))
             if slot.rank is None:
-                self._seen.add(slot.node)
+                self._seen_nodes.add(slot.node)
                 reported = self.control.failure(slot.node)
                 return reported or F.Failure(
                     None, slot.node, "agent", now, code,
                     message="node agent exited with code %d before reporting a cause" % code)
             return F.from_exit(slot.rank, slot.node, slot.local_rank, code, now, slot.error_file)
         for node in list(self._nodes_left):
-            reported = None if node in self._seen else self.control.failure(node)
+            reported = None if node in self._seen_nodes else self.control.failure(node)
             if reported is not None:
-                self._seen.add(node)
+                self._seen_nodes.add(node)
                 return reported
             if self.control.finished(node):
                 self._nodes_left.discard(node)
