@@ -313,8 +313,9 @@ class _Stream:
         if self.since is None or now < self.since + interval:
             return b""
         self.since = now
-        line = self._state_line(_last_state(self.pending))
-        self.shown = _last_state(self.pending)
+        state = _last_state(self.pending)
+        line = self._state_line(state)
+        self.shown = state
         return line
 
     def finish(self):
@@ -342,7 +343,7 @@ def _latest(pending):
     return pending[start:] if start > 0 else pending
 
 
-def _pump(streams, sink=None, interval=PROGRESS_INTERVAL, clock=time.monotonic):
+def _pump(streams, sink=None, interval=PROGRESS_INTERVAL):
     def write(stream, data):
         if data:
             _write_all(stream.target, data)
@@ -357,7 +358,7 @@ def _pump(streams, sink=None, interval=PROGRESS_INTERVAL, clock=time.monotonic):
         open_streams[fd] = stream
     while open_streams:
         dues = [d for d in (s.due(interval) for s in open_streams.values()) if d is not None]
-        timeout = max(0.0, min(dues) - clock()) if dues else None
+        timeout = max(0.0, min(dues) - time.monotonic()) if dues else None
         for key, _ in selector.select(timeout):
             stream = key.data
             try:
@@ -365,12 +366,12 @@ def _pump(streams, sink=None, interval=PROGRESS_INTERVAL, clock=time.monotonic):
             except OSError:
                 chunk = b""
             if chunk:
-                write(stream, stream.feed(chunk, clock()))
+                write(stream, stream.feed(chunk, time.monotonic()))
                 continue
             write(stream, stream.finish())
             selector.unregister(key.fd)
             del open_streams[key.fd]
-        now = clock()
+        now = time.monotonic()
         for stream in open_streams.values():
             write(stream, stream.snapshot(now, interval))
     if sink is not None:
