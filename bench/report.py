@@ -158,7 +158,8 @@ def render(data, source):
         "`@torch_distributed` side by side with what users do today: `torchrun --standalone` "
         "inside a plain step, Metaflow's own `@parallel` (the torch environment set by hand "
         "from `current.parallel`), and the physical floor, the same work as one process in a "
-        "plain step. Every number below comes from one run of the command below; medians "
+        "plain step. Every number below, up to the `world_size` section at the end (which names "
+        "its own run), comes from one run of the command below; medians "
         "over repetitions, each repetition running every launcher back to back in a shuffled "
         "order, ratios as the median of the per-repetition ratios.")
     out += ["", "## How it was measured", ""]
