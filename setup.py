@@ -6,7 +6,7 @@ setup(
     description="@torch_distributed: gang-scheduled distributed PyTorch steps for Metaflow",
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
-    packages=find_namespace_packages(include=["metaflow_extensions.*"]),
+    packages=find_namespace_packages(include=["metaflow_extensions", "metaflow_extensions.*"]),
     python_requires=">=3.9",
     # The tested range; versions.py refuses to run outside it (keep both in step).
     install_requires=["metaflow>=2.19.0,<2.20"],

@@ -15,8 +15,13 @@ PLOT = REPO / "docs" / "benchmarks_launch.png"
 NAMES = {"single": "one process (floor)", "torchrun": "torchrun --standalone",
          "parallel": "@parallel", "ours_fork": "@torch_distributed fork",
          "ours_exec": "@torch_distributed exec",
-         "ours_preload": "@torch_distributed fork, torch imported before the fork"}
-ORDER = ["single", "torchrun", "parallel", "ours_fork", "ours_exec", "ours_preload"]
+         "ours_preload": "@torch_distributed fork, torch imported before the fork",
+         "ours_nodes": "@torch_distributed fork, one process per emulated node"}
+ORDER = ["single", "torchrun", "parallel", "ours_fork", "ours_exec", "ours_preload", "ours_nodes"]
+# A run of the launch part alone (`--only launch`) writes this section of the page and leaves
+# the rest, which comes from a full run, as it is.
+SECTION_START = "<!-- world_size section: bench/report.py, from a `bench/run.py --only launch` run -->"
+SECTION_END = "<!-- end of the world_size section -->"
 PHASES = [("proc", "rank 0 process started"), ("body", "work starts"),
           ("import", "torch imported"), ("init", "group formed"),
           ("collective", "all-reduce done")]
@@ -153,7 +158,8 @@ def render(data, source):
         "`@torch_distributed` side by side with what users do today: `torchrun --standalone` "
         "inside a plain step, Metaflow's own `@parallel` (the torch environment set by hand "
         "from `current.parallel`), and the physical floor, the same work as one process in a "
-        "plain step. Every number below comes from one run of the command below; medians "
+        "plain step. Every number below, up to the `world_size` section at the end (which names "
+        "its own run), comes from one run of the command below; medians "
         "over repetitions, each repetition running every launcher back to back in a shuffled "
         "order, ratios as the median of the per-repetition ratios.")
     out += ["", "## How it was measured", ""]
@@ -332,10 +338,82 @@ def analysis(res, sizes):
     return "\n".join(lines)
 
 
+def render_world_size(data, source):
+    """The section of a launch-only run: `world_size=N` alone (one node of N processes since
+    issue 11) against one process, torchrun, and the N-node plan it had before."""
+    res = Results(data)
+    sizes = [n for n in data["config"]["sizes"] if n > 1]
+    m = data["machine"]
+    out = [SECTION_START, "", "## `world_size` alone: one node (issue 11)", ""]
+    out.append(
+        "`@torch_distributed(world_size=N)` on a machine without GPUs runs N processes on one "
+        "node (`@torch_distributed fork` below: `bench/flows/bench_ours.py` with "
+        "`world_size=N`). Before issue 11 it ran N emulated nodes of one process each, the row "
+        "`one process per emulated node` (the same flow with `nodes=N` added). Every number in "
+        "this section comes from one run of:")
+    out += ["", "```\n%s\n```" % data["command"], ""]
+    out.append("Results: `%s` (run started %s, took %.0f s%s). Medians over %d repetitions; "
+               "ratios are the median of the per-repetition ratios. 1-min load average %.2f "
+               "before, %.2f median during, %.2f after. %s" % (
+                   source, data["started"], data["duration_s"],
+                   "; **--quick: not for publication**" if data["quick"] else "",
+                   data["config"]["reps"], m["load_1min_before"],
+                   m["load_1min_median_during"] or 0, m["load_1min_after"], data.get("note", "")))
+    out.append("")
+    rows = []
+
+    def add(what, value, limit):
+        rows.append((what, fmt(value), "<= %.2f" % limit,
+                     "not measured" if value is None else "met" if value <= limit else "**missed**"))
+
+    if 4 in sizes:
+        add("world_size=4, whole flow / one process", res.paired_ratio("launch", "ours_fork", "single", 4), 1.10)
+        add("world_size=4, whole flow / torchrun in a step", res.paired_ratio("launch", "ours_fork", "torchrun", 4), 0.50)
+    if 8 in sizes:
+        add("world_size=8, whole flow / one process", res.paired_ratio("launch", "ours_fork", "single", 8), 1.25)
+    out += [table(["target (issue 11)", "measured", "target", ""], rows), ""]
+    rows = []
+    for n in sizes:
+        for launcher, plan in (("ours_nodes", "%d nodes x 1 (before)" % n),
+                               ("ours_fork", "1 node x %d (now)" % n)):
+            rows.append(("world_size=%d" % n, plan, fmt(res.launch(launcher, n, "wall")))
+                        + tuple(fmt(res.paired_ratio("launch", launcher, den, n))
+                                for den in ("single", "torchrun")))
+    out += [table(["you write", "plan", "whole flow (s)", "/ one process", "/ torchrun"], rows), ""]
+    rows = [(n, NAMES[launcher], fmt(res.launch(launcher, n, "wall")),
+             fmt(res.launch(launcher, n, "collective")),
+             fmt(res.launch(launcher, n, "peak_pss_mb"), "%.0f"))
+            for n in sizes for launcher in ORDER if res.select("launch", launcher, n)]
+    out += ["Every launcher of the run (medians):", "",
+            table(["world size", "launcher", "whole flow (s)",
+                   "task start to first collective (s)", "peak PSS (MB)"], rows), "", SECTION_END]
+    return "\n".join(out)
+
+
+def with_section(page, section):
+    """`page` with its world_size section replaced by `section` (appended if it has none)."""
+    if SECTION_START in page:
+        before, rest = page.split(SECTION_START, 1)
+        page = before + rest.split(SECTION_END, 1)[1].lstrip("\n")
+    return page.rstrip("\n") + "\n\n" + section + "\n"
+
+
+def section_of(page):
+    if SECTION_START not in page:
+        return None
+    return SECTION_START + page.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0] + SECTION_END
+
+
 def write_docs(data, source):
+    old = DOC.read_text() if DOC.exists() else ""
+    if data["parts"] == ["launch"]:
+        DOC.write_text(with_section(old, render_world_size(data, source)))
+        return [DOC]
     res = Results(data)
     plot(res, data["config"]["sizes"], PLOT)
-    DOC.write_text(render(data, source))
+    page = render(data, source)
+    kept = section_of(old)
+    DOC.write_text(with_section(page, kept) if kept else page)
     return [DOC, PLOT]
 
 

@@ -8,7 +8,9 @@ One run measures, paired and repeated (the launchers of one repetition run back 
 shuffled order): launch overhead at world sizes 1, 2, 4, 8 (whole-flow wall time, time to the
 first collective, peak memory of the gang), steady-state DDP throughput, a rank-0 state dict
 artifact, and failure detection. It writes bench/results/<timestamp>.json and regenerates
-docs/benchmarks.md and docs/benchmarks_launch.png from it (bench/report.py).
+docs/benchmarks.md and docs/benchmarks_launch.png from it (bench/report.py). A run of the
+launch part alone (`--only launch`, e.g. `--only launch --sizes 4,8`) writes only the page's
+`world_size` section (issue 11) and keeps the rest.
 
 Every flow runs in a fresh temporary folder (METAFLOW_HOME, local datastore and metadata), the
 same isolation as the tests (tests/support.py).
@@ -45,6 +47,8 @@ LAUNCHERS = {
     "ours_exec": ("bench_ours.py", {"BENCH_START_METHOD": "exec"}),
     # torch imported by the task before the fork: the fix suggested in docs/benchmarks.md
     "ours_preload": ("bench_ours.py", {"BENCH_START_METHOD": "fork", "BENCH_PRELOAD": "1"}),
+    # one process per emulated node: what world_size alone meant on CPU before issue 11
+    "ours_nodes": ("bench_ours.py", {"BENCH_START_METHOD": "fork", "BENCH_NODE_PER_RANK": "1"}),
 }
 
 FULL = dict(sizes=[1, 2, 4, 8], reps=5, ddp_world=2, ddp_steps=1000, ddp_reps=3,

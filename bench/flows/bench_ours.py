@@ -1,5 +1,7 @@
-"""(c) The work as a @torch_distributed step: nproc_per_node=BENCH_WORLD on this host, start
-method BENCH_START_METHOD (fork or exec)."""
+"""(c) The work as a @torch_distributed step: world_size=BENCH_WORLD on this host (one node: no
+GPUs), start method BENCH_START_METHOD (fork or exec). BENCH_NODE_PER_RANK=1 adds
+nodes=BENCH_WORLD: one process per emulated node, the plan world_size alone had on CPU before
+issue 11."""
 
 import json
 import os
@@ -8,6 +10,8 @@ import sys
 from metaflow import FlowSpec, current, step, torch_distributed
 
 import work
+
+WORLD = int(os.environ.get("BENCH_WORLD", "1"))
 
 # BENCH_PRELOAD=1: the train task imports torch before the gang forks its members, which is
 # what the decorator itself could do (docs/benchmarks.md, "Where the time goes").
@@ -20,8 +24,8 @@ class BenchOurs(FlowSpec):
     def start(self):
         self.next(self.train)
 
-    @torch_distributed(nproc_per_node=int(os.environ.get("BENCH_WORLD", "1")),
-                       start_method=os.environ.get("BENCH_START_METHOD", "fork"))
+    @torch_distributed(world_size=WORLD, nodes=WORLD if os.environ.get("BENCH_NODE_PER_RANK")
+                       else None, start_method=os.environ.get("BENCH_START_METHOD", "fork"))
     @step
     def train(self):
         result, state = work.run(work.task_created())

@@ -29,6 +29,9 @@ def test_two_nodes_two_processes_all_reduce(flow_runner):
                                master_port=int(envs[0]["MASTER_PORT"]))
     # members are invisible: one task per step
     assert got["tasks"] == [1, 1, 1]
+    # the plan, printed when the gang starts
+    assert "train: 2 nodes x 2 processes = world size 4 (CPU, gloo; the 2 nodes emulated on " \
+        "this machine)" in res.output, res
     # every rank's output reached the console, prefixed with its rank
     for rank in range(4):
         assert "[rank %d] hello from rank %d" % (rank, rank) in res.output

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+from tests.support import REPO
+
 PKG = "metaflow_extensions.torch_distributed.plugins.torch_distributed"
 
 
@@ -21,3 +23,21 @@ def test_errors_can_be_imported_before_metaflow():
     # the package imports metaflow first (plugins/torch_distributed/__init__.py)
     proc = _import_alone("from %s.errors import TorchDistributedGangFailed" % PKG)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_flows_run_the_installed_package_from_this_working_tree(tmp_path):
+    """What .ci/run installs (`pip install -e .`, setuptools' default editable mode) is found by
+    Metaflow where flows run (outside the repository), and it is this working tree's code."""
+    statement = (
+        "import importlib.metadata, metaflow\n"
+        "from metaflow import torch_distributed\n"
+        "import %s.decorator as d\n"
+        "print(importlib.metadata.version('metaflow-torch-distributed'))\n"
+        "print(d.__file__)" % PKG)
+    proc = subprocess.run([sys.executable, "-c", statement], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    version, path = proc.stdout.split()
+    assert version == "0.1.0"
+    assert path == str(REPO / "metaflow_extensions" / "torch_distributed" / "plugins" /
+                       "torch_distributed" / "decorator.py")

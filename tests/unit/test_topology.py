@@ -9,6 +9,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.decorator i
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import (
     Topology,
+    plan_line,
     plan_topology,
 )
 
@@ -18,7 +19,11 @@ VIS4 = "4 visible GPUs"
 # (id, kwargs of plan_topology, nodes, nproc_per_node, gpu_per_rank)
 INFERRED = [
     ("defaults to one node, one process", {}, 1, 1, False),
-    ("world_size only: one process per node on CPU", dict(world_size=4), 4, 1, False),
+    ("world_size only: every process on one node without GPUs", dict(world_size=4), 1, 4,
+     False),
+    ("world_size=1 without GPUs", dict(world_size=1), 1, 1, False),
+    ("world_size and nodes: several CPU nodes only when nodes says so",
+     dict(world_size=4, nodes=4), 4, 1, False),
     ("nodes only", dict(nodes=3), 3, 1, False),
     ("nproc_per_node only", dict(nproc_per_node=4), 1, 4, False),
     ("gpus of @resources alone: one node with all of them",
@@ -59,6 +64,7 @@ def test_inference(kwargs, nodes, nproc, gpu_per_rank):
     (dict(gpus=2), "2 GPUs"),
     (dict(nproc_per_node=3), "nproc_per_node=3"),
     (dict(world_size=8, nodes=2), "world_size=8 / nodes=2"),
+    (dict(world_size=4), "world_size=4 on one node (no GPUs requested or visible)"),
 ])
 def test_source_names_where_processes_per_node_came_from(kwargs, source):
     assert plan_topology(**kwargs).source == source
@@ -188,3 +194,14 @@ def test_visible_gpu_ids_from_proc_and_cuda_visible_devices(tmp_path):
     assert visible_gpu_ids({"CUDA_VISIBLE_DEVICES": "1,3"}, str(gpus)) == ["1", "3"]
     assert visible_gpu_ids({}, str(tmp_path / "absent")) == []
     assert visible_gpu_ids({"CUDA_VISIBLE_DEVICES": "0"}, str(tmp_path / "absent")) == []
+
+
+@pytest.mark.parametrize("topology,accelerator,emulated,line", [
+    (Topology(1, 4), "cpu", True, "train: 1 node x 4 processes = world size 4 (CPU, gloo)"),
+    (Topology(1, 1), "cpu", True, "train: 1 node x 1 process = world size 1 (CPU, gloo)"),
+    (Topology(2, 8), "cuda", False, "train: 2 nodes x 8 processes = world size 16 (CUDA, nccl)"),
+    (Topology(2, 2), "cpu", True, "train: 2 nodes x 2 processes = world size 4 "
+     "(CPU, gloo; the 2 nodes emulated on this machine)"),
+])
+def test_the_plan_printed_when_the_gang_starts(topology, accelerator, emulated, line):
+    assert plan_line("train", topology, accelerator, emulated) == line

@@ -1,7 +1,11 @@
 """Configuration knobs of @torch_distributed; each one is overridden by the environment
 variable METAFLOW_<NAME> (for example METAFLOW_TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT=60)."""
 
+import os
+
 from metaflow.metaflow_config_funcs import from_conf
+
+from . import username as _username  # a module: Metaflow copies no module into its config
 
 # Seconds a gang waits for every node and rank to check in before it fails, naming the
 # missing ones. The decorator attribute `rendezvous_timeout` overrides it per step.
@@ -25,3 +29,7 @@ TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT = from_conf("TORCH_DISTRIBUTED_HEARTBEAT_TIM
 # What happens when a rank of a gang ran its step body without joining the gang's process
 # group (its ranks trained independently): "error" (default), "warn" or "off".
 TORCH_DISTRIBUTED_GROUP_CHECK = from_conf("TORCH_DISTRIBUTED_GROUP_CHECK", "error")
+
+# Metaflow's own USER setting (METAFLOW_USER), given a value only where Metaflow would find no
+# user name and stop with "Unknown user": as root in a fresh container or CI runner (username.py).
+USER = _username.user_name(from_conf("USER"), os.environ)

@@ -10,7 +10,7 @@ from . import current as current_mod
 from . import frameworks
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .launch import GangSpec, current_task_identity, top_level_args
-from .topology import Topology, plan_topology
+from .topology import Topology, plan_line, plan_topology
 from .versions import check_metaflow_version
 
 START_METHODS = ("auto", "fork", "exec")
@@ -36,7 +36,8 @@ class TorchDistributedDecorator(StepDecorator):
         Number of nodes. Default: world_size / nproc_per_node, else 1.
     nproc_per_node : int, optional
         Processes per node. Default: the GPUs asked for by @resources/@batch/@kubernetes on
-        this step, else the GPUs visible to the task, else 1.
+        this step, else the GPUs visible to the task; without GPUs, world_size (all on one
+        node) unless nodes is given, else 1.
     rendezvous_timeout : int, optional
         Seconds every node and rank has to join before the step fails naming the missing ones.
         Default: METAFLOW_TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT (300).
@@ -164,8 +165,10 @@ class TorchDistributedDecorator(StepDecorator):
         )
         leader = Leader(self.step_name, self.topology, fields, float(TORCH_DISTRIBUTED_ABORT_GRACE),
                         self.name, blocks, port=port)
+        plan = plan_line(self.step_name, self.topology, accelerator, emulated=remote is None)
 
         def gang_step(*args):
+            print(plan, flush=True)
             before = set(vars(flow))
             try:
                 leader.run(step_func, args)

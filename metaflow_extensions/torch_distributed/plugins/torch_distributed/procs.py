@@ -17,6 +17,10 @@ import time
 import traceback
 
 _PR_SET_PDEATHSIG = 1
+# A line rewritten in place with \r (a progress bar: tqdm, Lightning, Accelerate) is shown as
+# its latest state once it has been rewritten for this long, then at most this often, and once
+# more when it ends: never held back until its newline, never written as one line of every state.
+PROGRESS_INTERVAL = 5.0
 
 
 def die_with_parent(parent_pid):
@@ -177,16 +181,19 @@ class OutputPump:
     Being a separate process, it keeps copying when any rank dies, rank 0's task included, so
     the last lines of a crashing rank are never lost: it leaves when every pipe reached end of
     file (all its writers exited). Complete lines are written with one os.write each, so lines
-    of different ranks never mix; a last line without a newline is still written.
+    of different ranks never mix; a last line without a newline is still written. A line that a
+    progress bar rewrites with \r is written as its latest state every `progress_interval`
+    seconds while it runs, and as its last state when it ends.
 
     `tee`, if given, is called in the pump process and returns a sink (a callable taking the
     target fd and the bytes written to it, with a `close()`), which also gets every write: a
     remote node ships its output to node 0 this way.
     """
 
-    def __init__(self, tee=None):
+    def __init__(self, tee=None, progress_interval=None):
         self._streams = []  # (read fd, prefix bytes, target fd)
         self._tee = tee
+        self._interval = PROGRESS_INTERVAL if progress_interval is None else progress_interval
         self._alive_w = None
         self.pid = None
 
@@ -209,7 +216,7 @@ class OutputPump:
                 sink = self._tee() if self._tee else None
                 if orphan_note:
                     sink = _NoteOnOrphan(sink, alive_r, orphan_note)
-                _pump(self._streams, sink)
+                _pump(self._streams, sink, self._interval)
                 code = 0
             finally:
                 os._exit(code)
@@ -270,35 +277,103 @@ class _NoteOnOrphan:
             self.inner.close()
 
 
-def _pump(streams, sink=None):
-    def write(target, data):
-        _write_all(target, data)
-        if sink is not None:
-            sink(target, data)
+class _Stream:
+    """One pumped pipe: where its lines go, the line it has not finished, and, when that line
+    is rewritten with \r, what of it was shown and since when it is waiting to be shown."""
+
+    def __init__(self, prefix, target):
+        self.prefix = prefix
+        self.target = target
+        self.pending = b""
+        self.shown = None  # the state of the current \r-line last written out
+        self.since = None  # when the current \r-line began or was last written out
+
+    def feed(self, chunk, now):
+        """The bytes to write for `chunk`: its complete lines, a \r-line as its last state."""
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
+        out = []
+        for line in lines:
+            if b"\r" in line:
+                out.append(self._state_line(_last_state(line)))
+                self.shown = self.since = None
+            else:
+                out.append(self.prefix + line + b"\n")
+        if b"\r" in self.pending:
+            self.pending = _latest(self.pending)
+            if self.since is None:
+                self.since = now
+        return b"".join(out)
+
+    def due(self, interval):
+        """When the \r-line in progress is next to be shown, or None."""
+        return None if self.since is None else self.since + interval
+
+    def snapshot(self, now, interval):
+        """The \r-line in progress as its latest state, once it is due."""
+        if self.since is None or now < self.since + interval:
+            return b""
+        self.since = now
+        state = _last_state(self.pending)
+        line = self._state_line(state)
+        self.shown = state
+        return line
+
+    def finish(self):
+        """What is left when the pipe closed: a last line without its newline."""
+        if b"\r" in self.pending:
+            return self._state_line(_last_state(self.pending))
+        return self.prefix + self.pending + b"\n" if self.pending else b""
+
+    def _state_line(self, state):
+        if state == self.shown or not state.strip():
+            return b""  # shown already, or a bar that cleared its line
+        return self.prefix + state + b"\n"
+
+
+def _last_state(line):
+    """What a terminal would show last of a line rewritten with \r: its last non-empty part."""
+    return next((part for part in reversed(line.split(b"\r")) if part), b"")
+
+
+def _latest(pending):
+    """An unfinished \r-line cut to its latest state (and any \r after it), so that what is
+    kept stays small however long the bar runs."""
+    end = len(pending.rstrip(b"\r"))
+    start = pending.rfind(b"\r", 0, end)
+    return pending[start:] if start > 0 else pending
+
+
+def _pump(streams, sink=None, interval=PROGRESS_INTERVAL):
+    def write(stream, data):
+        if data:
+            _write_all(stream.target, data)
+            if sink is not None:
+                sink(stream.target, data)
 
     selector = selectors.DefaultSelector()
-    pending = {}
+    open_streams = {}
     for fd, prefix, target in streams:
-        selector.register(fd, selectors.EVENT_READ, (prefix, target))
-        pending[fd] = b""
-    while pending:
-        for key, _ in selector.select():
-            prefix, target = key.data
+        stream = _Stream(prefix, target)
+        selector.register(fd, selectors.EVENT_READ, stream)
+        open_streams[fd] = stream
+    while open_streams:
+        dues = [d for d in (s.due(interval) for s in open_streams.values()) if d is not None]
+        timeout = max(0.0, min(dues) - time.monotonic()) if dues else None
+        for key, _ in selector.select(timeout):
+            stream = key.data
             try:
                 chunk = os.read(key.fd, 65536)
             except OSError:
                 chunk = b""
-            buf = pending[key.fd] + chunk
-            if not chunk:
-                if buf:
-                    write(target, prefix + buf + b"\n")
-                selector.unregister(key.fd)
-                del pending[key.fd]
+            if chunk:
+                write(stream, stream.feed(chunk, time.monotonic()))
                 continue
-            *lines, rest = buf.split(b"\n")
-            if lines:
-                write(target, b"".join(prefix + line + b"\n" for line in lines))
-            pending[key.fd] = rest
+            write(stream, stream.finish())
+            selector.unregister(key.fd)
+            del open_streams[key.fd]
+        now = time.monotonic()
+        for stream in open_streams.values():
+            write(stream, stream.snapshot(now, interval))
     if sink is not None:
         sink.close()
 

@@ -42,6 +42,25 @@ class Topology:
 
 
 ATTRIBUTES = ("world_size", "nodes", "nproc_per_node")
+# The torch.distributed backend for the gang's device, as the plan names it.
+BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+
+
+def plan_line(step_name, topology, accelerator, emulated=False):
+    """What a gang prints when it starts, e.g. `train: 1 node x 4 processes = world size 4
+    (CPU, gloo)`; `emulated` says that its several nodes all run on this machine."""
+    where = "%s, %s" % (accelerator.upper(), BACKENDS[accelerator])
+    if emulated and topology.nodes > 1:
+        where += "; the %d nodes emulated on this machine" % topology.nodes
+    return "%s: %d node%s x %d process%s = world size %d (%s)" % (
+        step_name,
+        topology.nodes,
+        "" if topology.nodes == 1 else "s",
+        topology.nproc_per_node,
+        "" if topology.nproc_per_node == 1 else "es",
+        topology.world_size,
+        where,
+    )
 
 
 def _check_count(name, value):
@@ -66,8 +85,9 @@ def plan_topology(world_size=None, nodes=None, nproc_per_node=None, gpus=None, g
 
     `gpus` is the GPU count per node that the step asks for (from @resources, @batch or
     @kubernetes) or, failing that, that the machine shows; `gpu_source` names where it came from.
-    Processes per node default to `gpus`, else 1; nodes default to world_size / nproc_per_node,
-    else 1.
+    One rule, local or remote: processes per node default to `gpus`, and nodes to
+    world_size / nproc_per_node. Without GPUs, all of world_size runs on one node unless `nodes`
+    is given (then world_size / nodes per node, or 1 without world_size).
     """
     world_size = _check_count("world_size", world_size)
     nodes = _check_count("nodes", nodes)
@@ -103,6 +123,11 @@ def plan_topology(world_size=None, nodes=None, nproc_per_node=None, gpus=None, g
         nproc_per_node = gpus
         source = gpu_source or "%d GPUs" % gpus
         gpu_per_rank = True
+    elif world_size is not None and nodes is None:
+        # No GPUs to spread over machines: a user who asks for N processes means N processes
+        # on this node, not N emulated nodes. Several nodes only when `nodes` says so.
+        nproc_per_node = world_size
+        source = "world_size=%d on one node (no GPUs requested or visible)" % world_size
     else:
         nproc_per_node = 1
         source = "default of 1 process per node (no GPUs requested or visible)"
