@@ -16,6 +16,8 @@ import sys
 import time
 import traceback
 
+from .failures import save_exception
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -102,7 +104,10 @@ def run_member_body(body, error_file):
         if ex.code is not None and not isinstance(ex.code, int):
             print(ex.code, file=sys.stderr)
     except BaseException as ex:  # every failure of user code becomes the member's error
+        raised_at = time.time()
         traceback.print_exc()
+        if error_file:
+            save_exception(ex, raised_at, error_file)
         record_error(ex, error_file)
         code = 1
     finally:
