@@ -338,7 +338,8 @@ class Leader:
                                finished)
         root = outcome.root_cause
         member_exception = None
-        if root.kind == "exception" and root.rank not in (None, 0) and not self.remote:
+        if root.kind == "exception" and root.rank not in (None, 0) and (
+                root.node == 0 or not self.remote):  # its error file is on this machine
             member_exception = load_exception(self.runner.error_file(root.rank))
         return outcome, member_exception
 
