@@ -317,11 +317,11 @@ class Leader:
         """(GangOutcome, the exception object of a member whose failure is the root cause)."""
         exited = []
         finished = [0] if self.body_finished else []
+        # the ranks of other nodes: their node agents said which had finished
+        finished += [r for r in range(self.topology.nproc_per_node, self.topology.world_size)
+                     if _ask(control.rank_is_done, r)]
         for slot in self.runner.slots:
-            if slot.rank is None:  # a node agent: its ranks said when they finished
-                for rank in self.topology.ranks_of(slot.node):
-                    if _ask(control.rank_is_done, rank):
-                        finished.append(rank)
+            if slot.rank is None:
                 continue
             code = slot.member.poll()
             if code == 0:
