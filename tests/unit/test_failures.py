@@ -7,8 +7,11 @@ import pytest
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
     Failure,
     from_exit,
+    gang_outcome,
+    load_exception,
     read_error_file,
     root_cause,
+    save_exception,
 )
 
 
@@ -172,3 +175,63 @@ def test_json_round_trip():
     assert Failure.from_json(text) == failure
     node = Failure(None, 3, "agent", 3.5, 2, "node agent exited")
     assert Failure.from_json(node.to_json()) == node
+
+
+def _raised(rank, at, message="ValueError: boom"):
+    return Failure(rank, 0, "exception", at, message=message, local_rank=rank)
+
+
+def test_outcome_names_every_rank_that_failed_on_its_own_earliest_first():
+    peer_gone = _raised(3, 1.0, "DistBackendError: Connection closed by peer")
+    outcome = gang_outcome([_raised(0, 5.0), peer_gone], range(4),
+                           exited=[_raised(1, 2.0, "KeyError: 'x'")], finished=[2])
+    assert [f.rank for f in outcome.failed] == [1, 0]
+    assert outcome.root_cause.message == "KeyError: 'x'"
+    assert outcome.stopped == [3] and outcome.finished == [2]
+    assert outcome.others_note() == (
+        "Also failed on their own, after it: rank 0 (node 0, local rank 0) raised ValueError: "
+        "boom. The other ranks still running (3) were stopped. Ranks that had already finished "
+        "their step: 2.")
+
+
+def test_outcome_of_one_failure_names_who_was_stopped_and_who_had_finished():
+    outcome = gang_outcome([_raised(1, 1.0)], range(3), finished=[0])
+    assert [f.rank for f in outcome.failed] == [1]
+    assert outcome.others_note() == ("The other ranks still running (2) were stopped. Ranks "
+                                     "that had already finished their step: 0.")
+
+
+def test_outcome_counts_a_rank_once_and_a_failed_rank_never_as_finished():
+    outcome = gang_outcome([_raised(1, 2.0)], range(2), exited=[_raised(1, 1.0)],
+                           finished=[1])
+    assert len(outcome.failed) == 1 and outcome.failed[0].detected_at == 1.0
+    assert outcome.stopped == [0] and outcome.finished == []
+    assert outcome.others_note() == "The other ranks still running (0) were stopped."
+
+
+def test_outcome_of_only_symptoms_reports_the_earliest():
+    first = _raised(1, 1.0, "DistNetworkError: Broken pipe")
+    outcome = gang_outcome([_raised(0, 2.0, "DistNetworkError: Broken pipe"), first], range(2))
+    assert outcome.failed == [first] and outcome.stopped == [0]
+
+
+class _Unpicklable(Exception):
+    def __reduce__(self):
+        raise TypeError("no")
+
+
+def test_saved_exception_comes_back_with_its_type_and_time(tmp_path, monkeypatch):
+    path = _torch_error_file(tmp_path / "error.json", monkeypatch, KeyError("shard 3"))
+    save_exception(KeyError("shard 3"), 12.5, str(path))
+    ex = load_exception(str(path))
+    assert type(ex) is KeyError and str(ex) == "'shard 3'"
+    # the time it was raised, not when its exit was seen, orders it among the failures
+    assert from_exit(1, 0, 1, 1, 99.0, str(path)).detected_at == 12.5
+
+
+def test_an_unpicklable_exception_keeps_its_time_only(tmp_path, monkeypatch):
+    path = _torch_error_file(tmp_path / "error.json", monkeypatch, ValueError("x"))
+    save_exception(_Unpicklable("x"), 3.0, str(path))
+    assert load_exception(str(path)) is None
+    assert from_exit(1, 0, 1, 1, 99.0, str(path)).detected_at == 3.0
+    assert load_exception(str(tmp_path / "missing.json")) is None

@@ -115,6 +115,13 @@ def test_check_mode(environ, mode):
     assert check_mode("train", environ) == mode
 
 
+@pytest.mark.parametrize("environ,mode", [({}, "warn"), ({frameworks.CHECK_ENV: ""}, "warn"),
+                                          ({frameworks.CHECK_ENV: "error"}, "error"),
+                                          ({frameworks.CHECK_ENV: "off"}, "off")])
+def test_a_step_that_got_the_decorator_from_with_warns_unless_told_otherwise(environ, mode):
+    assert check_mode("train", environ, default_mode="warn") == mode
+
+
 def test_an_unknown_check_mode_is_a_config_error_naming_the_value():
     with pytest.raises(TorchDistributedConfigError) as info:
         check_mode("train", {frameworks.CHECK_ENV: "loud"})

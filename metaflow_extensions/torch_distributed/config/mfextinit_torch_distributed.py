@@ -27,8 +27,9 @@ TORCH_DISTRIBUTED_CPU_REHEARSAL = from_conf("TORCH_DISTRIBUTED_CPU_REHEARSAL", F
 TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT = from_conf("TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT", 30)
 
 # What happens when a rank of a gang ran its step body without joining the gang's process
-# group (its ranks trained independently): "error" (default), "warn" or "off".
-TORCH_DISTRIBUTED_GROUP_CHECK = from_conf("TORCH_DISTRIBUTED_GROUP_CHECK", "error")
+# group (its ranks trained independently): "error", "warn" or "off". Unset: "error" on steps
+# that carry @torch_distributed in the flow, "warn" on steps that got it from --with.
+TORCH_DISTRIBUTED_GROUP_CHECK = from_conf("TORCH_DISTRIBUTED_GROUP_CHECK")
 
 # Metaflow's own USER setting (METAFLOW_USER), given a value only where Metaflow would find no
 # user name and stop with "Unknown user": as root in a fresh container or CI runner (username.py).

@@ -1,6 +1,13 @@
-"""The old way, num_parallel, in front of a @torch_distributed step: rejected with a fix."""
+"""The old way, num_parallel, in front of a @torch_distributed step: rejected with a fix.
+With TD_PARALLEL_DECORATOR set, the step also carries Metaflow's @parallel itself."""
 
-from metaflow import FlowSpec, step, torch_distributed
+import os
+
+from metaflow import FlowSpec, parallel, step, torch_distributed
+
+
+def maybe_parallel(f):
+    return parallel(f) if os.environ.get("TD_PARALLEL_DECORATOR") else f
 
 
 class ParallelFlow(FlowSpec):
@@ -10,6 +17,7 @@ class ParallelFlow(FlowSpec):
         self.next(self.train, num_parallel=2)
 
     @torch_distributed(nproc_per_node=2)
+    @maybe_parallel
     @step
     def train(self):
         self.next(self.join)

@@ -11,6 +11,7 @@ from . import frameworks
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .launch import GangSpec, current_task_identity, top_level_args
 from .topology import Topology, plan_line, plan_topology
+from .usertimer import PausedTimer
 from .versions import check_metaflow_version
 
 START_METHODS = ("auto", "fork", "exec")
@@ -72,12 +73,15 @@ class TorchDistributedDecorator(StepDecorator):
         self.flow_datastore = flow_datastore
         current_mod.install(current_mod.UNAVAILABLE)
         # With --with torch_distributed the decorator lands on every step; gang only the
-        # steps a gang makes sense for (not start, end or joins).
-        self.active = self.statically_defined or graph[step_name].type == "linear"
+        # steps a gang makes sense for (not start, end, joins, or @parallel's own steps).
+        self.active = self.statically_defined or (
+            graph[step_name].type == "linear" and not _parallel_step(step_name, graph, decorators))
         if not self.active:
             return
         check_metaflow_version(step_name)
         _reject_parallel(step_name, graph, decorators)
+        # @catch keeps the artifacts of the attempt it catches, as on a plain step.
+        self.has_catch = any(d.name == "catch" for d in decorators)
         _install_current_parallel()
         gpus, source = _requested_gpus(decorators)
         if gpus is None:
@@ -119,14 +123,21 @@ class TorchDistributedDecorator(StepDecorator):
             rendezvous_timeout=self.rendezvous_timeout,
             start_method=self.start_method,
             heartbeat_timeout=float(TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT),
+            # a step --with put the decorator on may do no distributed work: warn, not fail
+            group_check_default="error" if self.statically_defined else "warn",
         )
 
     def task_decorate(self, step_func, flow, graph, retry_count, max_user_code_retries,
                       ubf_context):
-        if not self.active:
+        from metaflow.unbounded_foreach import UBF_CONTROL
+
+        if not self.active or ubf_context == UBF_CONTROL:
+            # An unbounded foreach's control task only starts the mapper tasks; each mapper
+            # task (ubf_context UBF_TASK) is a gang.
             return step_func
         spec = GangSpec.from_env(os.environ)
-        _require_torch(self.step_name)
+        with PausedTimer():  # torch's import is ours, not the body's: keep it out of @timeout
+            _require_torch(self.step_name)
         if spec is not None:  # this process is a member started by a gang
             if spec.backend == "batch" and spec.role == "agent":
                 spec = self._place_batch_agent(spec)
@@ -167,18 +178,25 @@ class TorchDistributedDecorator(StepDecorator):
                         self.name, blocks, port=port)
         plan = plan_line(self.step_name, self.topology, accelerator, emulated=remote is None)
 
+        caught = self.has_catch and retry_count >= max_user_code_retries
+
         def gang_step(*args):
             print(plan, flush=True)
             before = set(vars(flow))
+            timer = PausedTimer().pause()  # @timeout counts from rank 0's body, not the start-up
             try:
-                leader.run(step_func, args)
+                leader.run(step_func, args, on_body_start=timer.resume)
             except BaseException:
-                # Metaflow persists a failed attempt's artifacts; a gang that failed keeps none
-                # of what rank 0's body set (inputs from earlier steps stay).
-                for name in set(vars(flow)) - before:
-                    if not name.startswith("_"):
-                        delattr(flow, name)
+                # Metaflow persists a failed attempt's artifacts; a gang whose failure leaves the
+                # task keeps none of what rank 0's body set (inputs from earlier steps stay).
+                # An attempt @catch ends successfully keeps them, as on a plain step.
+                if not caught:
+                    for name in set(vars(flow)) - before:
+                        if not name.startswith("_"):
+                            delattr(flow, name)
                 raise
+            finally:
+                timer.resume()
 
         return gang_step
 
@@ -319,6 +337,14 @@ def _check_backend(step_name, topology, decorators):
             "gangs run on this machine or on AWS Batch (--with batch). On Kubernetes use one "
             "node with several GPUs (nodes=1, e.g. nproc_per_node=8 with @kubernetes(gpu=8))."
             % (topology.nodes, topology.describe()))
+
+
+def _parallel_step(step_name, graph, decorators):
+    """True for a step of Metaflow's own @parallel: decorated with it, or reached through
+    num_parallel. --with torch_distributed leaves such steps alone."""
+    return (any(d.name == "parallel" or getattr(d, "IS_PARALLEL", False) for d in decorators)
+            or any(getattr(graph[p], "parallel_foreach", False)
+                   for p in graph[step_name].in_funcs))
 
 
 def _reject_parallel(step_name, graph, decorators):

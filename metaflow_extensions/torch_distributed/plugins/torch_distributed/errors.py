@@ -24,13 +24,15 @@ class TorchDistributedEnvironmentError(TorchDistributedException):
 
 
 class TorchDistributedGangFailed(TorchDistributedException):
-    """A rank of the gang failed; the whole gang was stopped. `failure` is the root cause."""
+    """A rank of the gang failed; the whole gang was stopped. `outcome` (a GangOutcome) says
+    who failed on their own, who was stopped and who had finished; `failure` is the root cause."""
 
     headline = "@torch_distributed gang failed"
 
-    def __init__(self, step_name, failure, stopped):
-        self.failure = failure
-        msg = "%s\n%s" % (failure.describe(), _stopped_note(stopped))
+    def __init__(self, step_name, outcome):
+        self.outcome = outcome
+        self.failure = outcome.root_cause
+        msg = "%s\n%s" % (self.failure.describe(), outcome.others_note())
         super().__init__(step_name, msg)
 
 
@@ -57,12 +59,6 @@ class NotInTorchDistributedStep(MetaflowException):
             "@torch_distributed, while that step runs. Decorate the step with "
             "@torch_distributed, or read it only from inside the step's body."
         )
-
-
-def _stopped_note(stopped):
-    if not stopped:
-        return "No other rank was running."
-    return "The other ranks (%s) were stopped." % ", ".join(str(r) for r in sorted(stopped))
 
 
 class TorchDistributedFrameworkError(TorchDistributedException):

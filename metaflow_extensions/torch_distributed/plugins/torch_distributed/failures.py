@@ -1,9 +1,10 @@
 """What went wrong in a gang, as plain data, and which failure is the root cause."""
 
 import json
+import pickle
 import signal
-from dataclasses import asdict, dataclass
-from typing import Optional
+from dataclasses import asdict, dataclass, field
+from typing import List, Optional
 
 # Exceptions a rank raises because a *peer* went away; they are symptoms, not causes.
 _COMMUNICATION_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError",
@@ -30,16 +31,17 @@ class Failure:
             return "node %d" % self.node
         return "rank %d (node %d, local rank %d)" % (self.rank, self.node, self.local_rank)
 
-    def describe(self):
+    def what(self):
         if self.kind == "signal":
-            what = "was killed by %s" % _signal_name(-self.exitcode)
-        elif self.kind == "exit":
-            what = "exited with code %d" % self.exitcode
-        elif self.kind == "exception":
-            what = "raised %s" % self.message
-        else:
-            what = self.message
-        text = "%s %s." % (self.where(), what)
+            return "was killed by %s" % _signal_name(-self.exitcode)
+        if self.kind == "exit":
+            return "exited with code %d" % self.exitcode
+        if self.kind == "exception":
+            return "raised %s" % self.message
+        return self.message
+
+    def describe(self):
+        text = "%s %s." % (self.where(), self.what())
         if self.kind == "exit" and self.message:
             text += " Its last error: %s" % self.message
         if self.traceback:
@@ -64,10 +66,14 @@ class Failure:
 
 
 def from_exit(rank, node, local_rank, returncode, detected_at, error_file=None):
-    """The failure of a process that ended with `returncode` (negative: killed by a signal)."""
+    """The failure of a process that ended with `returncode` (negative: killed by a signal).
+    An exception's time is when it was raised (see save_exception), not when the exit was seen."""
     recorded = read_error_file(error_file) if error_file else None
     if recorded is not None:
         message, tb = recorded
+        saved = _saved(error_file)
+        if saved is not None:
+            detected_at = min(detected_at, saved[0])
         return Failure(rank, node, "exception", detected_at, returncode, message, tb, local_rank)
     kind = "signal" if returncode < 0 else "exit"
     return Failure(rank, node, kind, detected_at, returncode, local_rank=local_rank)
@@ -86,6 +92,85 @@ def read_error_file(path):
     if isinstance(message, str):
         return message, ""
     return message.get("message", ""), message.get("extraInfo", {}).get("py_callstack", "")
+
+
+def save_exception(ex, raised_at, error_file):
+    """Keep, beside `error_file` (write it first), when the exception was raised and the
+    exception object itself: node 0 orders failures by that time and raises the user's own
+    exception (type and message) when this rank's failure is the gang's error."""
+    try:
+        data = pickle.dumps((raised_at, ex))
+    except Exception:  # noqa: BLE001 - an unpicklable exception is reported by its message
+        data = pickle.dumps((raised_at, None))
+    with open(error_file + ".pickle", "wb") as f:
+        f.write(data)
+
+
+def _saved(error_file):
+    """(raised_at, exception or None) that save_exception kept for `error_file`, or None."""
+    try:
+        with open(error_file + ".pickle", "rb") as f:
+            raised_at, ex = pickle.load(f)
+    except Exception:  # noqa: BLE001 - missing, or a class that cannot be rebuilt here
+        return None
+    return raised_at, (ex if isinstance(ex, BaseException) else None)
+
+
+def load_exception(error_file):
+    """The exception save_exception kept for `error_file`, or None."""
+    saved = _saved(error_file)
+    return saved[1] if saved else None
+
+
+@dataclass
+class GangOutcome:
+    """How a failed gang ended, rank by rank: `failed` holds every rank (or node) that failed
+    on its own, earliest first (the root cause); `stopped` the ranks that were still running,
+    or failed only because a peer had, when the gang was stopped; `finished` the ranks that had
+    already finished their step body."""
+
+    failed: List[Failure]
+    stopped: List[int] = field(default_factory=list)
+    finished: List[int] = field(default_factory=list)
+
+    @property
+    def root_cause(self):
+        return self.failed[0]
+
+    def others_note(self):
+        """What happened to the other ranks, one sentence each."""
+        notes = []
+        if len(self.failed) > 1:
+            notes.append("Also failed on their own, after it: %s." % "; ".join(
+                "%s %s" % (f.where(), f.what()) for f in self.failed[1:]))
+        if self.stopped:
+            notes.append("The other ranks still running (%s) were stopped."
+                         % ", ".join(map(str, sorted(self.stopped))))
+        else:
+            notes.append("No other rank was running.")
+        if self.finished:
+            notes.append("Ranks that had already finished their step: %s."
+                         % ", ".join(map(str, sorted(self.finished))))
+        return " ".join(notes)
+
+
+def gang_outcome(failures, ranks, exited=None, finished=()):
+    """The GangOutcome of a failed gang of `ranks`, from the supervisor's `failures`, the
+    failures of ranks found exited after it stopped watching (`exited`), and the ranks known to
+    have finished. The root cause is the earliest failure that is not a symptom."""
+    everything = list(failures) + list(exited or ())
+    first = root_cause(everything)
+    own = {}
+    for failure in sorted(everything, key=lambda f: f.detected_at):
+        key = failure.rank if failure.rank is not None else ("node", failure.node)
+        if not failure.is_symptom() and key not in own:
+            own[key] = failure
+    failed = [first] + [f for f in own.values() if f is not first and (
+        first.rank is None or f.rank != first.rank)]
+    failed_ranks = {f.rank for f in failed if f.rank is not None}
+    done = [r for r in ranks if r in set(finished) and r not in failed_ranks]
+    stopped = [r for r in ranks if r not in failed_ranks and r not in done]
+    return GangOutcome(failed, stopped, done)
 
 
 def root_cause(failures):

@@ -33,12 +33,13 @@ _LIGHTNING_MISMATCH = re.compile(
     r"but the product .* does not match the world size \((?P<world>\d+)\)")
 
 
-def check_mode(step_name, environ):
-    """The group check's mode from METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK (default "error")."""
+def check_mode(step_name, environ, default_mode="error"):
+    """The group check's mode from METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK, else `default_mode`:
+    "error" where the user wrote the decorator, "warn" where --with put it on the step."""
     raw = environ.get(CHECK_ENV)
-    if raw is None:  # Metaflow's configuration (a config profile), else "error"
+    if raw is None:  # Metaflow's configuration (a config profile), else the default
         from metaflow.metaflow_config import TORCH_DISTRIBUTED_GROUP_CHECK as raw
-    mode = str(raw).strip().lower() or "error"
+    mode = str(raw if raw is not None else "").strip().lower() or default_mode
     if mode not in CHECK_MODES:
         raise TorchDistributedConfigError(
             step_name, "%s=%r is not one of %s. Unset it, or set it to warn or off for steps "
@@ -47,12 +48,12 @@ def check_mode(step_name, environ):
     return mode
 
 
-def run_body(step_func, args, step_name, topology, environ=None):
+def run_body(step_func, args, step_name, topology, environ=None, default_mode="error"):
     """Run one rank's step body `step_func(*args)` and check that it joined the gang."""
     environ = os.environ if environ is None else environ
     if topology.world_size == 1:
         return step_func(*args)
-    mode = check_mode(step_name, environ)
+    mode = check_mode(step_name, environ, default_mode)
     with GroupWatch(enabled=mode != "off") as watch:
         try:
             step_func(*args)

@@ -21,7 +21,7 @@ from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
 from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
     TorchDistributedRendezvousTimeout
 from .batch import is_port_in_use, port_in_use_error
-from .failures import Failure, root_cause
+from .failures import Failure, from_exit, gang_outcome, load_exception, root_cause
 from .launch import GangSpec, member_command
 from .procs import OutputPump, fork_member, run_member_body, spawn_member, stop_members
 from .remote_logs import LogReceiver, LogShipper
@@ -98,7 +98,8 @@ class NodeRunner:
     def _body(self, local_rank):
         def body():
             current_mod.install(rank_info(self.spec, self.topology, local_rank))
-            frameworks.run_body(self.step_func, self.args, self.spec.step_name, self.topology)
+            frameworks.run_body(self.step_func, self.args, self.spec.step_name, self.topology,
+                                default_mode=self.spec.group_check_default)
         return body
 
     def capture(self, own_label, close_in_pump=()):
@@ -166,7 +167,11 @@ class Leader:
         self._body_running = threading.Event()
         self._main_thread = threading.main_thread().ident
 
-    def run(self, step_func, args):
+    def run(self, step_func, args, on_body_start=None):
+        """Start the gang, run rank 0's body here (calling `on_body_start` just before it),
+        supervise, and raise the gang's error if any rank failed."""
+        self.on_body_start = on_body_start
+        self.body_finished = False
         listener = self._bind()
         work_dir = tempfile.mkdtemp(prefix="torch-distributed-")
         spec = GangSpec(**self.spec_fields, role="leader", node=0, work_dir=work_dir,
@@ -217,13 +222,20 @@ class Leader:
                 _quietly(control.abort)
             if receiver is not None:
                 receiver.stop(REMOTE_DRAIN_TIMEOUT)
+            stop_started = time.time()
             stopped = runner.stop()
             runner.release()
+            outcome = None
+            if supervisor is not None and supervisor.failed():
+                # before the work dir (with the members' error files) is removed
+                outcome, member_exception = self._outcome(supervisor, control, stopped,
+                                                              stop_started)
             os.environ.clear()
             os.environ.update(saved_env)
             listener.close()
             shutil.rmtree(work_dir, ignore_errors=True)
-        self._raise_if_failed(supervisor, stopped)
+        if outcome is not None:
+            self._raise_failure(outcome, member_exception)
 
     def _bind(self):
         try:
@@ -246,9 +258,13 @@ class Leader:
             del os.environ[key]
         os.environ.update(self.runner.env_of(0))
         current_mod.install(rank_info(spec, self.topology, 0))
+        if self.on_body_start is not None:
+            self.on_body_start()
         self._body_running.set()
         try:
-            frameworks.run_body(step_func, args, self.step_name, self.topology)
+            frameworks.run_body(step_func, args, self.step_name, self.topology,
+                                default_mode=spec.group_check_default)
+            self.body_finished = True
         except BaseException as ex:
             self._body_running.clear()
             self._rank0_failed(ex, supervisor)
@@ -297,22 +313,52 @@ class Leader:
               file=sys.stderr, flush=True)
         os._exit(1)
 
-    def _raise_if_failed(self, supervisor, stopped):
-        if supervisor is None or not supervisor.failed():
-            return
-        failure = root_cause(supervisor.failures)
-        stopped_ranks = [r for r in range(self.topology.world_size) if r != failure.rank]
-        if (failure.rank == 0 and failure.kind == "exception"
-                and getattr(self, "rank0_exception", None) is not None):
-            # Re-raise rank 0's own exception, so @catch and the task's error show its type.
-            print("@torch_distributed on step *%s*: %s failed with the error below. The other "
-                  "ranks (%s) were stopped." % (self.step_name, failure.where(),
-                                                ", ".join(map(str, stopped_ranks))),
+    def _outcome(self, supervisor, control, stopped_labels, stop_started):
+        """(GangOutcome, the exception object of a member whose failure is the root cause)."""
+        exited = []
+        finished = [0] if self.body_finished else []
+        # the ranks of other nodes: their node agents said which had finished
+        finished += [r for r in range(self.topology.nproc_per_node, self.topology.world_size)
+                     if _ask(control.rank_is_done, r)]
+        for slot in self.runner.slots:
+            if slot.rank is None:
+                continue
+            code = slot.member.poll()
+            if code == 0:
+                finished.append(slot.rank)
+            elif code is not None:
+                # It failed on its own if it ended, or recorded its exception, before the gang
+                # stopped it (the supervisor may have stopped watching by then).
+                failure = from_exit(slot.rank, slot.node, slot.local_rank, code, time.time(),
+                                    slot.error_file)
+                if (slot.member.label not in stopped_labels
+                        or (failure.kind == "exception" and failure.detected_at < stop_started)):
+                    exited.append(failure)
+        outcome = gang_outcome(supervisor.failures, range(self.topology.world_size), exited,
+                               finished)
+        root = outcome.root_cause
+        member_exception = None
+        if root.kind == "exception" and root.rank not in (None, 0) and (
+                root.node == 0 or not self.remote):  # its error file is on this machine
+            member_exception = load_exception(self.runner.error_file(root.rank))
+        return outcome, member_exception
+
+    def _raise_failure(self, outcome, member_exception):
+        failure = outcome.root_cause
+        own = (getattr(self, "rank0_exception", None) if failure.rank == 0
+               else member_exception)
+        if failure.kind == "exception" and own is not None:
+            # Raise the user's own exception, so @catch and the task's error show its type.
+            print("@torch_distributed on step *%s*: %s failed with the error below. %s"
+                  % (self.step_name, failure.where(), outcome.others_note()),
                   file=sys.stderr, flush=True)
-            raise self.rank0_exception
+            if failure.rank != 0:
+                print("%s traceback:\n%s" % (failure.where(), failure.traceback.rstrip()),
+                      file=sys.stderr, flush=True)
+            raise own
         cls = TorchDistributedRendezvousTimeout if failure.kind == "missing" \
             else TorchDistributedGangFailed
-        raise cls(self.step_name, failure, stopped_ranks)
+        raise cls(self.step_name, outcome)
 
 
 class Agent:
@@ -364,8 +410,10 @@ def run_exec_rank(spec, topology, step_func, args):
                           spec.rendezvous_timeout)
     control.join(naming.rank_join_id(rank))
     current_mod.install(rank_info(spec, topology, spec.local_rank))
-    return run_member_body(lambda: frameworks.run_body(step_func, args, spec.step_name, topology),
-                           os.environ.get("TORCHELASTIC_ERROR_FILE"))
+    return run_member_body(
+        lambda: frameworks.run_body(step_func, args, spec.step_name, topology,
+                                    default_mode=spec.group_check_default),
+        os.environ.get("TORCHELASTIC_ERROR_FILE"))
 
 
 def _orphan_note(label, spec, pid):
@@ -384,6 +432,14 @@ def _format_traceback(ex):
     import traceback
 
     return "".join(traceback.format_exception(type(ex), ex, ex.__traceback__))
+
+
+def _ask(fn, *args):
+    """A control-plane question while tearing down; False when the store cannot answer."""
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - the store may be gone; the answer only refines a report
+        return False
 
 
 def _quietly(fn, *args):

@@ -42,6 +42,9 @@ class GangSpec:
     backend: str = "local"
     # Seconds node 0 waits for a heartbeat of a started node before failing the gang
     heartbeat_timeout: Optional[float] = None
+    # The group check's mode when METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK is not set: "error"
+    # where the user wrote the decorator, "warn" where it came from --with (frameworks.py)
+    group_check_default: str = "error"
 
     def identity(self):
         return TaskIdentity(**self.task)

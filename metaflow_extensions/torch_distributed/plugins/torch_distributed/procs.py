@@ -16,6 +16,8 @@ import sys
 import time
 import traceback
 
+from .failures import save_exception
+
 _PR_SET_PDEATHSIG = 1
 # A line rewritten in place with \r (a progress bar: tqdm, Lightning, Accelerate) is shown as
 # its latest state once it has been rewritten for this long, then at most this often, and once
@@ -106,7 +108,10 @@ def run_member_body(body, error_file):
         if ex.code is not None and not isinstance(ex.code, int):
             print(ex.code, file=sys.stderr)
     except BaseException as ex:  # every failure of user code becomes the member's error
+        raised_at = time.time()
         traceback.print_exc()
+        if error_file:
+            save_exception(ex, raised_at, error_file)
         record_error(ex, error_file)
         code = 1
     finally:

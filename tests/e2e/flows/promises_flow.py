@@ -1,0 +1,103 @@
+"""Metaflow's promises on ganged steps (2 ranks each), one step per scenario:
+
+- timed: @timeout(seconds=2) on a short body; the gang's start-up (importing torch, starting
+  rank 1) takes longer than that here and must not count.
+- slow: @timeout(seconds=2) on a body that sleeps; the timeout stops the gang and @catch
+  records Metaflow's TimeoutException.
+- caught: @retry(times=1) + @catch; every attempt, rank 0 sets an artifact and waits while rank 1
+  raises the user's own DataError: @catch keeps rank 0's artifact of the last attempt and
+  records DataError, not a gang error.
+- both: rank 1 raises, then rank 0 raises too; @catch lets the run go on; the log names both.
+- tagged: every rank reads the run with the client; only rank 0 writes (add_tag).
+"""
+
+import os
+import time
+
+from metaflow import (FlowSpec, Run, catch, current, retry, step, timeout,
+                      torch_distributed)
+
+GANG = dict(nodes=1, nproc_per_node=2)
+
+
+class DataError(Exception):
+    """The user's own exception type."""
+
+
+def join_group():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.barrier()
+
+
+class PromisesFlow(FlowSpec):
+    @step
+    def start(self):
+        self.next(self.timed)
+
+    @timeout(seconds=2)
+    @torch_distributed(**GANG)
+    @step
+    def timed(self):
+        join_group()
+        time.sleep(0.3)
+        self.timed_ok = True
+        self.next(self.slow)
+
+    @catch(var="timeout_error")
+    @timeout(seconds=2)
+    @torch_distributed(**GANG)
+    @step
+    def slow(self):
+        self.slow_started = time.time()
+        join_group()
+        try:
+            time.sleep(60)
+        finally:  # kept: @catch keeps what the body set before the timeout
+            self.slow_interrupted = time.time()
+        self.next(self.caught)
+
+    @catch(var="failure")
+    @retry(times=1, minutes_between_retries=0)
+    @torch_distributed(**GANG)
+    @step
+    def caught(self):
+        join_group()
+        self.retry_with_catch = current.retry_count
+        if current.torch_distributed.is_main:
+            time.sleep(60)  # rank 1's failure stops rank 0 here
+        raise DataError("rank %d: bad shard on attempt %d"
+                        % (current.torch_distributed.rank, current.retry_count))
+        self.next(self.both)  # never reached: @catch takes the step on to `both`
+
+    @catch(var="both")
+    @torch_distributed(**GANG)
+    @step
+    def both(self):
+        join_group()
+        rank = current.torch_distributed.rank
+        if rank == 0:
+            # raise once rank 1 has raised (its error file is written), before the gang stops
+            theirs = os.environ["TORCHELASTIC_ERROR_FILE"].replace("rank-0", "rank-1")
+            while not os.path.exists(theirs):
+                time.sleep(0.001)
+        raise ValueError("rank %d broke" % rank)
+        self.next(self.tagged)  # never reached: @catch takes the step on to `tagged`
+
+    @torch_distributed(**GANG)
+    @step
+    def tagged(self):
+        join_group()
+        run = Run("%s/%s" % (current.flow_name, current.run_id))
+        self.seen_by_client = run["start"].task.successful  # a read, on every rank
+        if current.torch_distributed.is_main:
+            run.add_tag("trained")
+        self.next(self.end)
+
+    @step
+    def end(self):
+        pass
+
+if __name__ == "__main__":
+    PromisesFlow()

@@ -1,0 +1,148 @@
+"""A ganged step is still a Metaflow step (issue 14): --with on flows written for plain
+Metaflow (@parallel, unbounded foreach, steps without distributed work), @catch, @timeout,
+reports of several failing ranks, and client writes from rank 0. Each scenario is one of
+Metaflow's own core tests (test/core) in our words; one flow run serves several assertions."""
+
+import os
+import sys
+from collections import Counter
+
+import pytest
+
+WITH_GANG = "torch_distributed:nodes=1,nproc_per_node=2"
+# Metaflow's local @parallel and the unbounded-foreach test decorator start tasks with the
+# interpreter named "python": the one this suite runs with.
+VENV_PATH = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+
+
+@pytest.fixture(scope="module")
+def with_everywhere(tmp_path_factory):
+    from tests.support import FlowRunner
+
+    runner = FlowRunner(tmp_path_factory.mktemp("with_everywhere"))
+    res = runner.run("with_everywhere_flow.py", "--with", WITH_GANG, env=VENV_PATH)
+    marks = Counter()
+    for mark in runner.marks.glob("exec-*"):
+        head, rank, _pid = mark.name.rsplit("-", 2)  # a mapper's task id has a "-" of its own
+        _, step, task = head.split("-", 2)
+        marks[(step, task, rank)] += 1
+    yield runner, res, marks
+    runner.assert_no_leftovers()
+
+
+def test_with_leaves_parallel_steps_to_parallel(with_everywhere):
+    runner, res, marks = with_everywhere
+    assert res.returncode == 0, res
+    # @parallel ran its own 2 tasks, each once and un-ganged (no RANK of ours)
+    par = sorted(key for key in marks if key[0] == "par")
+    assert [k[2] for k in par] == ["none", "none"] and all(marks[k] == 1 for k in par), marks
+    got = runner.client("result = Flow('WithEverywhere').latest_run['par_join'].task['nodes'].data")
+    assert got == [0, 1]
+
+
+def test_unbounded_foreach_runs_each_mapper_once_as_a_gang(with_everywhere):
+    runner, res, marks = with_everywhere
+    assert res.returncode == 0, res
+    got = runner.client(
+        "run = Flow('WithEverywhere').latest_run\n"
+        "control = [t.id for t in run['mapper'].control_tasks()]\n"
+        "j = run['map_join'].task\n"
+        "result = dict(control=control, totals=j['totals'].data, worlds=j['worlds'].data,\n"
+        "    attempts={t.id: [m.value for m in t.metadata if m.name == 'attempt']\n"
+        "              for t in run['mapper']})")
+    mappers = sorted(set(got["attempts"]) - set(got["control"]))
+    assert len(got["control"]) == 1 and len(mappers) == 2, got
+    # every mapper task is a gang whose ranks 0 and 1 ran the body once each, and the control
+    # task, which only launches the mappers, ran no body at all
+    mapper_marks = {k: n for k, n in marks.items() if k[0] == "mapper"}
+    assert mapper_marks == {("mapper", t, r): 1 for t in mappers for r in ("0", "1")}, marks
+    assert all(got["attempts"][t] == ["0"] for t in mappers), got
+    assert got["totals"] == [20.0, 40.0] and got["worlds"] == [2, 2], got
+
+
+def test_with_warns_for_a_step_without_distributed_work(with_everywhere):
+    runner, res, marks = with_everywhere
+    assert res.returncode == 0, res
+    assert marks[("tidy", _task_of(marks, "tidy"), "0")] == 1
+    assert marks[("tidy", _task_of(marks, "tidy"), "1")] == 1
+    assert ("@torch_distributed on step *tidy*: WARNING: rank 1 finished the step without "
+            "joining the gang's process group") in res.output, res
+
+
+def _task_of(marks, step):
+    return next(k[1] for k in marks if k[0] == step)
+
+
+@pytest.fixture(scope="module")
+def promises(tmp_path_factory):
+    from tests.support import FlowRunner
+
+    runner = FlowRunner(tmp_path_factory.mktemp("promises"))
+    res = runner.run("promises_flow.py")
+    got = runner.client(
+        "run = Flow('PromisesFlow').latest_run\n"
+        "def var(step, name):\n"
+        "    w = run[step].task[name].data\n"
+        "    return dict(type=w.type, message=w.exception)\n"
+        "slow = run['slow'].task\n"
+        "result = dict(\n"
+        "    ok=run.successful, tags=sorted(run.user_tags),\n"
+        "    timed_ok=run['timed'].task['timed_ok'].data,\n"
+        "    timeout_error=var('slow', 'timeout_error'),\n"
+        "    slow_ran=slow['slow_interrupted'].data - slow['slow_started'].data,\n"
+        "    failure=var('caught', 'failure'),\n"
+        "    retry_with_catch=run['caught'].task['retry_with_catch'].data,\n"
+        "    caught_attempts=len([m for m in run['caught'].task.metadata if m.name == 'attempt']),\n"
+        "    both=var('both', 'both'),\n"
+        "    seen_by_client=run['tagged'].task['seen_by_client'].data)")
+    yield runner, res, got
+    runner.assert_no_leftovers()
+
+
+def test_timeout_counts_the_body_not_the_gang_start_up(promises):
+    _, res, got = promises
+    assert res.returncode == 0, res
+    # @timeout(seconds=2) on a 0.3 s body: importing torch and starting the gang (longer than
+    # 2 s on a loaded machine) is not charged to it
+    assert got["timed_ok"] is True
+    # a body that outlives its @timeout is stopped, with the gang, after its full 2 seconds,
+    # by Metaflow's own TimeoutException (which @catch records)
+    assert got["timeout_error"]["type"].endswith("TimeoutException"), got
+    assert 1.9 <= got["slow_ran"] < 15, got
+    assert "Step slow timed out after 0 hours, 0 minutes, 2 seconds" in res.output
+
+
+def test_catch_keeps_the_caught_attempts_artifacts_and_the_users_exception(promises):
+    _, res, got = promises
+    assert res.returncode == 0, res
+    # Metaflow's CatchRetryTest in our words: the last attempt's artifact set before the
+    # failure is kept when @catch ends the task, and @catch holds the user's own exception,
+    # raised by rank 1 (a member), not a gang error
+    assert got["retry_with_catch"] == 1 and got["caught_attempts"] == 2, got
+    assert got["failure"] == {"type": "__main__.DataError",
+                              "message": "rank 1: bad shard on attempt 1"}, got
+
+
+def test_two_failing_ranks_are_both_named(promises):
+    _, res, got = promises
+    assert res.returncode == 0, res
+    assert ("@torch_distributed on step *both*: rank 1 (node 0, local rank 1) failed with the "
+            "error below. Also failed on their own, after it: rank 0 (node 0, local rank 0) "
+            "raised ValueError: rank 0 broke.") in res.output, res
+    assert got["both"] == {"type": "builtins.ValueError", "message": "rank 1 broke"}, got
+
+
+def test_client_writes_from_rank_0_only(promises):
+    _, res, got = promises
+    assert res.returncode == 0, res
+    assert got["ok"] and got["seen_by_client"] is True
+    assert "trained" in got["tags"], got
+
+
+def test_torch_distributed_written_on_a_parallel_step_stays_an_error(flow_runner):
+    # --with skips @parallel steps; the user's own @torch_distributed on one is a mistake
+    res = flow_runner.run("parallel_flow.py", env={"TD_PARALLEL_DECORATOR": 1})
+    assert res.returncode != 0
+    assert ("@torch_distributed on step train: it cannot be combined with @parallel"
+            in res.output), res
+    assert "start step ran" not in res.output
