@@ -1,6 +1,8 @@
 """Deploy commands that compile the flow for another scheduler: a gang of N > 1 nodes that the
 scheduler cannot run as N machines is refused before anything is deployed; one-node gangs keep
-deploying. S3 and Step Functions are moto's (the compilers need an S3 datastore)."""
+deploying, and their Step Functions state machines are kept as golden files (regenerate them with
+TD_UPDATE_GOLDEN=1 after a deliberate change). S3 and Step Functions are moto's (the compilers
+need an S3 datastore)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,16 @@ import json
 import shutil
 from pathlib import Path
 
+import os
+
 import pytest
 
+from . import sfn
+from .aws import validate_request
 from .mfrun import isolated_env, metaflow
 
 FLOWS = Path(__file__).parent / "flows"
+GOLDEN = Path(__file__).parent / "golden"
 FLOW = "deploy_gang_flow.py"
 
 # Each command, and how to find what it deployed or wrote.
@@ -27,16 +34,18 @@ TARGETS = {"step-functions": "AWS Step Functions", "argo-workflows": "Argo Workf
 
 @pytest.fixture
 def deploy(aws, tmp_path):
-    shutil.copy(FLOWS / FLOW, tmp_path)
     home = tmp_path / "metaflow-home"
     home.mkdir()
-    # the least `step-functions create` needs: the roles of the state machine and its schedule
-    roles = {"METAFLOW_SFN_IAM_ROLE": aws.role_arn,
-             "METAFLOW_EVENTS_SFN_ACCESS_IAM_ROLE": aws.role_arn}
-    env = isolated_env(aws.env, roles, home=home)
+    # the least `step-functions create` needs: the roles of the state machine and its schedule,
+    # and for a foreach the DynamoDB table (named only: --only-json never reaches it)
+    sfn_settings = {"METAFLOW_SFN_IAM_ROLE": aws.role_arn,
+                    "METAFLOW_EVENTS_SFN_ACCESS_IAM_ROLE": aws.role_arn,
+                    "METAFLOW_SFN_DYNAMO_DB_TABLE": "metaflow-sfn"}
+    env = isolated_env(aws.env, sfn_settings, home=home)
 
-    def run(command, nodes):
-        return metaflow(FLOW, ["--datastore=s3", *COMMANDS[command]], tmp_path,
+    def run(command, nodes, flow=FLOW, args=None):
+        shutil.copy(FLOWS / flow, tmp_path)
+        return metaflow(flow, ["--datastore=s3", *(args or COMMANDS[command])], tmp_path,
                         dict(env, TD_NODES=str(nodes)))
 
     return run
@@ -79,3 +88,28 @@ def test_one_node_gangs_keep_deploying(aws, deploy, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     machines = aws.client("stepfunctions").list_state_machines()["stateMachines"]
     assert [m["name"] for m in machines] == ["DeployGangFlow"]
+
+
+@pytest.mark.parametrize("flow, golden", [
+    ("deploy_gang_flow.py", "sfn_gang_1_node_linear.json"),
+    ("deploy_foreach_flow.py", "sfn_gang_1_node_foreach.json"),
+])
+def test_a_one_node_gang_compiles_to_a_plain_batch_job_on_step_functions(aws, deploy, flow,
+                                                                         golden):
+    res = deploy("step-functions", nodes=1, flow=flow,
+                 args=["step-functions", "create", "--only-json"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    compiled = sfn.normalised(res.stdout, aws.endpoint_url)
+    if os.environ.get("TD_UPDATE_GOLDEN"):
+        (GOLDEN / golden).write_text(compiled)
+    assert compiled == (GOLDEN / golden).read_text(), "the compiled state machine changed"
+
+    train = sfn.state(sfn.state_machine(res.stdout), "train")
+    assert train["Resource"].endswith(":states:::batch:submitJob.sync")
+    params = train["Parameters"]
+    assert "NodeOverrides" not in params and params["RetryStrategy"] == {"Attempts": 1}
+    # what Step Functions sends to AWS Batch is valid SubmitJob input
+    filled = {"$.JobId": "parent-job", "$.Parameters.['metaflow.run_id']": "exec-1",
+              "$.Index": "0", "$.SplitParentTaskId": "start-job",
+              "$.Parameters.split_parent_task_id_start": "start-job"}
+    validate_request("batch", "SubmitJob", sfn.submit_job_input(params, filled))
