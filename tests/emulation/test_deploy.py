@@ -48,6 +48,7 @@ def deploy(aws, tmp_path):
         return metaflow(flow, ["--datastore=s3", *(args or COMMANDS[command])], tmp_path,
                         dict(env, TD_NODES=str(nodes)))
 
+    run.env = env
     return run
 
 
@@ -70,6 +71,20 @@ def test_a_multi_node_gang_is_refused_before_anything_is_deployed(aws, deploy, t
     assert _bucket_keys(aws) == stored, "a code package was uploaded"
     assert not (tmp_path / "dag.py").exists()
     assert '"kind"' not in res.stdout  # no Argo manifest
+    assert aws.client("stepfunctions").list_state_machines()["stateMachines"] == []
+
+
+def test_the_deployer_api_is_refused_the_same_way(aws, deploy, tmp_path, monkeypatch):
+    from metaflow import Deployer
+
+    shutil.copy(FLOWS / FLOW, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TD_NODES", "2")  # the Deployer also loads the flow in this process
+    deployer = Deployer(FLOW, env=dict(deploy.env, TD_NODES="2", METAFLOW_DEFAULT_DATASTORE="s3"))
+    with pytest.raises(RuntimeError) as refused:  # the Deployer's error quotes the command's
+        deployer.step_functions().create()
+    assert ("a gang of 2 nodes (2 nodes x 2 processes per node = world size 4) cannot be "
+            "deployed to AWS Step Functions") in str(refused.value)
     assert aws.client("stepfunctions").list_state_machines()["stateMachines"] == []
 
 
