@@ -7,7 +7,7 @@ so:
 
 * at deploy time, a command that compiles the flow for another scheduler (`step-functions
   create`, `argo-workflows create`, `airflow create`, any deployer's `create`) refuses such a
-  gang before anything is deployed, unless that scheduler runs it as N machines;
+  gang before anything is deployed (none of them runs it as N machines yet);
 * at run time, a task on a remote backend (its container carries the backend's markers) that
   was not given its nodes fails before any rank starts.
 
@@ -51,10 +51,10 @@ def deploy_target(words, deployers=()):
     return words[0] if COMPILE_ACTION in words[1:] else None
 
 
-def check_deploy_target(step_name, target, topology, multi_node_targets=()):
-    """Refuse a gang of `topology` that `target` would deploy where it cannot run as N machines.
-    `multi_node_targets` are the schedulers that run a gang of N nodes as N machines."""
-    if target is None or topology.nodes == 1 or target in multi_node_targets:
+def check_deploy_target(step_name, target, topology):
+    """Refuse a gang of `topology` that `target` would deploy where it cannot run as N machines
+    (no scheduler compiles a multi-node gang yet)."""
+    if target is None or topology.nodes == 1:
         return
     raise TorchDistributedConfigError(
         step_name, "a gang of %d nodes (%s) cannot be deployed to %s: it runs each task on one "
@@ -87,10 +87,9 @@ def check_single_host(step_name, topology, environ, rehearsal):
         % (topology.nodes, topology.describe(), backend, topology.nodes))
 
 
-def check_deploy(step_name, topology, multi_node_targets=()):
+def check_deploy(step_name, topology):
     """In step_init: refuse a gang the command being run would deploy where it cannot run."""
-    check_deploy_target(step_name, deploy_target(cli_words(), deployer_commands()), topology,
-                        multi_node_targets)
+    check_deploy_target(step_name, deploy_target(cli_words(), deployer_commands()), topology)
 
 
 # -- Metaflow internals ----------------------------------------------------------------------
