@@ -8,6 +8,7 @@ from metaflow.decorators import StepDecorator
 from . import batch
 from . import current as current_mod
 from . import frameworks
+from . import schedulers
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .launch import GangSpec, current_task_identity, top_level_args
 from .topology import Topology, plan_line, plan_topology
@@ -99,6 +100,7 @@ class TorchDistributedDecorator(StepDecorator):
         frameworks.check_mode(step_name, os.environ)  # a bad value fails before the run
         self.on_batch = any(d.name == "batch" for d in decorators)
         _check_backend(step_name, self.topology, decorators)
+        schedulers.check_deploy(step_name, self.topology)
         if self.topology.nodes > 1 and os.environ.get(batch.TRAMPOLINE_ENV) == step_name:
             # This process submits the step's AWS Batch job (`batch step`): make it N nodes.
             batch.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
@@ -157,6 +159,8 @@ class TorchDistributedDecorator(StepDecorator):
                                          max_user_code_retries, self.flow_datastore)
         remote = batch.main_node_plan(os.environ, self.step_name)
         if remote is None:  # every node on this host
+            schedulers.check_single_host(self.step_name, self.topology, os.environ,
+                                         _rehearsal())
             accelerator, blocks = self._local_devices()
             master_addr, port, backend = "127.0.0.1", 0, "local"
         else:  # node 0 of an AWS Batch multi-node job
@@ -233,10 +237,8 @@ class TorchDistributedDecorator(StepDecorator):
         return accelerator
 
     def _accelerator(self, needed, where):
-        from metaflow.metaflow_config import TORCH_DISTRIBUTED_CPU_REHEARSAL
-
         visible = visible_gpu_ids()
-        if _truthy(TORCH_DISTRIBUTED_CPU_REHEARSAL):
+        if _rehearsal():
             return "cpu"
         if len(visible) >= needed and visible:
             return "cuda"
@@ -398,6 +400,12 @@ def _resolve_start_method(method):
     if torch is not None and torch.cuda.is_initialized():
         return "exec"  # a forked child cannot use a CUDA context its parent created
     return "fork"
+
+
+def _rehearsal():
+    from metaflow.metaflow_config import TORCH_DISTRIBUTED_CPU_REHEARSAL
+
+    return _truthy(TORCH_DISTRIBUTED_CPU_REHEARSAL)
 
 
 def _truthy(value):

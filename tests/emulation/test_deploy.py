@@ -1,0 +1,141 @@
+"""Deploy commands that compile the flow for another scheduler: a gang of N > 1 nodes that the
+scheduler cannot run as N machines is refused before anything is deployed; one-node gangs keep
+deploying, and their Step Functions state machines are kept as golden files (regenerate them with
+TD_UPDATE_GOLDEN=1 after a deliberate change). S3 and Step Functions are moto's (the compilers
+need an S3 datastore)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from . import sfn
+from .aws import validate_request
+from .mfrun import isolated_env, metaflow
+
+FLOWS = Path(__file__).parent / "flows"
+GOLDEN = Path(__file__).parent / "golden"
+FLOW = "deploy_gang_flow.py"
+
+# Each command, and how to find what it deployed or wrote.
+COMMANDS = {
+    "step-functions": ["step-functions", "create"],
+    "argo-workflows": ["argo-workflows", "create", "--only-json"],
+    "airflow": ["airflow", "create", "dag.py"],
+}
+TARGETS = {"step-functions": "AWS Step Functions", "argo-workflows": "Argo Workflows",
+           "airflow": "Airflow"}
+
+
+@pytest.fixture
+def deploy(aws, tmp_path):
+    home = tmp_path / "metaflow-home"
+    home.mkdir()
+    # the least `step-functions create` needs: the roles of the state machine and its schedule,
+    # and for a foreach the DynamoDB table (named only: --only-json never reaches it)
+    sfn_settings = {"METAFLOW_SFN_IAM_ROLE": aws.role_arn,
+                    "METAFLOW_EVENTS_SFN_ACCESS_IAM_ROLE": aws.role_arn,
+                    "METAFLOW_SFN_DYNAMO_DB_TABLE": "metaflow-sfn"}
+    env = isolated_env(aws.env, sfn_settings, home=home)
+
+    def run(command, nodes, flow=FLOW, args=None):
+        shutil.copy(FLOWS / flow, tmp_path)
+        return metaflow(flow, ["--datastore=s3", *(args or COMMANDS[command])], tmp_path,
+                        dict(env, TD_NODES=str(nodes)))
+
+    run.env = env
+    return run
+
+
+def _bucket_keys(aws):
+    listing = aws.client("s3").list_objects_v2(Bucket=aws.bucket)
+    return sorted(o["Key"] for o in listing.get("Contents", []))
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_multi_node_gang_is_refused_before_anything_is_deployed(aws, deploy, tmp_path,
+                                                                  command):
+    stored = _bucket_keys(aws)
+    res = deploy(command, nodes=2)
+    output = res.stdout + res.stderr
+    assert res.returncode != 0, output
+    assert ("@torch_distributed on step train: a gang of 2 nodes (2 nodes x 2 processes per "
+            "node = world size 4) cannot be deployed to %s" % TARGETS[command]) in output, output
+    assert "nodes=1" in output and "--with batch" in output
+    # nothing compiled, uploaded or deployed
+    assert _bucket_keys(aws) == stored, "a code package was uploaded"
+    assert not (tmp_path / "dag.py").exists()
+    assert '"kind"' not in res.stdout  # no Argo manifest
+    assert aws.client("stepfunctions").list_state_machines()["stateMachines"] == []
+
+
+DEPLOYER = """
+from metaflow import Deployer
+try:
+    Deployer(%r).step_functions().create()
+except RuntimeError as error:  # the Deployer's error quotes the command's output
+    print(error)
+else:
+    print("deployed")
+"""
+
+
+def test_the_deployer_api_is_refused_the_same_way(aws, deploy, tmp_path):
+    # In a fresh interpreter: the Deployer loads the flow (and torch) into its own process.
+    shutil.copy(FLOWS / FLOW, tmp_path)
+    env = dict(deploy.env, TD_NODES="2", METAFLOW_DEFAULT_DATASTORE="s3")
+    res = subprocess.run([sys.executable, "-c", DEPLOYER % FLOW], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert ("a gang of 2 nodes (2 nodes x 2 processes per node = world size 4) cannot be "
+            "deployed to AWS Step Functions") in res.stdout, res.stdout
+    assert aws.client("stepfunctions").list_state_machines()["stateMachines"] == []
+
+
+def test_one_node_gangs_keep_deploying(aws, deploy, tmp_path):
+    res = deploy("argo-workflows", nodes=1)
+    assert res.returncode == 0, res.stdout + res.stderr
+    manifest = json.loads(res.stdout[res.stdout.index("{"):])
+    assert manifest["kind"] == "WorkflowTemplate"
+    assert "train" in {t["name"] for t in manifest["spec"]["templates"]}
+
+    res = deploy("airflow", nodes=1)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "DeployGangFlow" in (tmp_path / "dag.py").read_text()
+
+    res = deploy("step-functions", nodes=1)
+    assert res.returncode == 0, res.stdout + res.stderr
+    machines = aws.client("stepfunctions").list_state_machines()["stateMachines"]
+    assert [m["name"] for m in machines] == ["DeployGangFlow"]
+
+
+@pytest.mark.parametrize("flow, golden", [
+    ("deploy_gang_flow.py", "sfn_gang_1_node_linear.json"),
+    ("deploy_foreach_flow.py", "sfn_gang_1_node_foreach.json"),
+])
+def test_a_one_node_gang_compiles_to_a_plain_batch_job_on_step_functions(aws, deploy, flow,
+                                                                         golden):
+    res = deploy("step-functions", nodes=1, flow=flow,
+                 args=["step-functions", "create", "--only-json"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    compiled = sfn.normalised(res.stdout, aws.endpoint_url)
+    if os.environ.get("TD_UPDATE_GOLDEN"):
+        (GOLDEN / golden).write_text(compiled)
+    assert compiled == (GOLDEN / golden).read_text(), "the compiled state machine changed"
+
+    train = sfn.state(sfn.state_machine(res.stdout), "train")
+    assert train["Resource"].endswith(":states:::batch:submitJob.sync")
+    params = train["Parameters"]
+    assert "NodeOverrides" not in params and params["RetryStrategy"] == {"Attempts": 1}
+    # what Step Functions sends to AWS Batch is valid SubmitJob input
+    filled = {"$.JobId": "parent-job", "$.Parameters.['metaflow.run_id']": "exec-1",
+              "$.Index": "0", "$.SplitParentTaskId": "start-job",
+              "$.Parameters.split_parent_task_id_start": "start-job"}
+    validate_request("batch", "SubmitJob", sfn.submit_job_input(params, filled))
