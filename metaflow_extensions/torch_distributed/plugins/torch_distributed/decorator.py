@@ -5,7 +5,7 @@ import sys
 
 from metaflow.decorators import StepDecorator
 
-from . import batch
+from . import batch, checkpoints
 from . import current as current_mod
 from . import frameworks
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
@@ -135,6 +135,7 @@ class TorchDistributedDecorator(StepDecorator):
         return self._leader_step(flow, step_func, retry_count, max_user_code_retries)
 
     def _leader_step(self, flow, step_func, retry_count, max_user_code_retries):
+        from metaflow import current
         from metaflow.cli_args import cli_args
         from metaflow.metaflow_config import TORCH_DISTRIBUTED_ABORT_GRACE
 
@@ -161,6 +162,7 @@ class TorchDistributedDecorator(StepDecorator):
             task=identity.__dict__,
             top_args=top_level_args(cli_args),
             backend=backend,
+            checkpoint=checkpoints.gang_fields(current, os.environ),
         )
         leader = Leader(self.step_name, self.topology, fields, float(TORCH_DISTRIBUTED_ABORT_GRACE),
                         self.name, blocks, port=port)
@@ -245,10 +247,11 @@ def _member_step(spec, step_func, decorator_name):
     topology = Topology(spec.nodes, spec.nproc_per_node)
 
     def member_step(*args):
+        member_spec = checkpoints.install_member(spec)
         if spec.role == "agent":
-            code = Agent(spec, topology).run(step_func, args, decorator_name)
+            code = Agent(member_spec, topology).run(step_func, args, decorator_name)
         else:
-            code = run_exec_rank(spec, topology, step_func, args)
+            code = run_exec_rank(member_spec, topology, step_func, args)
         sys.stdout.flush()
         sys.stderr.flush()
         # Leave now: a member never persists artifacts or writes task metadata.

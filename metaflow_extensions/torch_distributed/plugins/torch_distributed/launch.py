@@ -42,6 +42,8 @@ class GangSpec:
     backend: str = "local"
     # Seconds node 0 waits for a heartbeat of a started node before failing the gang
     heartbeat_timeout: Optional[float] = None
+    # What node 0's @checkpoint resolved, for members (checkpoints.gang_fields); None without it
+    checkpoint: Optional[dict] = None
 
     def identity(self):
         return TaskIdentity(**self.task)

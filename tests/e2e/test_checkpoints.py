@@ -1,0 +1,49 @@
+"""Checkpoints and recovery: @checkpoint + @torch_distributed + @retry with no glue code.
+
+checkpoint_flow.py trains a tiny DDP model for 60 steps on a gang of 2 nodes x 2 processes;
+rank 0 saves with current.checkpoint.save() every 10 steps. Ranks 2 and 3 run on node 1, under
+its node agent (a spin-step process, where @checkpoint's own hooks never run).
+"""
+
+import json
+
+GANG = {"TD_NODES": 2, "TD_NPROC": 2}
+TRAIN = "t = Flow('CheckpointFlow').latest_run['train'].task\n"
+
+
+def _starts(flow_runner, attempt, world_size):
+    """The step each rank of `attempt` started training at (marks written by the flow)."""
+    return [int((flow_runner.marks / ("start-%d-rank-%d" % (attempt, rank))).read_text())
+            for rank in range(world_size)]
+
+
+def test_a_lost_rank_resumes_from_the_last_checkpoint_on_every_node(flow_runner):
+    killed = flow_runner.run("checkpoint_flow.py",
+                             env=dict(GANG, TD_KILL_RANK=3, TD_KILL_STEP=35))
+    assert killed.returncode == 0, killed
+    assert "rank 3 (node 1, local rank 1) was killed by SIGKILL" in killed.output, killed
+    assert _starts(flow_runner, 0, 4) == [0, 0, 0, 0]
+    # every rank of attempt 1, node 1's included, started from the checkpoint of step 30
+    assert _starts(flow_runner, 1, 4) == [30, 30, 30, 30]
+    resumed = flow_runner.client(TRAIN + "result = dict(w=t['weights'].data, "
+                                 "first=t['resumed_from'].data, attempt=t.current_attempt)")
+    assert resumed["first"] == 30 and resumed["attempt"] == 1, resumed
+
+    whole = flow_runner.run("checkpoint_flow.py", env=GANG)
+    assert whole.returncode == 0, whole
+    uninterrupted = flow_runner.client(TRAIN + "result = dict(w=t['weights'].data, "
+                                       "first=t['resumed_from'].data)")
+    assert uninterrupted["first"] == 0
+    # same seeds, same batches: the resumed run ends with exactly the same weights
+    assert json.loads(resumed["w"]) == json.loads(uninterrupted["w"])
+
+
+def test_a_bug_fails_every_attempt_and_each_attempt_shows_it(flow_runner):
+    res = flow_runner.run("checkpoint_flow.py", env={"TD_NODES": 2, "TD_NPROC": 1, "TD_BUG": 1})
+    assert res.returncode != 0, res
+    first, sep, retry = res.output.partition("Task is starting (retry).")
+    assert sep, res  # @retry ran the gang again ...
+    bug = "ValueError: a bug in the training loop at step 5"
+    # ... and both attempts failed with the user's error, each in its own attempt's log
+    assert bug in first and bug in retry, res
+    assert _starts(flow_runner, 1, 2) == [0, 0]  # nothing was saved before step 5
