@@ -9,6 +9,7 @@ an uninterrupted one. TD_BUG=1 makes every attempt raise a ValueError instead (a
 import json
 import os
 import signal
+import time
 
 from metaflow import FlowSpec, checkpoint, current, retry, step, torch_distributed
 
@@ -16,6 +17,11 @@ NODES = int(os.environ.get("TD_NODES", "2"))
 NPROC = int(os.environ.get("TD_NPROC", "2"))
 STEPS = 60
 EVERY = 10
+
+
+def mark(name, value):
+    with open(os.path.join(os.environ["TD_MARK_DIR"], name), "w") as f:
+        f.write(repr(value))
 
 
 class CheckpointFlow(FlowSpec):
@@ -43,9 +49,7 @@ class CheckpointFlow(FlowSpec):
             model.load_state_dict(state["model"])
             first = state["step"]
         # every rank records where it started (tests read these marks)
-        with open(os.path.join(os.environ["TD_MARK_DIR"], "start-%d-rank-%d"
-                               % (current.retry_count, rank)), "w") as f:
-            f.write(str(first))
+        mark("start-%d-rank-%d" % (current.retry_count, rank), first)
         ddp = DistributedDataParallel(model)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         for i in range(first, STEPS):
@@ -53,7 +57,10 @@ class CheckpointFlow(FlowSpec):
                 raise ValueError("a bug in the training loop at step %d" % i)
             if (current.retry_count == 0 and rank == int(os.environ.get("TD_KILL_RANK", -1))
                     and i == int(os.environ["TD_KILL_STEP"])):
+                mark("killed-at", time.time())
                 os.kill(os.getpid(), signal.SIGKILL)
+            if i == first:  # when the first training step of this attempt began
+                mark("first-step-%d-rank-%d" % (current.retry_count, rank), time.time())
             gen = torch.Generator().manual_seed(1000 * i + rank)
             x = torch.randn(16, 8, generator=gen)
             y = x.sum(dim=1, keepdim=True)

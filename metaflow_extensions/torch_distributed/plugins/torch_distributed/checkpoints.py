@@ -32,6 +32,19 @@ def gang_fields(current, environ):
             "loaded": loaded, "directory": checkpointer.directory, "node": 0}
 
 
+def from_leader(spec):
+    """What node 0 published of its @checkpoint, for the agent of a remote node; None when node
+    0 cannot be reached (the agent then reports that the usual way)."""
+    from .control import ControlPlane, GangMismatch
+
+    try:
+        control = ControlPlane.connect(spec.master_addr, spec.master_port, spec.gang_id,
+                                       spec.rendezvous_timeout)
+        return control.checkpoint()
+    except (GangMismatch, RuntimeError):
+        return None
+
+
 def node_directory(spec):
     return os.path.join(spec.work_dir, "checkpoint-node-%d" % spec.node)
 

@@ -190,7 +190,8 @@ class TorchDistributedDecorator(StepDecorator):
         input_paths = click.get_current_context().params.get("input_paths") or ""
         spec = batch.resolve_node(spec, os.environ, input_paths, top_level_args(cli_args))
         return GangSpec(**{**spec.__dict__, "accelerator": self._node_devices(),
-                           "start_method": _resolve_start_method(spec.start_method)})
+                           "start_method": _resolve_start_method(spec.start_method),
+                           "checkpoint": checkpoints.from_leader(spec)})
 
     def _local_devices(self):
         """(accelerator, CUDA_VISIBLE_DEVICES per node) for a gang whose nodes share this host."""
