@@ -54,6 +54,16 @@ def test_a_lost_rank_resumes_from_the_last_checkpoint_on_every_node(flow_runner)
     assert json.loads(resumed["w"]) == json.loads(uninterrupted["w"])
 
 
+def test_a_rank_killed_in_the_middle_of_a_save_resumes_from_the_previous_checkpoint(
+        flow_runner):
+    # rank 0 (the task) dies inside the save of step 40, its files stored but not marked latest
+    res = flow_runner.run("checkpoint_flow.py",
+                          env={"TD_NODES": 2, "TD_NPROC": 1, "TD_KILL_IN_SAVE": 40})
+    assert res.returncode == 0, res
+    assert (flow_runner.marks / "killed-at").exists()
+    assert _starts(flow_runner, 1, 2) == [30, 30]
+
+
 def test_a_bug_fails_every_attempt_and_each_attempt_shows_it(flow_runner):
     res = flow_runner.run("checkpoint_flow.py", env={"TD_NODES": 2, "TD_NPROC": 1, "TD_BUG": 1})
     assert res.returncode != 0, res

@@ -3,6 +3,8 @@
 A tiny linear model is trained with DDP for STEPS steps; rank 0 saves the model every EVERY
 steps with current.checkpoint.save(). TD_KILL_RANK is SIGKILLed at step TD_KILL_STEP on attempt 0;
 under @retry the next attempt starts from the latest checkpoint on every rank of every node.
+TD_KILL_IN_SAVE=<step> SIGKILLs rank 0 inside its save of that step on attempt 0, after the files
+were uploaded and before the save became the task's latest checkpoint.
 Each rank's batch depends only on (step, rank), so a resumed run ends with exactly the weights of
 an uninterrupted one. TD_BUG=1 makes every attempt raise a ValueError instead (a user's bug)."""
 
@@ -22,6 +24,23 @@ EVERY = 10
 def mark(name, value):
     with open(os.path.join(os.environ["TD_MARK_DIR"], name), "w") as f:
         f.write(repr(value))
+
+
+def die_before_marking_latest():
+    """Make the next save SIGKILL this process where metaflow-checkpoint (0.2.14) would write
+    the task's "latest" pointer: the worst moment, every file of the new checkpoint stored."""
+    from metaflow_extensions.obcheckpoint.plugins.machine_learning_utilities.datastore.core \
+        import ObjectStorage
+
+    save_metadata = ObjectStorage._save_metadata
+
+    def dying(self, key, metadata):
+        if key == "latest":
+            mark("killed-at", time.time())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return save_metadata(self, key, metadata)
+
+    ObjectStorage._save_metadata = dying
 
 
 class CheckpointFlow(FlowSpec):
@@ -71,6 +90,9 @@ class CheckpointFlow(FlowSpec):
                 # every rank reached step i + 1 before rank 0 saves it
                 dist.barrier()
                 if rank == 0:
+                    if (current.retry_count == 0
+                            and os.environ.get("TD_KILL_IN_SAVE") == str(i + 1)):
+                        die_before_marking_latest()
                     torch.save({"model": model.state_dict(), "step": i + 1},
                                os.path.join(current.checkpoint.directory, "model.pt"))
                     current.checkpoint.save(metadata={"step": i + 1})
