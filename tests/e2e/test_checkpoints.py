@@ -73,3 +73,27 @@ def test_a_bug_fails_every_attempt_and_each_attempt_shows_it(flow_runner):
     # ... and both attempts failed with the user's error, each in its own attempt's log
     assert bug in first and bug in retry, res
     assert _starts(flow_runner, 1, 2) == [0, 0]  # nothing was saved before step 5
+
+
+SHARDED = "t = Flow('ShardedCheckpointFlow').latest_run['train'].task\n"
+
+
+def test_sharded_checkpoints_of_every_rank_resume_every_node(flow_runner):
+    """FSDP + torch.distributed.checkpoint: each rank stores its own shard with
+    current.torch_distributed.save_sharded(); the retry loads all of them on every node."""
+    weights = []
+    for case in ({"TD_KILL_RANK": 3, "TD_KILL_STEP": 35},  # a lost rank
+                 {"TD_KILL_RANK": 2, "TD_KILL_AFTER_SHARD": 40},  # dies inside a save
+                 {}):  # uninterrupted
+        for old in flow_runner.marks.glob("start-*"):
+            old.unlink()
+        res = flow_runner.run("sharded_checkpoint_flow.py", env=case)
+        assert res.returncode == 0, res
+        got = flow_runner.client(SHARDED + "result = dict(w=t['weights'].data, "
+                                 "first=t['resumed_from'].data)")
+        weights.append(json.loads(got["w"]))
+        if case:
+            # the save of step 40 that rank 2 did not finish is not what the retry loads
+            assert _starts(flow_runner, 1, 4) == [30, 30, 30, 30], case
+            assert got["first"] == 30
+    assert weights[0] == weights[2] and weights[1] == weights[2]

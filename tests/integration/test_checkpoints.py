@@ -9,7 +9,11 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import checkpoints
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+    TorchDistributedConfigError
 
 IDENTITY = {"METAFLOW_CHECKPOINT_UID": "SeamFlow/1/train/2/abcdef123456/default/0",
             "METAFLOW_CHECKPOINT_TASK_IDENTIFIER": "abcdef123456"}
@@ -27,7 +31,9 @@ node0 = os.path.join(root, "node0")
 os.makedirs(node0)
 with open(os.path.join(node0, "model.pt"), "w") as f:
     f.write("weights of step 30")
-ref = checkpoints.GangCheckpoint(node0, None).save(metadata={"step": 30})
+saver = checkpoints.GangCheckpoint(node0, None)
+earlier = saver.save(metadata={"step": 20})
+ref = saver.save(metadata={"step": 30})
 for key in identity:  # a member starts from what node 0 hands it, not from this environment
     del os.environ[key]
 fields = {"env": identity, "loaded": ref, "directory": node0, "node": 0}
@@ -45,7 +51,7 @@ def member(node, role):
                 files=files, node=placed.checkpoint["node"],
                 uid=os.environ["METAFLOW_CHECKPOINT_UID"])
 
-result = dict(ref_key=ref["key"], node0=node0,
+result = dict(ref_key=ref["key"], earlier_key=earlier["key"], node0=node0,
               exec_rank_on_node_0=member(0, "rank"), agent_of_node_1=member(1, "agent"))
 print("@@" + json.dumps(result))
 """
@@ -64,6 +70,8 @@ def _run(tmp_path):
 
 def test_members_get_the_checkpoint_node_0_loaded(tmp_path):
     got = _run(tmp_path)
+    # two saves of one rank are two checkpoints (the second does not overwrite the first)
+    assert got["earlier_key"] != got["ref_key"]
     same_node, other_node = got["exec_rank_on_node_0"], got["agent_of_node_1"]
     # a member on node 0 uses rank 0's directory as it is: no second download
     assert same_node["directory"] == got["node0"] and same_node["node"] == 0
@@ -96,3 +104,9 @@ def test_no_checkpoint_decorator_no_fields_and_members_are_left_alone():
     assert checkpoints.gang_fields(SimpleNamespace(), IDENTITY) is None
     spec = SimpleNamespace(checkpoint=None)
     assert checkpoints.install_member(spec) is spec
+
+
+def test_save_sharded_without_checkpoint_decorator_says_what_to_add():
+    info = SimpleNamespace(rank=0, is_main=True)
+    with pytest.raises(TorchDistributedConfigError, match="Add @checkpoint"):
+        checkpoints.save_sharded(info, "/tmp/shard", {})

@@ -13,8 +13,15 @@ shape (directory, is_loaded, info, save, load). Saves from any rank go to the ta
 as with @checkpoint under @parallel.
 """
 
+import json
 import os
+import tempfile
 from dataclasses import replace
+
+from .errors import TorchDistributedConfigError
+
+# The one file of a sharded save's checkpoint: the references of every rank's shard.
+MANIFEST = "torch_distributed_shards.json"
 
 # metaflow-checkpoint's variables naming the task a checkpoint belongs to (its constants.py);
 # its `Checkpoint` API writes for the task they name.
@@ -23,10 +30,13 @@ _IDENTITY_ENV = ("METAFLOW_CHECKPOINT_UID", "METAFLOW_CHECKPOINT_TASK_IDENTIFIER
 
 
 def gang_fields(current, environ):
-    """What members need of this task's @checkpoint (a GangSpec field), None without one."""
+    """What members need of this task's @checkpoint (a GangSpec field), None without one.
+    A sharded checkpoint @checkpoint loaded is completed on node 0 first (every rank's shard)."""
     checkpointer = getattr(current, "checkpoint", None)
     if checkpointer is None:
         return None
+    if checkpointer.is_loaded:
+        restore_shards(checkpointer.directory)
     loaded = checkpointer.info.to_dict() if checkpointer.is_loaded else None
     return {"env": {k: environ[k] for k in _IDENTITY_ENV if k in environ},
             "loaded": loaded, "directory": checkpointer.directory, "node": 0}
@@ -63,9 +73,43 @@ def install_member(spec):
         os.makedirs(directory, exist_ok=True)
         if fields["loaded"] is not None:
             _api().load(fields["loaded"], directory)
+            restore_shards(directory)
         fields = dict(fields, directory=directory, node=spec.node)
     current._update_env({"checkpoint": GangCheckpoint(fields["directory"], fields["loaded"])})
     return replace(spec, checkpoint=fields)
+
+
+def save_sharded(info, path, options):
+    """current.torch_distributed.save_sharded: every rank stores its shard (the files in `path`)
+    as a checkpoint of the task that is never the latest; once all are stored, rank 0 saves the
+    list of them as the task's latest checkpoint. A save cut short never becomes the latest."""
+    from metaflow import current
+
+    checkpointer = getattr(current, "checkpoint", None)
+    if checkpointer is None:
+        raise TorchDistributedConfigError(
+            current.step_name, "current.torch_distributed.save_sharded() stores shards with "
+            "@checkpoint, which the step does not have. Add @checkpoint (package "
+            "metaflow-checkpoint) to the step.")
+    shard = checkpointer.save(path=path, name="shard-%d" % info.rank, latest=False)
+    shards = info.gather(shard)
+    if not info.is_main:
+        return None
+    with tempfile.TemporaryDirectory() as manifest_dir:
+        with open(os.path.join(manifest_dir, MANIFEST), "w") as f:
+            json.dump({"shards": shards}, f)
+        return checkpointer.save(path=manifest_dir, **options)
+
+
+def restore_shards(directory):
+    """Load every shard a sharded checkpoint in `directory` lists, next to it."""
+    manifest = os.path.join(directory, MANIFEST)
+    if not os.path.exists(manifest):
+        return
+    with open(manifest) as f:
+        shards = json.load(f)["shards"]
+    for shard in shards:
+        _api().load(shard, directory)
 
 
 def _api():
@@ -85,6 +129,9 @@ class GangCheckpoint:
     def __init__(self, directory, loaded):
         self._directory = directory
         self._loaded = loaded
+        # One writer for the life of the rank: metaflow-checkpoint numbers the saves of a name
+        # per writer, and a fresh writer per save would store every save under the same key.
+        self._writer = None
 
     @property
     def directory(self):
@@ -113,7 +160,9 @@ class GangCheckpoint:
     def save(self, path=None, **options):
         """Save `path` (default: `directory`) as a checkpoint of the task and return its
         reference; `options` (name, metadata, latest, storage_format) as @checkpoint's."""
-        return _api().save(path=self._directory if path is None else path, **options)
+        if self._writer is None:
+            self._writer = _api()
+        return self._writer.save(path=self._directory if path is None else path, **options)
 
     def load(self, reference, path=None):
         """Load the checkpoint `reference` into `path` (default: `directory`)."""
