@@ -153,10 +153,6 @@ class GangCheckpoint:
 
         return CheckpointArtifact.hydrate(self._loaded)
 
-    @property
-    def task_identifier(self):
-        return os.environ.get("METAFLOW_CHECKPOINT_TASK_IDENTIFIER")
-
     def save(self, path=None, **options):
         """Save `path` (default: `directory`) as a checkpoint of the task and return its
         reference; `options` (name, metadata, latest, storage_format) as @checkpoint's."""
