@@ -11,6 +11,7 @@ an uninterrupted one. TD_BUG=1 makes every attempt raise a ValueError instead (a
 import json
 import os
 import signal
+import tempfile
 import time
 
 from metaflow import FlowSpec, checkpoint, current, retry, step, torch_distributed
@@ -93,9 +94,12 @@ class CheckpointFlow(FlowSpec):
                     if (current.retry_count == 0
                             and os.environ.get("TD_KILL_IN_SAVE") == str(i + 1)):
                         die_before_marking_latest()
+                    # a new folder per save: on the local datastore the restored files in
+                    # current.checkpoint.directory are links to the stored checkpoint
+                    folder = tempfile.mkdtemp()
                     torch.save({"model": model.state_dict(), "step": i + 1},
-                               os.path.join(current.checkpoint.directory, "model.pt"))
-                    current.checkpoint.save(metadata={"step": i + 1})
+                               os.path.join(folder, "model.pt"))
+                    current.checkpoint.save(folder, metadata={"step": i + 1})
                 dist.barrier()
         self.weights = json.dumps([p.detach().tolist() for p in model.parameters()])
         self.resumed_from = first
