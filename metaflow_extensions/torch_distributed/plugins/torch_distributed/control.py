@@ -139,6 +139,14 @@ class ControlPlane:
     def log_ended(self, node):
         return self._store.check([Keys.log_end(node)])
 
+    def publish_checkpoint(self, fields):
+        self._set(Keys.checkpoint, json.dumps(fields))
+
+    def checkpoint(self):
+        """What node 0 published with publish_checkpoint (waits for it)."""
+        self._store.wait([Keys.checkpoint])
+        return json.loads(self._store.get(Keys.checkpoint).decode())
+
     def abort(self):
         self._set(Keys.abort, "1")
 

@@ -104,6 +104,16 @@ class TorchDistributedInfo:
             store.delete_key(k)
         return values
 
+    def save_sharded(self, path, **options):
+        """Save a sharded checkpoint: every rank must call it, each with the directory its
+        shard was written to (e.g. by torch.distributed.checkpoint). Needs @checkpoint on the
+        step. The shards of all ranks become one checkpoint, the task's latest once every shard
+        is stored; a retry finds all of them in current.checkpoint.directory on every node.
+        `options` (name, metadata) as @checkpoint's save. Rank 0 gets its reference."""
+        from .checkpoints import save_sharded
+
+        return save_sharded(self, path, options)
+
     def _connect(self):
         if self._store is None:
             from torch.distributed import TCPStore

@@ -5,7 +5,7 @@ import sys
 
 from metaflow.decorators import StepDecorator
 
-from . import batch
+from . import batch, checkpoints
 from . import current as current_mod
 from . import frameworks
 from . import schedulers
@@ -149,6 +149,7 @@ class TorchDistributedDecorator(StepDecorator):
         return self._leader_step(flow, step_func, retry_count, max_user_code_retries)
 
     def _leader_step(self, flow, step_func, retry_count, max_user_code_retries):
+        from metaflow import current
         from metaflow.cli_args import cli_args
         from metaflow.metaflow_config import TORCH_DISTRIBUTED_ABORT_GRACE
 
@@ -177,6 +178,7 @@ class TorchDistributedDecorator(StepDecorator):
             task=identity.__dict__,
             top_args=top_level_args(cli_args),
             backend=backend,
+            checkpoint=checkpoints.gang_fields(current, os.environ),
         )
         leader = Leader(self.step_name, self.topology, fields, float(TORCH_DISTRIBUTED_ABORT_GRACE),
                         self.name, blocks, port=port)
@@ -213,7 +215,8 @@ class TorchDistributedDecorator(StepDecorator):
         input_paths = click.get_current_context().params.get("input_paths") or ""
         spec = batch.resolve_node(spec, os.environ, input_paths, top_level_args(cli_args))
         return GangSpec(**{**spec.__dict__, "accelerator": self._node_devices(),
-                           "start_method": _resolve_start_method(spec.start_method)})
+                           "start_method": _resolve_start_method(spec.start_method),
+                           "checkpoint": checkpoints.from_leader(spec)})
 
     def _local_devices(self):
         """(accelerator, CUDA_VISIBLE_DEVICES per node) for a gang whose nodes share this host."""
@@ -268,10 +271,11 @@ def _member_step(spec, step_func, decorator_name):
     topology = Topology(spec.nodes, spec.nproc_per_node)
 
     def member_step(*args):
+        member_spec = checkpoints.install_member(spec)
         if spec.role == "agent":
-            code = Agent(spec, topology).run(step_func, args, decorator_name)
+            code = Agent(member_spec, topology).run(step_func, args, decorator_name)
         else:
-            code = run_exec_rank(spec, topology, step_func, args)
+            code = run_exec_rank(member_spec, topology, step_func, args)
         sys.stdout.flush()
         sys.stderr.flush()
         # Leave now: a member never persists artifacts or writes task metadata.

@@ -196,6 +196,8 @@ class Leader:
             runner.capture(naming.rank_label(0), close_in_pump=[listener.fileno()])
             control = ControlPlane.host(listener, spec.gang_id, spec.rendezvous_timeout)
             self.control = control
+            if self.remote:  # agents on other machines ask for what node 0's @checkpoint loaded
+                control.publish_checkpoint(spec.checkpoint)
             if self.remote and self.topology.nodes > 1:
                 receiver = self.receiver = LogReceiver(
                     ControlPlane.connect("127.0.0.1", spec.master_port, spec.gang_id,

@@ -45,6 +45,8 @@ class GangSpec:
     # The group check's mode when METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK is not set: "error"
     # where the user wrote the decorator, "warn" where it came from --with (frameworks.py)
     group_check_default: str = "error"
+    # What node 0's @checkpoint resolved, for members (checkpoints.gang_fields); None without it
+    checkpoint: Optional[dict] = None
 
     def identity(self):
         return TaskIdentity(**self.task)

@@ -56,6 +56,8 @@ class Keys:
 
     gang = _KEY_PREFIX + "gang"
     abort = _KEY_PREFIX + "abort"
+    # node 0's @checkpoint, for the agents of remote nodes (checkpoints.gang_fields, JSON)
+    checkpoint = _KEY_PREFIX + "checkpoint"
 
     @staticmethod
     def joined(join_id):

@@ -1,0 +1,115 @@
+"""Training that resumes from @checkpoint after a lost rank (tests/e2e/test_checkpoints.py).
+
+A tiny linear model is trained with DDP for STEPS steps; rank 0 saves the model every EVERY
+steps with current.checkpoint.save(). TD_KILL_RANK is SIGKILLed at step TD_KILL_STEP on attempt 0;
+under @retry the next attempt starts from the latest checkpoint on every rank of every node.
+TD_KILL_IN_SAVE=<step> SIGKILLs rank 0 inside its save of that step on attempt 0, after the files
+were uploaded and before the save became the task's latest checkpoint.
+Each rank's batch depends only on (step, rank), so a resumed run ends with exactly the weights of
+an uninterrupted one. TD_BUG=1 makes every attempt raise a ValueError instead (a user's bug)."""
+
+import json
+import os
+import signal
+import tempfile
+import time
+
+from metaflow import FlowSpec, checkpoint, current, retry, step, torch_distributed
+
+NODES = int(os.environ.get("TD_NODES", "2"))
+NPROC = int(os.environ.get("TD_NPROC", "2"))
+STEPS = 60
+EVERY = 10
+
+
+def mark(name, value):
+    with open(os.path.join(os.environ["TD_MARK_DIR"], name), "w") as f:
+        f.write(repr(value))
+
+
+def die_before_marking_latest():
+    """Make the next save SIGKILL this process where metaflow-checkpoint (0.2.14) would write
+    the task's "latest" pointer: the worst moment, every file of the new checkpoint stored."""
+    from metaflow_extensions.obcheckpoint.plugins.machine_learning_utilities.datastore.core \
+        import ObjectStorage
+
+    save_metadata = ObjectStorage._save_metadata
+
+    def dying(self, key, metadata):
+        if key == "latest":
+            mark("killed-at", time.time())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return save_metadata(self, key, metadata)
+
+    ObjectStorage._save_metadata = dying
+
+
+class CheckpointFlow(FlowSpec):
+    @step
+    def start(self):
+        self.next(self.train)
+
+    @retry(times=1, minutes_between_retries=0)
+    @checkpoint
+    @torch_distributed(nodes=NODES, nproc_per_node=NPROC)
+    @step
+    def train(self):
+        import torch
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 1)
+        first = 0
+        if current.checkpoint.is_loaded:
+            path = os.path.join(current.checkpoint.directory, "model.pt")
+            state = torch.load(path)
+            model.load_state_dict(state["model"])
+            first = state["step"]
+        # every rank records where it started (tests read these marks)
+        mark("start-%d-rank-%d" % (current.retry_count, rank), first)
+        ddp = DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        for i in range(first, STEPS):
+            if os.environ.get("TD_BUG") == "1" and i == 5:
+                raise ValueError("a bug in the training loop at step %d" % i)
+            if (current.retry_count == 0 and rank == int(os.environ.get("TD_KILL_RANK", -1))
+                    and i == int(os.environ["TD_KILL_STEP"])):
+                mark("killed-at", time.time())
+                os.kill(os.getpid(), signal.SIGKILL)
+            if i == first:  # when the first training step of this attempt began
+                mark("first-step-%d-rank-%d" % (current.retry_count, rank), time.time())
+            gen = torch.Generator().manual_seed(1000 * i + rank)
+            x = torch.randn(16, 8, generator=gen)
+            y = x.sum(dim=1, keepdim=True)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+            if (i + 1) % EVERY == 0:
+                # every rank reached step i + 1 before rank 0 saves it
+                dist.barrier()
+                if rank == 0:
+                    if (current.retry_count == 0
+                            and os.environ.get("TD_KILL_IN_SAVE") == str(i + 1)):
+                        die_before_marking_latest()
+                    # a new folder per save: on the local datastore the restored files in
+                    # current.checkpoint.directory are links to the stored checkpoint
+                    folder = tempfile.mkdtemp()
+                    torch.save({"model": model.state_dict(), "step": i + 1},
+                               os.path.join(folder, "model.pt"))
+                    current.checkpoint.save(folder, metadata={"step": i + 1})
+                dist.barrier()
+        self.weights = json.dumps([p.detach().tolist() for p in model.parameters()])
+        self.resumed_from = first
+        dist.destroy_process_group()
+        self.next(self.end)
+
+    @step
+    def end(self):
+        pass
+
+
+if __name__ == "__main__":
+    CheckpointFlow()

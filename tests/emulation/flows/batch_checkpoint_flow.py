@@ -1,0 +1,61 @@
+"""@checkpoint on a gang of 2 nodes x 1 process on the emulated AWS Batch, under @retry.
+
+Attempt 0: rank 0 writes state.txt into current.checkpoint.directory and saves it; then rank 1
+(node 1, under its node agent) is SIGKILLed. Attempt 1 (a new multi-node job): every rank reads
+what it finds in its current.checkpoint.directory, and rank 0 gathers it into `loaded`."""
+
+import os
+import signal
+
+from metaflow import FlowSpec, checkpoint, current, environment, retry, step, torch_distributed
+
+TD = {k: v for k, v in os.environ.items() if k.startswith("TD_")}
+# @checkpoint reads the run's tags with Metaflow's client when a task starts, so a Batch task
+# needs the run's metadata: on AWS that is the metadata service; here, with local metadata,
+# the emulated nodes share this machine's disk and read the launcher's (TD_LAUNCH_DIR).
+ENV = dict(TD, METAFLOW_DATASTORE_SYSROOT_LOCAL=TD["TD_LAUNCH_DIR"]) if "TD_LAUNCH_DIR" in TD \
+    else TD
+
+
+class BatchCheckpointFlow(FlowSpec):
+    @step
+    def start(self):
+        self.next(self.train)
+
+    @environment(vars=ENV)
+    @retry(times=1, minutes_between_retries=0)
+    @checkpoint
+    @torch_distributed(nodes=2, nproc_per_node=1, rendezvous_timeout=60)
+    @step
+    def train(self):
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        state = os.path.join(current.checkpoint.directory, "state.txt")
+        found = None
+        if current.checkpoint.is_loaded:
+            with open(state) as f:
+                found = f.read()
+        self.loaded = current.torch_distributed.gather(
+            dict(rank=rank, node=os.environ.get("AWS_BATCH_JOB_NODE_INDEX"), found=found,
+                 is_loaded=current.checkpoint.is_loaded))
+        if current.retry_count == 0:
+            if rank == 0:
+                with open(state, "w") as f:
+                    f.write("saved by rank 0 in attempt 0")
+                current.checkpoint.save()
+            dist.barrier()
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.barrier()
+        dist.destroy_process_group()
+        self.next(self.end)
+
+    @step
+    def end(self):
+        pass
+
+
+if __name__ == "__main__":
+    BatchCheckpointFlow()
