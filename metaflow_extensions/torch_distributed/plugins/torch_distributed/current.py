@@ -104,6 +104,19 @@ class TorchDistributedInfo:
             store.delete_key(k)
         return values
 
+    def record(self, name, value):
+        """Record a number for the gang's card, e.g. record("samples_per_s", 1234.5).
+
+        Any rank may call it, as often as it likes (the last 1000 values of each name are
+        kept); the card of a step with @card plots the last value of each name per rank, so a
+        straggler stands out. It costs no communication: the values travel with the rank's
+        other events after its body ended."""
+        from . import events
+
+        log = events.current_rank_log()
+        if log is not None:
+            log.record(name, value)
+
     def _connect(self):
         if self._store is None:
             from torch.distributed import TCPStore

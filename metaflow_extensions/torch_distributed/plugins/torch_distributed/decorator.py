@@ -69,6 +69,8 @@ class TorchDistributedDecorator(StepDecorator):
     def step_init(self, flow, graph, step_name, decorators, environment, flow_datastore, logger):
         self.step_name = step_name
         self.flow_datastore = flow_datastore
+        self.step_decorators = decorators
+        self.led_gang = False
         current_mod.install(current_mod.UNAVAILABLE)
         # With --with torch_distributed the decorator lands on every step; gang only the
         # steps a gang makes sense for (not start, end or joins).
@@ -167,8 +169,12 @@ class TorchDistributedDecorator(StepDecorator):
 
         def gang_step(*args):
             before = set(vars(flow))
+            self.led_gang = True
             try:
-                leader.run(step_func, args)
+                try:
+                    leader.run(step_func, args)
+                finally:
+                    self._show_gang(flow, leader.record, identity, retry_count)
             except BaseException:
                 # Metaflow persists a failed attempt's artifacts; a gang that failed keeps none
                 # of what rank 0's body set (inputs from earlier steps stay).
@@ -178,6 +184,26 @@ class TorchDistributedDecorator(StepDecorator):
                 raise
 
         return gang_step
+
+    def _show_gang(self, flow, record, identity, retry_count):
+        """Keep this attempt's record with the task, and put it on the step's card."""
+        from . import card, events
+
+        if record is None:
+            return
+        setattr(flow, events.ARTIFACT, record)
+        history = events.earlier_attempts(self.flow_datastore, identity, self.step_name,
+                                          retry_count)
+        card.attach(record, history)
+
+    def task_finished(self, step_name, flow, graph, is_task_ok, retry_count,
+                      max_user_code_retries):
+        # Metaflow's @card renders only the cards of attempts that succeeded; the card of a
+        # failed gang is where its root cause is.
+        if self.active and self.led_gang and not is_task_ok:
+            from . import card
+
+            card.render_failed(self.step_decorators)
 
     def _place_batch_agent(self, spec):
         """Complete the GangSpec of a node agent on its AWS Batch node."""
