@@ -52,7 +52,9 @@ def test_member_killed_root_cause_tail_and_who_was_stopped():
     ranks = {"0": rank_events(0, 0, 1, 5.4, "failed",
                               "TorchDistributedAborted: another rank of the gang failed"),
              "1": rank_events(1, 0, 1, 2.0),  # finished before the failure
-             "2": rank_events(2, 0.2, 1, 5.3, "failed", "DistBackendError: Connection reset")}
+             "2": rank_events(2, 0.2, 1, 5.3, "failed", "DistBackendError: Connection reset"),
+             # what rank 3 wrote as it joined the group, before it was killed
+             "3": dict(rank_events(3, 0.3, 1.2, 0, outcome=None), ended=None)}
     tails = {"3": {"stdout": ["step 1", "step 2"], "stderr": ["warning"]}}
     data = card.card_data(record(ranks=ranks, failures=[killed], root=killed, tails=tails,
                                  phases=[("abort", T0 + 5.1)]))
@@ -61,11 +63,13 @@ def test_member_killed_root_cause_tail_and_who_was_stopped():
     assert (outcome["rank"], outcome["node"], outcome["error"]) == (3, 1, "signal")
     assert outcome["summary"] == "rank 3 (node 1, local rank 1) was killed by SIGKILL."
     assert outcome["stdout"] == ["step 1", "step 2"] and outcome["stderr"] == ["warning"]
-    # rank 0 aborted by the gang counts as stopped; rank 2's own error stays a failure
-    assert outcome["stopped"] == [0] and outcome["finished"] == [1]
+    # rank 0 was aborted by the gang, rank 2 failed as its peer died: neither is a cause
+    assert outcome["stopped"] == [0, 2] and outcome["finished"] == [1]
     by_rank = {r["rank"]: r for r in data["ranks"]}
     assert by_rank[3]["outcome"] == "failed" and by_rank[3]["ended"] == 5.0
-    assert by_rank[2]["outcome"] == "failed"
+    assert (by_rank[0]["outcome"], by_rank[2]["outcome"]) == ("stopped", "peer failed")
+    assert [(b["state"], b["start"], b["end"]) for b in data["timeline"] if b["rank"] == 3] == [
+        ("starting", 0.3, 1.2), ("failed", 1.2, 5.0)]
     assert {m["name"] for m in data["markers"]} >= {"abort", "gang ended"}
 
 

@@ -14,6 +14,7 @@ STATES = {
     "finished": "#3a9a5b",
     "failed": "#d64545",
     "stopped": "#e59b2e",
+    "peer failed": "#f0a0a0",  # failed with a communication error: a peer died first
     "running": "#4c78a8",  # no end known (the record was taken while it ran)
 }
 # Lines of a rank's log shown next to the root cause.
@@ -31,9 +32,14 @@ def card_data(record, history=()):
                  if f.get("rank") is not None}
     abort = next((t for name, t in record.get("phases", []) if name == "abort"), None)
     ranks = []
+    root_rank = root.get("rank") if root else None
     for rank in range(record["nodes"] * record["nproc_per_node"]):
         node, local_rank = divmod(rank, record["nproc_per_node"])
-        ranks.append(_rank_row(record, rank, node, local_rank, failed_at, abort, t0))
+        row = _rank_row(record, rank, node, local_rank, failed_at, abort, t0)
+        if row["outcome"] == "failed" and rank != root_rank and Failure(
+                rank, node, "exception", 0, message=row["error"] or "").is_symptom():
+            row["outcome"] = "peer failed"
+        ranks.append(row)
     segments = [seg for row in ranks for seg in _segments(row)]
     outcome = _outcome(record, ranks, root)
     return dict(
@@ -107,7 +113,7 @@ def _markers(record, ranks, t0):
 
 
 def _outcome(record, ranks, root):
-    stopped = [r["rank"] for r in ranks if r["outcome"] == "stopped"]
+    stopped = [r["rank"] for r in ranks if r["outcome"] in ("stopped", "peer failed")]
     finished = [r["rank"] for r in ranks if r["outcome"] == "finished"]
     if root is None:
         return dict(ok=True, finished=finished)
@@ -251,7 +257,7 @@ def _outcome_components(outcome, Markdown):
         return [Markdown("### Outcome: success\n\nEvery rank finished its step body.")]
     text = ["### Outcome: failed", "**Root cause:** %s" % outcome["summary"]]
     if outcome["stopped"]:
-        text.append("**Stopped because of it:** ranks %s"
+        text.append("**Stopped because of it (or failed as their peer died):** ranks %s"
                     % ", ".join(map(str, outcome["stopped"])))
     if outcome["finished"]:
         text.append("**Had already finished:** ranks %s"

@@ -53,7 +53,9 @@ def read_json(path):
 
 class RankLog:
     """The events of the rank running in this process: when it entered init_process_group,
-    when its body ended and how, and the scalars it recorded. `finish` writes them to `path`."""
+    when its body ended and how, and the scalars it recorded. They are written to `path` when
+    the rank joins a group (a local file, no communication: a rank stopped later still shows
+    when it joined) and when its body ends."""
 
     def __init__(self, rank, path, clock=time.time):
         self.rank = rank
@@ -66,6 +68,7 @@ class RankLog:
     def joined_group(self, world_size):
         if self.joined is None:
             self.joined = self.clock()
+            self._write(outcome=None, ended=None)
 
     def record(self, name, value):
         values = self.scalars.setdefault(str(name), [])
@@ -73,8 +76,11 @@ class RankLog:
         del values[:-MAX_SCALAR_VALUES]
 
     def finish(self, outcome, error=None):
+        self._write(outcome, self.clock(), error)
+
+    def _write(self, outcome, ended, error=None):
         write_json(self.path, dict(rank=self.rank, started=self.started, joined=self.joined,
-                                   ended=self.clock(), outcome=outcome, error=error,
+                                   ended=ended, outcome=outcome, error=error,
                                    scalars=self.scalars))
 
 
