@@ -169,3 +169,27 @@ def test_rank_log_records_the_body(tmp_path, raised, outcome, error):
     assert got["started"] <= got["joined"] <= got["ended"]
     assert got["scalars"]["loss"][0][1] == 0.25
     assert events.current_rank_log() is None
+
+
+def test_record_keeps_numbers_and_refuses_anything_else(tmp_path):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.current import \
+        TorchDistributedInfo
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+        TorchDistributedConfigError
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+
+    info = TorchDistributedInfo(Topology(1, 2), 0, 1, "127.0.0.1", 29500, "cpu")
+    path = str(tmp_path / "r.json")
+
+    def body():
+        info.record("samples_per_s", 12)
+        with pytest.raises(TorchDistributedConfigError, match="must be a number"):
+            info.record("samples_per_s", "fast")
+
+    events.run_recorded(1, path, body)
+    assert [v for _, v in json.loads(open(path).read())["scalars"]["samples_per_s"]] == [12.0]
+
+
+def test_long_lines_are_folded_so_the_page_keeps_its_width():
+    text = card._code(["x" * 250, ""])
+    assert text.splitlines()[1:-1] == ["x" * 100, "x" * 100, "x" * 50, ""]

@@ -19,6 +19,8 @@ STATES = {
 }
 # Lines of a rank's log shown next to the root cause.
 CAUSE_LINES = 15
+# Characters of a log or traceback line per line of the card.
+CODE_WIDTH = 100
 # A failed rank whose error says it was stopped by the gang, not by its own fault.
 _STOPPED_ERRORS = ("TorchDistributedAborted",)
 
@@ -273,7 +275,11 @@ def _outcome_components(outcome, Markdown):
 
 
 def _code(lines):
-    return "```text\n%s\n```" % "\n".join(line.replace("```", "'''") for line in lines)
+    """A fenced block of `lines`, long lines folded (a card page does not wrap code, and one
+    long line, such as a gloo error, would widen the whole page)."""
+    folded = [line[i:i + CODE_WIDTH] for line in lines
+              for i in range(0, max(len(line), 1), CODE_WIDTH)]
+    return "```text\n%s\n```" % "\n".join(line.replace("```", "'''") for line in folded)
 
 
 def attach(record, history=()):

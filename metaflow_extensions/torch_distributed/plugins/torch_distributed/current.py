@@ -3,7 +3,7 @@
 import pickle
 from datetime import timedelta
 
-from .errors import NotInTorchDistributedStep
+from .errors import NotInTorchDistributedStep, TorchDistributedConfigError
 from .naming import Keys
 
 # How long rank 0 waits in gather() for the slowest rank. A rank that dies instead is seen by
@@ -113,6 +113,15 @@ class TorchDistributedInfo:
         other events after its body ended."""
         from . import events
 
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            from metaflow import current
+
+            raise TorchDistributedConfigError(
+                current.step_name, "current.torch_distributed.record(%r, %r): the value must be "
+                "a number (an int or a float; for a tensor pass tensor.item())."
+                % (name, value)) from None
         log = events.current_rank_log()
         if log is not None:
             log.record(name, value)
