@@ -3,15 +3,13 @@ first attempt and succeeds on retry. One run gives both cards: the failed attemp
 who was stopped) and the retry's (success, every attempt). Then the failed card is rendered in
 a real browser (headless Chromium) to a PNG."""
 
-import base64
-import json
 import re
 import shutil
 import subprocess
 
 import pytest
 
-from tests.support import FlowRunner
+from tests.support import FlowRunner, card_charts, card_json
 
 GANG = {"TD_NODES": 2, "TD_NPROC": 2}
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -37,34 +35,14 @@ def card_run(tmp_path_factory):
         got = runner.cli("gang_flow.py", "card", "get", pathspec, "--hash", card_hash, str(out))
         assert got.returncode == 0, got
         html = out.read_text()
-        cards.append(dict(path=out, html=html, data=card_data(html)))
+        cards.append(dict(path=out, html=html, data=card_json(html)))
     runner.assert_no_leftovers()
     return dict(cards=sorted(cards, key=lambda c: "attempt 1" in c["data"]), root=runner.root)
 
 
-def card_data(html):
-    """The JSON a Metaflow card page carries (base64, in window.__MF_DATA__)."""
-    found = re.search(r'window.__MF_DATA__\["[^"]+"\] = "([A-Za-z0-9+/=]+)"', html)
-    return json.dumps(json.loads(base64.b64decode(found.group(1))))
-
-
 def timeline(card):
-    data = json.loads(card["data"])
-    charts = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            if node.get("type") == "vegaChart":
-                charts.append(node["spec"])
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(data)
-    spec = next(c for c in charts if str(c.get("title", "")).startswith("Every rank"))
-    return spec["layer"][0]["data"]["values"], spec["layer"][1]["data"]["values"], charts
+    bars, markers, charts = card_charts(card["data"])
+    return bars, markers, charts
 
 
 def test_both_attempts_have_a_card(card_run):
