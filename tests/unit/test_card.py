@@ -193,3 +193,41 @@ def test_record_keeps_numbers_and_refuses_anything_else(tmp_path):
 def test_long_lines_are_folded_so_the_page_keeps_its_width():
     text = card._code(["x" * 250, ""])
     assert text.splitlines()[1:-1] == ["x" * 100, "x" * 100, "x" * 50, ""]
+
+
+class _Broken:
+    def __getattr__(self, name):
+        def fail(*args, **kwargs):
+            raise RuntimeError("boom")
+        return fail
+
+
+def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys):
+    """The record cannot be put together, or the card cannot take it: a line on stderr, no
+    exception (these run as the step ends, in a `finally`)."""
+    from types import SimpleNamespace
+
+    from metaflow import current
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.decorator import \
+        TorchDistributedDecorator
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import Leader
+
+    leader = Leader.__new__(Leader)
+    leader.step_name, leader.remote, leader.recorder = "train", False, _Broken()
+    leader.runner = SimpleNamespace(slots=[], spawned={})
+    assert leader._collect("/nonexistent", None, None, []) is None
+    assert "@torch_distributed on step *train*: could not record the gang for its card: boom" \
+        in capsys.readouterr().err
+
+    deco = TorchDistributedDecorator.__new__(TorchDistributedDecorator)
+    deco.step_name, deco.flow_datastore = "train", None
+    flow = SimpleNamespace()
+    current._update_env({"card": _Broken()})
+    try:
+        deco._show_gang(flow, record(), None, 0)
+    finally:
+        current._update_env({"card": None})
+    assert "@torch_distributed on step *train*: could not add the gang to its card: boom" \
+        in capsys.readouterr().err
+    assert flow._torch_distributed_gang["step"] == "train"  # the record is kept all the same

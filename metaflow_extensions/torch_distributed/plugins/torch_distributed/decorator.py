@@ -192,9 +192,13 @@ class TorchDistributedDecorator(StepDecorator):
         if record is None:
             return
         setattr(flow, events.ARTIFACT, record)
-        history = events.earlier_attempts(self.flow_datastore, identity, self.step_name,
-                                          retry_count)
-        card.attach(record, history)
+        try:
+            history = events.earlier_attempts(self.flow_datastore, identity, self.step_name,
+                                              retry_count)
+            card.attach(record, history)
+        except Exception as ex:  # noqa: BLE001 - runs as the step ends: never hide its result
+            print("@torch_distributed on step *%s*: could not add the gang to its card: %s"
+                  % (self.step_name, ex), file=sys.stderr, flush=True)
 
     def task_finished(self, step_name, flow, graph, is_task_ok, retry_count,
                       max_user_code_retries):
