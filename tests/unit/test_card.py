@@ -231,3 +231,30 @@ def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys):
     assert "@torch_distributed on step *train*: could not add the gang to its card: boom" \
         in capsys.readouterr().err
     assert flow._torch_distributed_gang["step"] == "train"  # the record is kept all the same
+
+
+def test_joining_a_group_is_noted_as_the_rank_enters_the_rendezvous(tmp_path):
+    """A real (one-process) gloo group through torch's rendezvous, with the group check off."""
+    import socket
+
+    import torch.distributed as dist
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.frameworks import \
+        run_body
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def step():
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0,
+                                world_size=1)
+        dist.destroy_process_group()
+
+    path = str(tmp_path / "r.json")
+    env = {"METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK": "off", "RANK": "0"}
+    events.run_recorded(0, path, lambda: run_body(step, (), "train", Topology(1, 2), env,
+                                                  on_join=events.note_join))
+    got = json.loads(open(path).read())
+    assert got["started"] < got["joined"] < got["ended"]
