@@ -396,7 +396,6 @@ class Agent:
             runner.stop()
             runner.release()
 
-
     def _send_record(self, runner, control, joined_at):
         """Give node 0 this node's share of the gang's record: through the store from another
         machine, as a file in the gang's directory on node 0's own host."""
