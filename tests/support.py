@@ -116,3 +116,31 @@ def _like_a_terminal():
     ignored (a background job of a non-interactive shell, as CI may start it), and an ignored
     SIGINT is inherited, so a test's Ctrl-C would never reach the run."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def card_json(html):
+    """The data a Metaflow card page carries (base64 JSON in window.__MF_DATA__), as text."""
+    import base64
+    import re
+
+    found = re.search(r'window.__MF_DATA__\["[^"]+"\] = "([A-Za-z0-9+/=]+)"', html)
+    return json.dumps(json.loads(base64.b64decode(found.group(1))))
+
+
+def card_charts(data):
+    """(bars, markers, every chart spec) of the gang timeline in card data `data` (card_json)."""
+    charts = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("type") == "vegaChart":
+                charts.append(node["spec"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(json.loads(data))
+    spec = next(c for c in charts if str(c.get("title", "")).startswith("Every rank"))
+    return spec["layer"][0]["data"]["values"], spec["layer"][1]["data"]["values"], charts

@@ -9,11 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import card
+
 from .aws import validate_request
 from .mfrun import isolated_env, metaflow
 from .probes import wait_for
 
 FLOWS = Path(__file__).parent / "flows"
+# The gang records (events.py) the train task kept in the attempts %s, oldest first.
+RECORDS = ("[__import__('metaflow').Task(run['train'].task.pathspec, attempt=a)"
+           "['_torch_distributed_gang'].data for a in %s]")
 
 
 class BatchRun:
@@ -130,6 +135,24 @@ def test_a_failing_rank_on_node_1_fails_the_job_and_retry_submits_a_new_one(gang
     assert ports[0] != ports[1]
     assert gang.client("run['train'].task['attempt'].data") == 1
     assert gang.client("run['train'].task['total'].data") == 10.0
+    # What the card of each attempt shows has node 1's ranks, from node 1's own events and
+    # log lines. (Metaflow's @card cannot render inside this emulation: its `card create` looks
+    # the task up in the metadata, which a Batch task has only with Metaflow's metadata
+    # service; so the card's data is built here from the record the task kept.)
+    failed, retried = (card.card_data(r[-1], r[:-1]) for r in (
+        gang.client(RECORDS % attempts) for attempts in ([0], [0, 1])))
+    node1 = [r for r in failed["ranks"] if r["node"] == 1]
+    assert [r["rank"] for r in node1] == [2, 3] and all(r["heard"] for r in node1)
+    assert node1[0]["outcome"] == "failed" and node1[0]["joined"] is not None
+    assert (failed["outcome"]["rank"], failed["outcome"]["node"]) == (2, 1)
+    assert failed["outcome"]["error"] == "ValueError"
+    assert "last words of rank 2" in failed["tails"][2]["stderr"]
+    assert failed["topology"][2] == ["Nodes run", "as AWS Batch multi-node job"]
+    assert failed["nodes"][1][0] == "1" and failed["nodes"][1][4] == "Batch node index 1"
+    assert {(b["rank"], b["state"]) for b in retried["timeline"] if b["node"] == 1} == {
+        (r, s) for r in (2, 3) for s in ("starting", "finished")}
+    assert retried["tails"][3]["stderr"] == ["rank 3 writes to stderr"]
+    assert [a[0] for a in retried["attempts"]] == ["0", "1"]
 
 
 def test_a_node_that_never_starts_fails_the_step_at_the_rendezvous_timeout(aws, start_emulator,

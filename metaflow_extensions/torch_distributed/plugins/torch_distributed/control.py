@@ -147,6 +147,15 @@ class ControlPlane:
         self._store.wait([Keys.checkpoint])
         return json.loads(self._store.get(Keys.checkpoint).decode())
 
+    def send_node_events(self, node, record):
+        self._set(Keys.node_events(node), json.dumps(record))
+
+    def node_events(self, node):
+        """What node `node` sent of the gang's record, or None."""
+        if not self._store.check([Keys.node_events(node)]):
+            return None
+        return json.loads(self._store.get(Keys.node_events(node)).decode())
+
     def abort(self):
         self._set(Keys.abort, "1")
 

@@ -3,7 +3,7 @@
 import pickle
 from datetime import timedelta
 
-from .errors import NotInTorchDistributedStep
+from .errors import NotInTorchDistributedStep, TorchDistributedConfigError
 from .naming import Keys
 
 # How long rank 0 waits in gather() for the slowest rank. A rank that dies instead is seen by
@@ -113,6 +113,28 @@ class TorchDistributedInfo:
         from .checkpoints import save_sharded
 
         return save_sharded(self, path, options)
+
+    def record(self, name, value):
+        """Record a number for the gang's card, e.g. record("samples_per_s", 1234.5).
+
+        Any rank may call it, as often as it likes (the last 1000 values of each name are
+        kept); the card of a step with @card plots the last value of each name per rank, so a
+        straggler stands out. It costs no communication: the values travel with the rank's
+        other events after its body ended."""
+        from . import events
+
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            from metaflow import current
+
+            raise TorchDistributedConfigError(
+                current.step_name, "current.torch_distributed.record(%r, %r): the value must be "
+                "a number (an int or a float; for a tensor pass tensor.item())."
+                % (name, value)) from None
+        log = events.current_rank_log()
+        if log is not None:
+            log.record(name, value)
 
     def _connect(self):
         if self._store is None:

@@ -72,6 +72,8 @@ class TorchDistributedDecorator(StepDecorator):
     def step_init(self, flow, graph, step_name, decorators, environment, flow_datastore, logger):
         self.step_name = step_name
         self.flow_datastore = flow_datastore
+        self.step_decorators = decorators
+        self.led_gang = False
         current_mod.install(current_mod.UNAVAILABLE)
         # With --with torch_distributed the decorator lands on every step; gang only the
         # steps a gang makes sense for (not start, end, joins, or @parallel's own steps).
@@ -190,8 +192,12 @@ class TorchDistributedDecorator(StepDecorator):
             print(plan, flush=True)
             before = set(vars(flow))
             timer = PausedTimer().pause()  # @timeout counts from rank 0's body, not the start-up
+            self.led_gang = True
             try:
-                leader.run(step_func, args, on_body_start=timer.resume)
+                try:
+                    leader.run(step_func, args, on_body_start=timer.resume)
+                finally:
+                    self._show_gang(flow, leader.record, identity, retry_count)
             except BaseException:
                 # Metaflow persists a failed attempt's artifacts; a gang whose failure leaves the
                 # task keeps none of what rank 0's body set (inputs from earlier steps stay).
@@ -205,6 +211,30 @@ class TorchDistributedDecorator(StepDecorator):
                 timer.resume()
 
         return gang_step
+
+    def _show_gang(self, flow, record, identity, retry_count):
+        """Keep this attempt's record with the task, and put it on the step's card."""
+        from . import card, events
+
+        if record is None:
+            return
+        setattr(flow, events.ARTIFACT, record)
+        try:
+            history = events.earlier_attempts(self.flow_datastore, identity, self.step_name,
+                                              retry_count)
+            card.attach(record, history)
+        except Exception as ex:  # noqa: BLE001 - runs as the step ends: never hide its result
+            print("@torch_distributed on step *%s*: could not add the gang to its card: %s"
+                  % (self.step_name, ex), file=sys.stderr, flush=True)
+
+    def task_finished(self, step_name, flow, graph, is_task_ok, retry_count,
+                      max_user_code_retries):
+        # Metaflow's @card renders only the cards of attempts that succeeded; the card of a
+        # failed gang is where its root cause is.
+        if self.active and self.led_gang and not is_task_ok:
+            from . import card
+
+            card.render_failed(self.step_decorators)
 
     def _place_batch_agent(self, spec):
         """Complete the GangSpec of a node agent on its AWS Batch node."""

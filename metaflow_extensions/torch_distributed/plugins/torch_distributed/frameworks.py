@@ -48,13 +48,15 @@ def check_mode(step_name, environ, default_mode="error"):
     return mode
 
 
-def run_body(step_func, args, step_name, topology, environ=None, default_mode="error"):
-    """Run one rank's step body `step_func(*args)` and check that it joined the gang."""
+def run_body(step_func, args, step_name, topology, environ=None, default_mode="error",
+             on_join=None):
+    """Run one rank's step body `step_func(*args)` and check that it joined the gang.
+    `on_join(world_size)` is called as the rank enters the rendezvous of a process group."""
     environ = os.environ if environ is None else environ
     if topology.world_size == 1:
         return step_func(*args)
     mode = check_mode(step_name, environ, default_mode)
-    with GroupWatch(enabled=mode != "off") as watch:
+    with GroupWatch(enabled=mode != "off" or on_join is not None, on_join=on_join) as watch:
         try:
             step_func(*args)
         except ValueError as ex:
@@ -87,8 +89,9 @@ class GroupWatch:
     `store=` skips the rendezvous and is seen only while it is still initialised at the end.
     """
 
-    def __init__(self, enabled=True):
+    def __init__(self, enabled=True, on_join=None):
         self.enabled = enabled
+        self.on_join = on_join
         self.joined = []
         self._handlers = None
         self._originals = {}
@@ -112,6 +115,8 @@ class GroupWatch:
     def _watching(self, handler):
         def watched(url, **kwargs):
             for store, rank, world_size in handler(url, **kwargs):
+                if self.on_join is not None:
+                    self.on_join(world_size)
                 self.joined.append(world_size)
                 yield store, rank, world_size
 

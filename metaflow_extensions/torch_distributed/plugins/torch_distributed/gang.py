@@ -15,7 +15,7 @@ import threading
 import time
 
 from . import current as current_mod
-from . import frameworks, naming
+from . import events, frameworks, naming
 from .control import ControlPlane, GangMismatch, bind_listener
 from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
 from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
@@ -54,8 +54,12 @@ class NodeRunner:
         remote = spec.backend != "local" and spec.node != 0
         if remote:
             import torch.distributed  # noqa: F401
-        self.pump = OutputPump(tee=(lambda: LogShipper(spec)) if remote else None)
+        # Node 0's pump keeps each rank's last lines for the gang's card.
+        tee = (lambda: LogShipper(spec)) if remote else \
+            (lambda: events.TailKeeper(events.tails_file(spec.work_dir))) if spec.node == 0 else None
+        self.pump = OutputPump(tee=tee)
         self.saved_fds = None
+        self.spawned = {}  # rank -> when its process was started
 
     def rendezvous(self):
         return Rendezvous(self.spec.master_addr, self.spec.master_port, self.spec.gang_id,
@@ -88,6 +92,7 @@ class NodeRunner:
                 for key in foreign_launcher_vars(spawn_env):
                     del spawn_env[key]
                 member = spawn_member(label, argv, spawn_env)
+            self.spawned[rank] = time.time()
             self.slots.append(Slot(member, self.spec.node, rank, local_rank, self.error_file(rank)))
         return self.slots
 
@@ -98,8 +103,7 @@ class NodeRunner:
     def _body(self, local_rank):
         def body():
             current_mod.install(rank_info(self.spec, self.topology, local_rank))
-            frameworks.run_body(self.step_func, self.args, self.spec.step_name, self.topology,
-                                default_mode=self.spec.group_check_default)
+            run_rank_body(self.spec, self.topology, local_rank, self.step_func, self.args)
         return body
 
     def capture(self, own_label, close_in_pump=()):
@@ -143,6 +147,19 @@ class NodeRunner:
     def stop(self):
         return stop_members([s.member for s in self.slots], STOP_GRACE)
 
+    def node_record(self, joined_at, work_dir=None):
+        """This node's share of the gang's record (events.py)."""
+        info = events.node_info(self.spec.node, self.spec.master_addr, os.environ)
+        return events.node_record(info, self.slots, self.spawned, joined_at, work_dir)
+
+
+def run_rank_body(spec, topology, local_rank, step_func, args):
+    """A rank's step body, its events recorded for the gang's card."""
+    rank = topology.rank(spec.node, local_rank)
+    events.run_recorded(rank, events.rank_file(spec.work_dir, rank), lambda: frameworks.run_body(
+        step_func, args, spec.step_name, topology, default_mode=spec.group_check_default,
+        on_join=events.note_join))
+
 
 def rank_info(spec, topology, local_rank):
     return current_mod.TorchDistributedInfo(topology, spec.node, local_rank, spec.master_addr,
@@ -179,6 +196,8 @@ class Leader:
                         cuda_visible_devices=self.node_gpu_blocks.get(0))
         runner = NodeRunner(spec, self.topology, step_func, args, self.decorator_name)
         self.runner = runner
+        self.recorder = events.GangRecorder(spec, self.topology)
+        self.record = None
         agents = []
         control = supervisor = receiver = None
         saved_env = dict(os.environ)
@@ -203,7 +222,8 @@ class Leader:
                     ControlPlane.connect("127.0.0.1", spec.master_port, spec.gang_id,
                                          spec.rendezvous_timeout),
                     range(1, self.topology.nodes),
-                    {1: runner.saved_fds[0], 2: runner.saved_fds[1]}).start()
+                    {1: runner.saved_fds[0], 2: runner.saved_fds[1]},
+                    tee=self.recorder.remote_tails).start()
             supervisor = Supervisor(
                 runner.slots, control, self.topology,
                 watch_nodes=range(1, self.topology.nodes),
@@ -234,10 +254,27 @@ class Leader:
                                                               stop_started)
             os.environ.clear()
             os.environ.update(saved_env)
+            self.record = self._collect(work_dir, control, supervisor, stopped)
             listener.close()
             shutil.rmtree(work_dir, ignore_errors=True)
         if outcome is not None:
             self._raise_failure(outcome, member_exception)
+
+    def _collect(self, work_dir, control, supervisor, stopped):
+        """The record of this gang attempt for its card, or None if it cannot be put together
+        (which never changes the step's result)."""
+        failures = supervisor.failures if supervisor is not None else []
+        try:
+            remote = {}
+            if self.remote and control is not None:
+                for node in range(1, self.topology.nodes):
+                    remote[node] = control.node_events(node)
+            return self.recorder.collect(work_dir, self.runner.slots, self.runner.spawned,
+                                         remote, failures, root_cause(failures), stopped)
+        except Exception as ex:  # noqa: BLE001 - the card is a view; the step's result stands
+            print("@torch_distributed on step *%s*: could not record the gang for its card: %s"
+                  % (self.step_name, ex), file=sys.stderr, flush=True)
+            return None
 
     def _bind(self):
         try:
@@ -264,8 +301,7 @@ class Leader:
             self.on_body_start()
         self._body_running.set()
         try:
-            frameworks.run_body(step_func, args, self.step_name, self.topology,
-                                default_mode=spec.group_check_default)
+            run_rank_body(spec, self.topology, 0, step_func, args)
             self.body_finished = True
         except BaseException as ex:
             self._body_running.clear()
@@ -287,6 +323,7 @@ class Leader:
 
     def _on_failure(self, failure):
         """The first failure of the gang: stop every process, then make rank 0 stop."""
+        self.recorder.phase("abort")
         _quietly(self.control.abort)
         if threading.get_ident() == self._main_thread:
             return  # rank 0 itself failed: run() stops the members on its way out
@@ -384,12 +421,14 @@ class Agent:
                       % (self.spec.master_addr, self.spec.master_port, ex), file=sys.stderr)
                 return 2
             control.join(naming.node_join_id(self.spec.node))
+            joined_at = time.time()
             if self.spec.backend != "local":
                 print("joined the gang of node 0 at %s:%d" % (self.spec.master_addr,
                                                              self.spec.master_port), flush=True)
             supervisor = Supervisor(runner.slots, control, self.topology, watch_abort=True,
                                     heartbeat_node=self.spec.node).start()
             supervisor.wait()
+            self._send_record(runner, control, joined_at)
             if supervisor.aborted:
                 print("node 0 aborted the gang; stopping this node's ranks", file=sys.stderr)
                 return 3
@@ -404,6 +443,16 @@ class Agent:
             runner.stop()
             runner.release()
 
+    def _send_record(self, runner, control, joined_at):
+        """Give node 0 this node's share of the gang's record: through the store from another
+        machine, as a file in the gang's directory on node 0's own host."""
+        if self.spec.backend == "local":
+            _quietly(events.write_json, events.node_file(self.spec.work_dir, self.spec.node),
+                     runner.node_record(joined_at))
+        else:
+            _quietly(control.send_node_events, self.spec.node,
+                     runner.node_record(joined_at, self.spec.work_dir))
+
 
 def run_exec_rank(spec, topology, step_func, args):
     """The body of an exec'd rank (start method exec): check in, run the step, exit status."""
@@ -412,10 +461,8 @@ def run_exec_rank(spec, topology, step_func, args):
                           spec.rendezvous_timeout)
     control.join(naming.rank_join_id(rank))
     current_mod.install(rank_info(spec, topology, spec.local_rank))
-    return run_member_body(
-        lambda: frameworks.run_body(step_func, args, spec.step_name, topology,
-                                    default_mode=spec.group_check_default),
-        os.environ.get("TORCHELASTIC_ERROR_FILE"))
+    return run_member_body(lambda: run_rank_body(spec, topology, spec.local_rank, step_func, args),
+                           os.environ.get("TORCHELASTIC_ERROR_FILE"))
 
 
 def _orphan_note(label, spec, pid):

@@ -101,5 +101,10 @@ class Keys:
         return "%snode/%d/log/end" % (_KEY_PREFIX, node)
 
     @staticmethod
+    def node_events(node):
+        """Node `node`'s share of the gang's record for its card (JSON, see events.py)."""
+        return "%snode/%d/events" % (_KEY_PREFIX, node)
+
+    @staticmethod
     def gather(seq, rank):
         return "%sgather/%d/%d" % (_KEY_PREFIX, seq, rank)

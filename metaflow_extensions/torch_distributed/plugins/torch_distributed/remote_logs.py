@@ -59,10 +59,12 @@ class LogShipper:
 
 
 class LogReceiver:
-    """Node 0's side: a thread copying the chunks of `nodes` into `out_fds` ({1: fd, 2: fd})."""
+    """Node 0's side: a thread copying the chunks of `nodes` into `out_fds` ({1: fd, 2: fd}),
+    and passing each to `tee(target fd, data)` if given."""
 
-    def __init__(self, control, nodes, out_fds):
+    def __init__(self, control, nodes, out_fds, tee=None):
         self.control = control
+        self.tee = tee
         self.nodes = list(nodes)
         self.out_fds = out_fds
         self._taken = {node: 0 for node in self.nodes}
@@ -108,6 +110,8 @@ class LogReceiver:
         chunks, self._taken[node] = self.control.take_logs(node, self._taken[node])
         for target, data in chunks:
             fd = self.out_fds.get(target, self.out_fds[2])
+            if self.tee is not None:
+                self.tee(target, data)
             while data:
                 data = data[os.write(fd, data):]
         return bool(chunks)

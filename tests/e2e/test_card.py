@@ -1,0 +1,112 @@
+"""The gang's card, end to end: a 2 nodes x 2 gang with @card whose rank 3 is SIGKILLed in its
+first attempt and succeeds on retry. One run gives both cards: the failed attempt's (root cause,
+who was stopped) and the retry's (success, every attempt). Then the failed card is rendered in
+a real browser (headless Chromium) to a PNG."""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.support import FlowRunner, card_charts, card_json
+
+GANG = {"TD_NODES": 2, "TD_NPROC": 2}
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def card_run(tmp_path_factory):
+    """The run, and the data of each of its train task's cards, oldest attempt first."""
+    runner = FlowRunner(tmp_path_factory.mktemp("card"))
+    res = runner.run("gang_flow.py", "--with", "card",
+                     "--with", "retry:times=1,minutes_between_retries=0",
+                     env=dict(GANG, TD_FAIL_RANK=3, TD_FAIL_WHEN="in_collective",
+                              TD_FAIL_HOW="sigkill", TD_FAIL_ATTEMPT=0))
+    assert res.returncode == 0, res
+    run_id = re.search(r"run-id (\d+)", res.output).group(1)
+    task = re.search(r"%s/train/(\d+)" % run_id, res.output).group(1)
+    pathspec = "%s/train/%s" % (run_id, task)
+    listed = runner.cli("gang_flow.py", "card", "list", pathspec)
+    assert listed.returncode == 0, listed
+    cards = []
+    for card_hash in re.findall(r"Card Hash: (\w+)", listed.output):
+        out = runner.root / ("card-%s.html" % card_hash)
+        got = runner.cli("gang_flow.py", "card", "get", pathspec, "--hash", card_hash, str(out))
+        assert got.returncode == 0, got
+        html = out.read_text()
+        cards.append(dict(path=out, html=html, data=card_json(html)))
+    runner.assert_no_leftovers()
+    return dict(cards=sorted(cards, key=lambda c: "attempt 1" in c["data"]), root=runner.root)
+
+
+def timeline(card):
+    bars, markers, charts = card_charts(card["data"])
+    return bars, markers, charts
+
+
+def test_both_attempts_have_a_card(card_run):
+    cards = card_run["cards"]
+    assert len(cards) == 2
+    assert "Gang of step train, attempt 0" in cards[0]["data"]
+    assert "Gang of step train, attempt 1" in cards[1]["data"]
+
+
+def test_failed_attempt_card_names_the_root_cause(card_run):
+    failed = card_run["cards"][0]["data"]
+    assert "### Outcome: failed" in failed
+    assert "**Root cause:** rank 3 (node 1, local rank 1) was killed by SIGKILL." in failed
+    # the killed rank's last lines, as it wrote them just before the SIGKILL
+    assert "last words of rank 3" in failed
+    assert "rank 3 failing now (in_collective, sigkill)" in failed
+    assert "Stopped because of it" in failed
+    bars, markers, _ = timeline(card_run["cards"][0])
+    assert {b["rank"] for b in bars} == {0, 1, 2, 3}
+    states = {b["rank"]: b["state"] for b in bars}
+    assert states[3] == "failed"
+    assert {states[r] for r in (0, 1, 2)} <= {"stopped", "peer failed"}
+    assert {"abort", "nodes joined", "gang ended"} <= {m["name"] for m in markers}
+
+
+def test_retry_card_shows_success_every_rank_and_every_attempt(card_run):
+    card = card_run["cards"][1]
+    assert "### Outcome: success" in card["data"]
+    assert "### Attempts" in card["data"]
+    assert "rank 3 (node 1, local rank 1) was killed by SIGKILL." in card["data"]  # attempt 0
+    bars, markers, charts = timeline(card)
+    # every rank of both nodes, from its start through init_process_group to its end
+    assert {(b["rank"], b["state"]) for b in bars} == {
+        (r, s) for r in range(4) for s in ("starting", "finished")}
+    assert {b["node"] for b in bars if b["rank"] in (2, 3)} == {1}
+    assert {"nodes joined", "rendezvous done", "gang ended"} <= {m["name"] for m in markers}
+    scalars = next(c for c in charts if "samples_per_s" in str(c.get("title")))
+    assert sorted(v["value"] for v in scalars["data"]["values"]) == [100.0, 101.0, 102.0, 103.0]
+    for rank in range(4):
+        assert "hello from rank %d" % rank in card["data"]
+        assert "stderr of rank %d" % rank in card["data"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get "
+                    "install chromium; .ci/run installs it)")
+def test_failed_card_renders_in_a_browser(card_run, tmp_path):
+    """Headless Chromium loads the card with no network: no console error, and vega-embed drew
+    the timeline (an <svg> or <canvas> inside the chart's element)."""
+    page = card_run["cards"][0]["path"]
+    png = tmp_path / "card.png"
+    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--user-data-dir=%s" % (tmp_path / "profile"), "--window-size=1200,2200",
+            "--virtual-time-budget=8000", "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run(args + ["--dump-dom", page.as_uri()], capture_output=True, text=True,
+                         timeout=120)
+    shot = subprocess.run(args + ["--screenshot=%s" % png, page.as_uri()], capture_output=True,
+                          text=True, timeout=120)
+    assert dom.returncode == 0 and shot.returncode == 0, dom.stderr[-3000:] + shot.stderr[-3000:]
+    console = [line for line in (dom.stderr + shot.stderr).splitlines()
+               if "CONSOLE" in line or "Uncaught" in line]
+    assert not [line for line in console if "error" in line.lower()], console
+    charts = re.findall(r'<div[^>]*class="[^"]*vega-embed[^"]*"[^>]*>.*?</div>', dom.stdout,
+                        re.S)
+    assert charts, dom.stdout[-3000:]
+    assert re.search(r"vega-embed.*?<(svg|canvas)", dom.stdout, re.S), dom.stdout[-3000:]
+    assert "Root cause" in dom.stdout
+    assert png.stat().st_size > 10000

@@ -1,0 +1,260 @@
+"""The gang card's data, from recorded gang events: success, a member's failure, a lost node,
+a retry. Records are built as events.py writes them (GangRecorder.collect)."""
+
+import json
+
+import pytest
+
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import card, events
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure
+
+T0 = 1000.0
+
+
+def record(nodes=2, nproc=2, ranks=None, failures=(), root=None, phases=(), attempt=0,
+           node_info=None, tails=None, ended=T0 + 10):
+    return dict(
+        version=1, step="train", attempt=attempt, gang_id="1-train-2-%d" % attempt,
+        nodes=nodes, nproc_per_node=nproc, accelerator="cpu", backend="gloo",
+        scheduler="local", start_method="fork", master_addr="127.0.0.1", master_port=29500,
+        started=T0, ended=ended, phases=[list(p) for p in phases],
+        node_info=node_info if node_info is not None else {
+            str(n): dict(node=n, host="host-%d" % n, ip="10.0.0.%d" % n,
+                         joined_gang=T0 + 0.5 * n, ranks={}) for n in range(nodes)},
+        ranks=ranks if ranks is not None else {},
+        failures=[json.loads(f.to_json()) for f in failures],
+        root_cause=json.loads(root.to_json()) if root is not None else None,
+        stopped=[], tails=tails or {})
+
+
+def rank_events(rank, started, joined, ended, outcome="finished", error=None, scalars=None):
+    return dict(rank=rank, started=T0 + started, joined=None if joined is None else T0 + joined,
+                ended=T0 + ended, outcome=outcome, error=error, scalars=scalars or {})
+
+
+def test_success_every_rank_on_one_axis_with_phases():
+    ranks = {str(r): rank_events(r, 0.1 * r, 1.0 + r, 9.0) for r in range(4)}
+    data = card.card_data(record(ranks=ranks))
+    assert [(r["rank"], r["node"], r["outcome"]) for r in data["ranks"]] == [
+        (0, 0, "finished"), (1, 0, "finished"), (2, 1, "finished"), (3, 1, "finished")]
+    # rank 3 entered init_process_group 4 s after it started: its grey bar says so
+    bars = [(b["rank"], b["state"], b["start"], b["end"]) for b in data["timeline"]]
+    assert (3, "starting", 0.3, 4.0) in bars and (3, "finished", 4.0, 9.0) in bars
+    markers = {m["name"]: m["t"] for m in data["markers"]}
+    assert markers == {"nodes joined": 0.5, "rendezvous done": 4.0, "gang ended": 10.0}
+    assert data["outcome"] == dict(ok=True, finished=[0, 1, 2, 3])
+    assert data["nodes"][1][:4] == ["1", "2-3", "host-1", "10.0.0.1"]
+    assert data["topology"][0][1] == "2 nodes x 2 processes per node = 4 ranks"
+
+
+def test_member_killed_root_cause_tail_and_who_was_stopped():
+    killed = Failure(3, 1, "signal", T0 + 5.0, -9, local_rank=1)
+    ranks = {"0": rank_events(0, 0, 1, 5.4, "failed",
+                              "TorchDistributedAborted: another rank of the gang failed"),
+             "1": rank_events(1, 0, 1, 2.0),  # finished before the failure
+             "2": rank_events(2, 0.2, 1, 5.3, "failed", "DistBackendError: Connection reset"),
+             # what rank 3 wrote as it joined the group, before it was killed
+             "3": dict(rank_events(3, 0.3, 1.2, 0, outcome=None), ended=None)}
+    tails = {"3": {"stdout": ["step 1", "step 2"], "stderr": ["warning"]}}
+    data = card.card_data(record(ranks=ranks, failures=[killed], root=killed, tails=tails,
+                                 phases=[("abort", T0 + 5.1)]))
+    outcome = data["outcome"]
+    assert not outcome["ok"]
+    assert (outcome["rank"], outcome["node"], outcome["error"]) == (3, 1, "signal")
+    assert outcome["summary"] == "rank 3 (node 1, local rank 1) was killed by SIGKILL."
+    assert outcome["stdout"] == ["step 1", "step 2"] and outcome["stderr"] == ["warning"]
+    # rank 0 was aborted by the gang, rank 2 failed as its peer died: neither is a cause
+    assert outcome["stopped"] == [0, 2] and outcome["finished"] == [1]
+    by_rank = {r["rank"]: r for r in data["ranks"]}
+    assert by_rank[3]["outcome"] == "failed" and by_rank[3]["ended"] == 5.0
+    assert (by_rank[0]["outcome"], by_rank[2]["outcome"]) == ("stopped", "peer failed")
+    assert [(b["state"], b["start"], b["end"]) for b in data["timeline"] if b["rank"] == 3] == [
+        ("starting", 0.3, 1.2), ("failed", 1.2, 5.0)]
+    assert {m["name"] for m in data["markers"]} >= {"abort", "gang ended"}
+
+
+def test_node_lost_its_ranks_are_stopped_and_it_says_nothing():
+    lost = Failure(None, 1, "lost", T0 + 8.0, message="stopped sending heartbeats 10s ago")
+    info = {"0": dict(node=0, host="a", ip="10.0.0.1", joined_gang=T0, ranks={})}
+    ranks = {"0": rank_events(0, 0, 1, 8.2, "failed", "TorchDistributedAborted: x"),
+             "1": rank_events(1, 0, 1, 8.2, "failed", "TorchDistributedAborted: x")}
+    data = card.card_data(record(ranks=ranks, failures=[lost], root=lost, node_info=info,
+                                 phases=[("abort", T0 + 8.1)]))
+    assert data["outcome"]["where"] == "node 1"
+    assert data["outcome"]["error"] == "lost"
+    assert data["outcome"]["stopped"] == [0, 1, 2, 3]
+    assert data["nodes"][1][2] == "(no word from this node)"
+    # no word from node 1's ranks: they show from the gang's start until the abort
+    assert {(b["rank"], b["state"], b["end"]) for b in data["timeline"] if b["node"] == 1} == {
+        (2, "stopped", 8.1), (3, "stopped", 8.1)}
+    assert "nodes joined" not in {m["name"] for m in data["markers"]}
+
+
+def test_retry_shows_every_attempt():
+    first_cause = Failure(1, 0, "exception", T0 + 3, 1, "ValueError: bad batch", "Traceback",
+                          local_rank=1)
+    first = record(failures=[first_cause], root=first_cause, ended=T0 + 4)
+    ranks = {str(r): rank_events(r, 0, 1, 2) for r in range(4)}
+    second = record(ranks=ranks, attempt=1)
+    data = card.card_data(second, history=[first])
+    assert data["title"] == "Gang of step train, attempt 1"
+    assert data["attempts"] == [
+        ["0", "4.0 s", "rank 1 (node 0, local rank 1) raised ValueError: bad batch."],
+        ["1", "10.0 s", "succeeded"]]
+
+
+def test_scalars_last_value_per_rank():
+    ranks = {str(r): rank_events(r, 0, 1, 2, scalars={"samples_per_s": [[0.5, 10.0],
+                                                                       [1.0, 100.0 + r]]})
+             for r in range(2)}
+    data = card.card_data(record(nodes=1, ranks=ranks))
+    assert data["scalars"] == [dict(rank=0, name="samples_per_s", value=100.0, count=2),
+                               dict(rank=1, name="samples_per_s", value=101.0, count=2)]
+    spec = card.scalars_spec(data["scalars"], "samples_per_s")
+    assert [v["value"] for v in spec["data"]["values"]] == [100.0, 101.0]
+
+
+def test_components_are_metaflow_card_components():
+    from metaflow.cards import Markdown, VegaChart
+
+    ranks = {str(r): rank_events(r, 0, 1, 2, scalars={"loss": [[1.0, 0.5]]}) for r in range(4)}
+    comps = card.components(card.card_data(record(ranks=ranks,
+                                                  tails={"2": {"stderr": ["```x"]}})))
+    charts = [c for c in comps if isinstance(c, VegaChart)]
+    assert len(charts) == 2  # the timeline and one scalar
+    rendered = [c.render() for c in comps]
+    timeline = charts[0].render()["spec"]
+    assert {s["rank"] for s in timeline["layer"][0]["data"]["values"]} == {0, 1, 2, 3}
+    texts = [r.get("source", "") for r in rendered if isinstance(r, dict)]
+    assert any("'''x" in t for t in texts)  # a fence in a log line cannot end the block
+    assert all(isinstance(c, (Markdown, VegaChart)) or c.__class__.__name__ == "Table"
+               for c in comps)
+
+
+def test_tail_keeper_splits_ranks_and_streams(tmp_path):
+    keeper = events.TailKeeper(str(tmp_path / "tails.json"))
+    keeper(1, b"[rank 0] hello\n[rank 12] x\n[node 1 agent] joined\n")
+    keeper(2, b"[rank 0] oops\n")
+    for i in range(events.TAIL_LINES + 5):
+        keeper(1, b"[rank 3] line %d\n" % i)
+    keeper.close()
+    tails = json.loads((tmp_path / "tails.json").read_text())
+    assert tails["0"] == {"stdout": ["hello"], "stderr": ["oops"]}
+    assert tails["12"] == {"stdout": ["x"]}
+    assert tails["3"]["stdout"][0] == "line 5" and len(tails["3"]["stdout"]) == events.TAIL_LINES
+
+
+@pytest.mark.parametrize("raised, outcome, error", [
+    (None, "finished", None),
+    (ValueError("bad"), "failed", "ValueError: bad"),
+    (SystemExit(0), "finished", None),
+    (SystemExit(3), "failed", "SystemExit: 3"),
+])
+def test_rank_log_records_the_body(tmp_path, raised, outcome, error):
+    path = str(tmp_path / "r.json")
+
+    def body():
+        events.current_rank_log().joined_group(4)
+        events.current_rank_log().record("loss", 0.25)
+        if raised is not None:
+            raise raised
+
+    if raised is None:
+        events.run_recorded(2, path, body)
+    else:
+        with pytest.raises(type(raised)):
+            events.run_recorded(2, path, body)
+    got = json.loads(open(path).read())
+    assert (got["rank"], got["outcome"], got["error"]) == (2, outcome, error)
+    assert got["started"] <= got["joined"] <= got["ended"]
+    assert got["scalars"]["loss"][0][1] == 0.25
+    assert events.current_rank_log() is None
+
+
+def test_record_keeps_numbers_and_refuses_anything_else(tmp_path):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.current import \
+        TorchDistributedInfo
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+        TorchDistributedConfigError
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+
+    info = TorchDistributedInfo(Topology(1, 2), 0, 1, "127.0.0.1", 29500, "cpu")
+    path = str(tmp_path / "r.json")
+
+    def body():
+        info.record("samples_per_s", 12)
+        with pytest.raises(TorchDistributedConfigError, match="must be a number"):
+            info.record("samples_per_s", "fast")
+
+    events.run_recorded(1, path, body)
+    assert [v for _, v in json.loads(open(path).read())["scalars"]["samples_per_s"]] == [12.0]
+
+
+def test_long_lines_are_folded_so_the_page_keeps_its_width():
+    text = card._code(["x" * 250, ""])
+    assert text.splitlines()[1:-1] == ["x" * 100, "x" * 100, "x" * 50, ""]
+
+
+class _Broken:
+    def __getattr__(self, name):
+        def fail(*args, **kwargs):
+            raise RuntimeError("boom")
+        return fail
+
+
+def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys):
+    """The record cannot be put together, or the card cannot take it: a line on stderr, no
+    exception (these run as the step ends, in a `finally`)."""
+    from types import SimpleNamespace
+
+    from metaflow import current
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.decorator import \
+        TorchDistributedDecorator
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import Leader
+
+    leader = Leader.__new__(Leader)
+    leader.step_name, leader.remote, leader.recorder = "train", False, _Broken()
+    leader.runner = SimpleNamespace(slots=[], spawned={})
+    assert leader._collect("/nonexistent", None, None, []) is None
+    assert "@torch_distributed on step *train*: could not record the gang for its card: boom" \
+        in capsys.readouterr().err
+
+    deco = TorchDistributedDecorator.__new__(TorchDistributedDecorator)
+    deco.step_name, deco.flow_datastore = "train", None
+    flow = SimpleNamespace()
+    current._update_env({"card": _Broken()})
+    try:
+        deco._show_gang(flow, record(), None, 0)
+    finally:
+        current._update_env({"card": None})
+    assert "@torch_distributed on step *train*: could not add the gang to its card: boom" \
+        in capsys.readouterr().err
+    assert flow._torch_distributed_gang["step"] == "train"  # the record is kept all the same
+
+
+def test_joining_a_group_is_noted_as_the_rank_enters_the_rendezvous(tmp_path):
+    """A real (one-process) gloo group through torch's rendezvous, with the group check off."""
+    import socket
+
+    import torch.distributed as dist
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.frameworks import \
+        run_body
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def step():
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=0,
+                                world_size=1)
+        dist.destroy_process_group()
+
+    path = str(tmp_path / "r.json")
+    env = {"METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK": "off", "RANK": "0"}
+    events.run_recorded(0, path, lambda: run_body(step, (), "train", Topology(1, 2), env,
+                                                  on_join=events.note_join))
+    got = json.loads(open(path).read())
+    assert got["started"] < got["joined"] < got["ended"]
