@@ -383,8 +383,9 @@ class Agent:
         """Run the node; the process exit status to leave with."""
         runner = NodeRunner(self.spec, self.topology, step_func, args, decorator_name)
         runner.start_ranks(range(self.topology.nproc_per_node))
-        signal.signal(signal.SIGTERM, functools.partial(_kill_ranks_and_leave, runner.slots))
         runner.capture(naming.agent_label(self.spec.node))
+        old_handler = signal.signal(signal.SIGTERM,
+                                    functools.partial(_kill_ranks_and_leave, runner.slots))
         try:
             try:
                 control = ControlPlane.connect(self.spec.master_addr, self.spec.master_port,
@@ -413,6 +414,7 @@ class Agent:
         finally:
             runner.stop()
             runner.release()
+            signal.signal(signal.SIGTERM, old_handler)
 
 
 def run_exec_rank(spec, topology, step_func, args):
