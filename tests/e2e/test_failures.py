@@ -168,6 +168,34 @@ def test_retry_after_each_kind_of_failure(flow_runner, rank, when, how):
     assert got == dict(ok=True, attempt=1, total=10.0, started=1, rank=0), got
 
 
+# A rank's exception counts when it is raised, not when its process is gone: neither persistent
+# DataLoader workers tearing down after the raise nor a child that ignores SIGTERM delay the
+# gang's failure, and nothing of them is left. The loader case runs in CI, both with the full
+# matrix.
+RAISED_CASES = [("in_loader", "raise")] + ([("in_collective", "raise_with_child")] if FULL else [])
+# Seconds from the raise to the end of the run; persistent DataLoader workers used to add 5 s.
+RAISED_BOUND = 4.0
+
+
+@pytest.mark.parametrize("when, how", RAISED_CASES)
+def test_a_raise_fails_the_gang_before_its_process_is_gone(flow_runner, when, how):
+    code, output = run_bounded(flow_runner, failing_env(2, when, how))
+    ended = time.time()
+    failed_at = flow_runner.failed_at()
+    latency = None if code is None or failed_at is None else ended - failed_at
+    report(dict(rank=2, when=when, how=how), returncode=code, latency=latency)
+    assert code not in (None, 0), output[-6000:]
+    assert failed_at is not None, output[-6000:]
+    assert "ValueError: injected failure on rank 2" in output, output[-6000:]
+    assert "Traceback" in output and WHERE[2] in output, output[-6000:]
+    assert latency < RAISED_BOUND, (latency, output[-6000:])
+    if how == "raise_with_child":
+        pid = int((flow_runner.marks / "child-pid").read_text())
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == \
+            psutil.STATUS_ZOMBIE, "the child that ignores SIGTERM is still running"
+    print("raise-to-failure rank=2 when=%s how=%s: %.2fs" % (when, how, latency))
+
+
 def test_missing_node_fails_after_rendezvous_timeout(flow_runner):
     # node 1's agent hangs while importing the flow: it never joins
     res = flow_runner.run("gang_flow.py", env=dict(GANG, TD_HANG_NODE=1, TD_RDZV_TIMEOUT=4))

@@ -17,6 +17,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.control imp
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import (
+    fork_member,
     spawn_member,
     stop_members,
 )
@@ -99,6 +100,42 @@ def test_the_failure_carries_the_members_error_file(gang, started, tmp_path):
     failure = sup.failures[0]
     assert (failure.kind, failure.message, failure.traceback) == \
         ("exception", "ValueError: lr", "Traceback: here")
+
+
+class _SlowTeardown:
+    """Like a DataLoader's persistent workers: freeing it takes seconds."""
+
+    def __del__(self):
+        time.sleep(30)
+
+
+def _raise_then_tear_down_slowly():
+    held = _SlowTeardown()  # noqa: F841 - held by the frame, so by the traceback
+    raise ValueError("bad batch")
+
+
+def test_a_raise_is_reported_while_the_member_still_tears_down(tmp_path):
+    error_file = str(tmp_path / "error-rank-1.json")
+    member = fork_member("[rank 1]", _raise_then_tear_down_slowly, {}, error_file=error_file)
+    try:
+        slot = Slot(member, 0, 1, 1, error_file)
+        raised_at = time.time()
+        sup = Supervisor([slot], None, Topology(1, 2), on_failure=Recorder()).start()
+        assert sup.wait(10)
+        failure = sup.failures[0]
+        assert member.poll() is None, "reported only once the process was gone"
+        assert (failure.rank, failure.kind, failure.message) == (1, "exception",
+                                                                "ValueError: bad batch")
+        assert "_raise_then_tear_down_slowly" in failure.traceback
+        assert raised_at - 1 < failure.detected_at < time.time()
+        assert sup.running_ranks() == []  # a rank that raised is not "still running"
+        # then its process group is stopped as before: nothing is left
+        assert stop_members([member], 0.2) == ["[rank 1]"]
+        assert member.poll() is not None
+    finally:
+        stop_members([member], 0.2)
+        os.close(member.stdout_fd)
+        os.close(member.stderr_fd)
 
 
 def test_a_killed_member_is_reported_as_a_signal(gang, started):

@@ -9,6 +9,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures im
     from_exit,
     gang_outcome,
     load_exception,
+    raised,
     read_error_file,
     root_cause,
     save_exception,
@@ -235,3 +236,19 @@ def test_an_unpicklable_exception_keeps_its_time_only(tmp_path, monkeypatch):
     assert load_exception(str(path)) is None
     assert from_exit(1, 0, 1, 1, 99.0, str(path)).detected_at == 3.0
     assert load_exception(str(tmp_path / "missing.json")) is None
+
+
+def test_a_raise_counts_once_its_exception_is_saved(tmp_path, monkeypatch):
+    path = str(tmp_path / "error.json")
+    assert raised(2, 1, 0, path) is None  # nothing raised yet
+    _torch_error_file(tmp_path / "error.json", monkeypatch, ValueError("lr"))
+    assert raised(2, 1, 0, path) is None  # the error file alone: the record is not complete
+    save_exception(ValueError("lr"), 7.5, path)
+    failure = raised(2, 1, 0, path)
+    # the process may still be running: no exit code yet, the time is when it was raised
+    assert (failure.rank, failure.node, failure.local_rank) == (2, 1, 0)
+    assert (failure.kind, failure.exitcode, failure.detected_at) == ("exception", None, 7.5)
+    assert failure.message == "ValueError: lr" and "Traceback" in failure.traceback
+    assert not failure.is_symptom()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["error.json", "error.json.pickle"]
+    assert raised(2, 1, 0, None) is None

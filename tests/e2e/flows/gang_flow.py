@@ -4,9 +4,13 @@ The failing rank writes the time it failed to $TD_MARK_DIR, so tests can measure
 
 When (TD_FAIL_WHEN): before_init (at once, first thing in the body), in_rendezvous (the other
 ranks are already waiting inside init_process_group), after_init, in_collective (the other ranks
-are already blocked in an all_reduce), after_body (the others have finished the step).
+are already blocked in an all_reduce), in_loader (every rank iterates a DataLoader with persistent
+workers, an all_reduce per batch, and the failing rank fails in its second epoch: the loader's
+teardown keeps its process alive for seconds), after_body (the others have finished the step).
 How (TD_FAIL_HOW): raise, exit (code 3), sigkill, hang (sleeps; TD_PG_TIMEOUT gives the process
-group a short timeout so that the peers of a hung rank give up)."""
+group a short timeout so that the peers of a hung rank give up), raise_with_child (raises with
+a torch.multiprocessing child running that ignores SIGTERM; the child writes its pid to
+$TD_MARK_DIR/child-pid)."""
 
 import os
 import signal
@@ -41,11 +45,13 @@ def maybe_fail(when):
     if when in ("in_rendezvous", "in_collective"):
         time.sleep(PEERS_INSIDE)
     how = os.environ.get("TD_FAIL_HOW", "raise")
+    if how == "raise_with_child":
+        start_stubborn_child()
     with open(os.path.join(os.environ["TD_MARK_DIR"], "failed-at"), "w") as f:
         f.write(repr(time.time()))
     print("rank %d failing now (%s, %s)" % (rank, when, how), flush=True)
     print("last words of rank %d" % rank, file=sys.stderr, flush=True)
-    if how == "raise":
+    if how in ("raise", "raise_with_child"):
         raise ValueError("injected failure on rank %d" % rank)
     if how == "exit":
         sys.exit(3)
@@ -53,6 +59,37 @@ def maybe_fail(when):
         os.kill(os.getpid(), signal.SIGKILL)
     if how == "hang":
         time.sleep(3600)
+
+
+def train_on_loader(dist):
+    """Every rank iterates a DataLoader with persistent workers, an all_reduce per batch."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.arange(256.0)), batch_size=4, num_workers=2,
+                        persistent_workers=True)
+    for epoch in range(2):
+        for i, (x,) in enumerate(loader):
+            if (epoch, i) == (1, 5):
+                maybe_fail("in_loader")
+            dist.all_reduce(x.sum())
+
+
+def _ignore_sigterm_and_sleep(pid_file):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(pid_file, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(3600)
+
+
+def start_stubborn_child():
+    import torch.multiprocessing as mp
+
+    pid_file = os.path.join(os.environ["TD_MARK_DIR"], "child-pid")
+    child = mp.get_context("fork").Process(target=_ignore_sigterm_and_sleep, args=(pid_file,))
+    child.start()
+    while not os.path.exists(pid_file):
+        time.sleep(0.01)
 
 
 class GangFlow(FlowSpec):
@@ -77,6 +114,8 @@ class GangFlow(FlowSpec):
         timeout = os.environ.get("TD_PG_TIMEOUT")
         dist.init_process_group("gloo", timeout=timedelta(seconds=float(timeout)) if timeout else None)
         maybe_fail("after_init")
+        if os.environ.get("TD_FAIL_WHEN") == "in_loader":
+            train_on_loader(dist)
         t = torch.tensor([float(dist.get_rank() + 1)])
         maybe_fail("in_collective")
         dist.all_reduce(t)

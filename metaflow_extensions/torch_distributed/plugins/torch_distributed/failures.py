@@ -1,6 +1,7 @@
 """What went wrong in a gang, as plain data, and which failure is the root cause."""
 
 import json
+import os
 import pickle
 import signal
 from dataclasses import asdict, dataclass, field
@@ -79,6 +80,18 @@ def from_exit(rank, node, local_rank, returncode, detected_at, error_file=None):
     return Failure(rank, node, kind, detected_at, returncode, local_rank=local_rank)
 
 
+def raised(rank, node, local_rank, error_file):
+    """The failure of a process that raised an uncaught exception and may still be running
+    (tearing down, e.g. its DataLoader workers), or None while it has not: a member's exception
+    counts once it is recorded, not once its process is gone. Its exit code is not known yet."""
+    saved = _saved(error_file) if error_file and os.path.exists(error_file + ".pickle") else None
+    recorded = read_error_file(error_file) if saved is not None else None
+    if recorded is None:
+        return None
+    message, tb = recorded
+    return Failure(rank, node, "exception", saved[0], None, message, tb, local_rank)
+
+
 def read_error_file(path):
     """(message, traceback) from a torchelastic error file, or None if there is none."""
     try:
@@ -97,13 +110,16 @@ def read_error_file(path):
 def save_exception(ex, raised_at, error_file):
     """Keep, beside `error_file` (write it first), when the exception was raised and the
     exception object itself: node 0 orders failures by that time and raises the user's own
-    exception (type and message) when this rank's failure is the gang's error."""
+    exception (type and message) when this rank's failure is the gang's error. Written whole
+    or not at all: once it is there, the rank's failure is known (see `raised`)."""
     try:
         data = pickle.dumps((raised_at, ex))
     except Exception:  # noqa: BLE001 - an unpicklable exception is reported by its message
         data = pickle.dumps((raised_at, None))
-    with open(error_file + ".pickle", "wb") as f:
+    partial = error_file + ".pickle.partial"
+    with open(partial, "wb") as f:
         f.write(data)
+    os.replace(partial, error_file + ".pickle")
 
 
 def _saved(error_file):

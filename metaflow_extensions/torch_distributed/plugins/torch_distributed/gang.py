@@ -6,6 +6,7 @@ other node is run by a node agent that starts that node's ranks the same way. Lo
 agent is a spin-step process on this host; remotely it is the node's container command.
 """
 
+import functools
 import os
 import shutil
 import signal
@@ -13,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 from . import current as current_mod
 from . import events, frameworks, naming
@@ -60,6 +62,8 @@ class NodeRunner:
         self.pump = OutputPump(tee=tee)
         self.saved_fds = None
         self.spawned = {}  # rank -> when its process was started
+        self.stop_started = None
+        self.stopped = []
 
     def rendezvous(self):
         return Rendezvous(self.spec.master_addr, self.spec.master_port, self.spec.gang_id,
@@ -145,7 +149,12 @@ class NodeRunner:
         self.pump.drain(DRAIN_TIMEOUT)
 
     def stop(self):
-        return stop_members([s.member for s in self.slots], STOP_GRACE)
+        """Stop the members still running. Returns (when the first stop began, the labels of
+        every member stopped so far): the watch may have stopped some before the main thread."""
+        if self.stop_started is None:
+            self.stop_started = time.time()
+        self.stopped += stop_members([s.member for s in self.slots], STOP_GRACE)
+        return self.stop_started, list(self.stopped)
 
     def node_record(self, joined_at, work_dir=None):
         """This node's share of the gang's record (events.py)."""
@@ -244,8 +253,7 @@ class Leader:
                 _quietly(control.abort)
             if receiver is not None:
                 receiver.stop(REMOTE_DRAIN_TIMEOUT)
-            stop_started = time.time()
-            stopped = runner.stop()
+            stop_started, stopped = runner.stop()
             runner.release()
             outcome = None
             if supervisor is not None and supervisor.failed():
@@ -314,6 +322,9 @@ class Leader:
         failure = Failure(0, 0, "exception", time.time(), local_rank=0,
                           message="%s: %s" % (type(ex).__name__, ex),
                           traceback=_format_traceback(ex))
+        # Let go of the body's locals now: a DataLoader's persistent workers live as long as
+        # its frames, and they hold this task's output pipe open, which the gang drains last.
+        traceback.clear_frames(ex.__traceback__)
         if failure.is_symptom():
             # A peer probably died first; give the supervisor a moment to see it.
             deadline = time.monotonic() + SYMPTOM_WAIT
@@ -412,6 +423,8 @@ class Agent:
         runner = NodeRunner(self.spec, self.topology, step_func, args, decorator_name)
         runner.start_ranks(range(self.topology.nproc_per_node))
         runner.capture(naming.agent_label(self.spec.node))
+        old_handler = signal.signal(signal.SIGTERM,
+                                    functools.partial(_kill_ranks_and_leave, runner.slots))
         try:
             try:
                 control = ControlPlane.connect(self.spec.master_addr, self.spec.master_port,
@@ -442,6 +455,7 @@ class Agent:
         finally:
             runner.stop()
             runner.release()
+            signal.signal(signal.SIGTERM, old_handler)
 
     def _send_record(self, runner, control, joined_at):
         """Give node 0 this node's share of the gang's record: through the store from another
@@ -473,13 +487,20 @@ def _orphan_note(label, spec, pid):
             "container). Its ranks were stopped with it." % (label, spec.step_name, what, pid))
 
 
+def _kill_ranks_and_leave(slots, signum, frame):
+    """An agent told to stop (node 0 stops the gang) takes its ranks' process groups with it:
+    a rank's own children (DataLoader workers, a child that ignores SIGTERM) would outlive it."""
+    for slot in slots:
+        slot.member.signal_group(signal.SIGKILL)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
 def _raise_aborted(signum, frame):
     raise TorchDistributedAborted("another rank of the gang failed; stopping rank 0")
 
 
 def _format_traceback(ex):
-    import traceback
-
     return "".join(traceback.format_exception(type(ex), ex, ex.__traceback__))
 
 

@@ -110,9 +110,9 @@ def run_member_body(body, error_file):
     except BaseException as ex:  # every failure of user code becomes the member's error
         raised_at = time.time()
         traceback.print_exc()
-        if error_file:
-            save_exception(ex, raised_at, error_file)
         record_error(ex, error_file)
+        if error_file:  # last: from now on the gang counts this rank as failed
+            save_exception(ex, raised_at, error_file)
         code = 1
     finally:
         for stream in (sys.stdout, sys.stderr):

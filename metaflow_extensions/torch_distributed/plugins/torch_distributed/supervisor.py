@@ -1,7 +1,8 @@
 """All-or-nothing supervision of one node's share of a gang.
 
 One thread polls every member process and the control plane. The first failure anywhere
-(a rank's non-zero exit or signal, a node's report, a node missing at the rendezvous deadline,
+(a rank's uncaught exception as soon as it is recorded, a rank's non-zero exit or signal, a
+node's report, a node missing at the rendezvous deadline,
 an abort from node 0) ends the watch and calls `on_failure` once; the caller stops the rest.
 """
 
@@ -101,8 +102,10 @@ class Supervisor:
             self._fail(failure)
 
     def running_ranks(self):
-        """Ranks of this node's slots whose process is still running."""
-        return [s.rank for s in self.slots if s.rank is not None and s.member.poll() is None]
+        """Ranks of this node's slots whose process is still running and has not failed (a
+        rank that raised may still be tearing down)."""
+        return [s.rank for s in self.slots if s.rank is not None and s.member.poll() is None
+                and id(s) not in self._seen_slots]
 
     def failed(self):
         with self._lock:
@@ -259,8 +262,17 @@ class Supervisor:
             self.control.beat(self.heartbeat_node)
             self._next_beat = self.clock() + HEARTBEAT_INTERVAL
         for slot in self.slots:
+            if id(slot) in self._seen_slots:
+                continue
             code = slot.member.poll()
-            if code in (None, 0) or id(slot) in self._seen_slots:
+            if code is None and slot.rank is not None:
+                # A rank fails when it raises, not when its process is gone: tearing down
+                # (DataLoader workers, a child that ignores SIGTERM) can take seconds.
+                failure = F.raised(slot.rank, slot.node, slot.local_rank, slot.error_file)
+                if failure is not None:
+                    self._seen_slots.add(id(slot))
+                    return failure
+            if code in (None, 0):
                 continue
             self._seen_slots.add(id(slot))
             if slot.rank is None:
