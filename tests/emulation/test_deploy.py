@@ -1,8 +1,9 @@
 """Deploy commands that compile the flow for another scheduler: a gang of N > 1 nodes that the
-scheduler cannot run as N machines is refused before anything is deployed; one-node gangs keep
-deploying, and their Step Functions state machines are kept as golden files (regenerate them with
-TD_UPDATE_GOLDEN=1 after a deliberate change). S3 and Step Functions are moto's (the compilers
-need an S3 datastore)."""
+scheduler cannot run as N machines is refused before anything is deployed (Argo Workflows,
+Airflow); Step Functions compiles it into one multi-node AWS Batch job. One- and two-node gangs'
+Step Functions state machines are kept as golden files (regenerate them with TD_UPDATE_GOLDEN=1
+after a deliberate change); test_sfn_gang.py runs one. S3 and Step Functions are moto's (the
+compilers need an S3 datastore)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def _bucket_keys(aws):
     return sorted(o["Key"] for o in listing.get("Contents", []))
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", ["argo-workflows", "airflow"])
 def test_a_multi_node_gang_is_refused_before_anything_is_deployed(aws, deploy, tmp_path,
                                                                   command):
     stored = _bucket_keys(aws)
@@ -78,25 +79,35 @@ def test_a_multi_node_gang_is_refused_before_anything_is_deployed(aws, deploy, t
 
 DEPLOYER = """
 from metaflow import Deployer
-try:
-    Deployer(%r).step_functions().create()
-except RuntimeError as error:  # the Deployer's error quotes the command's output
-    print(error)
-else:
-    print("deployed")
+Deployer(%r).step_functions().create()
+print("deployed")
 """
 
 
-def test_the_deployer_api_is_refused_the_same_way(aws, deploy, tmp_path):
+def test_the_deployer_api_deploys_a_multi_node_gang_to_step_functions(aws, deploy, tmp_path):
     # In a fresh interpreter: the Deployer loads the flow (and torch) into its own process.
     shutil.copy(FLOWS / FLOW, tmp_path)
     env = dict(deploy.env, TD_NODES="2", METAFLOW_DEFAULT_DATASTORE="s3")
     res = subprocess.run([sys.executable, "-c", DEPLOYER % FLOW], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert ("a gang of 2 nodes (2 nodes x 2 processes per node = world size 4) cannot be "
-            "deployed to AWS Step Functions") in res.stdout, res.stdout
-    assert aws.client("stepfunctions").list_state_machines()["stateMachines"] == []
+    assert res.returncode == 0 and "deployed" in res.stdout, res.stdout + res.stderr
+    client = aws.client("stepfunctions")
+    [machine] = client.list_state_machines()["stateMachines"]
+    definition = json.loads(client.describe_state_machine(
+        stateMachineArn=machine["stateMachineArn"])["definition"])
+    train = sfn.state(definition, "train")["Parameters"]
+    assert [n["TargetNodes"] for n in train["NodeOverrides"]["NodePropertyOverrides"]] == [
+        "0:0", "1:1"]
+
+
+def test_a_gang_on_the_start_step_is_refused_on_step_functions(aws, deploy, tmp_path):
+    res = deploy("step-functions", nodes=2, flow="deploy_start_gang_flow.py")
+    output = res.stdout + res.stderr
+    assert res.returncode != 0, output
+    assert ("@torch_distributed on step start: a gang of 2 nodes cannot be deployed to AWS "
+            "Step Functions on a start step") in output, output
+    machines = aws.client("stepfunctions").list_state_machines()["stateMachines"]
+    assert "DeployStartGangFlow" not in [m["name"] for m in machines]
 
 
 def test_one_node_gangs_keep_deploying(aws, deploy, tmp_path):
@@ -116,13 +127,14 @@ def test_one_node_gangs_keep_deploying(aws, deploy, tmp_path):
     assert [m["name"] for m in machines] == ["DeployGangFlow"]
 
 
-@pytest.mark.parametrize("flow, golden", [
-    ("deploy_gang_flow.py", "sfn_gang_1_node_linear.json"),
-    ("deploy_foreach_flow.py", "sfn_gang_1_node_foreach.json"),
+@pytest.mark.parametrize("nodes, flow, golden", [
+    (1, "deploy_gang_flow.py", "sfn_gang_1_node_linear.json"),
+    (1, "deploy_foreach_flow.py", "sfn_gang_1_node_foreach.json"),
+    (2, "deploy_gang_flow.py", "sfn_gang_2_nodes_linear.json"),
+    (2, "deploy_foreach_flow.py", "sfn_gang_2_nodes_foreach.json"),
 ])
-def test_a_one_node_gang_compiles_to_a_plain_batch_job_on_step_functions(aws, deploy, flow,
-                                                                         golden):
-    res = deploy("step-functions", nodes=1, flow=flow,
+def test_a_gang_compiles_to_one_batch_job_on_step_functions(aws, deploy, nodes, flow, golden):
+    res = deploy("step-functions", nodes=nodes, flow=flow,
                  args=["step-functions", "create", "--only-json"])
     assert res.returncode == 0, res.stdout + res.stderr
     compiled = sfn.normalised(res.stdout, aws.endpoint_url)
@@ -133,7 +145,15 @@ def test_a_one_node_gang_compiles_to_a_plain_batch_job_on_step_functions(aws, de
     train = sfn.state(sfn.state_machine(res.stdout), "train")
     assert train["Resource"].endswith(":states:::batch:submitJob.sync")
     params = train["Parameters"]
-    assert "NodeOverrides" not in params and params["RetryStrategy"] == {"Attempts": 1}
+    assert params["RetryStrategy"] == {"Attempts": 1}
+    if nodes == 1:
+        assert "NodeOverrides" not in params
+    else:  # one multi-node job: node 0 the task's own step command, node 1 the node agent
+        assert "ContainerOverrides" not in params
+        main, agent = params["NodeOverrides"]["NodePropertyOverrides"]
+        assert (main["TargetNodes"], agent["TargetNodes"]) == ("0:0", "1:1")
+        assert " step train " in main["ContainerOverrides"]["Command"][-1]
+        assert " spin-step train " in agent["ContainerOverrides"]["Command"][-1]
     # what Step Functions sends to AWS Batch is valid SubmitJob input
     filled = {"$.JobId": "parent-job", "$.Parameters.['metaflow.run_id']": "exec-1",
               "$.Index": "0", "$.SplitParentTaskId": "start-job",

@@ -139,11 +139,11 @@ def agent_spec():
 
 def test_resolve_node_fills_in_the_nodes_place():
     env = {batch.NODE_INDEX: "1", batch.MAIN_NODE_ADDRESS: "10.0.0.5"}
-    spec = batch.resolve_node(agent_spec(), env, "5/start/1", ["--quiet"])
+    spec = batch.resolve_node(agent_spec(), env, {"input_paths": "5/start/1"}, ["--quiet"])
     assert (spec.node, spec.master_addr, spec.top_args) == (1, "10.0.0.5", ["--quiet"])
     assert spec.task["input_paths"] == "5/start/1" and spec.work_dir
     with pytest.raises(TorchDistributedEnvironmentError, match="outside an AWS Batch"):
-        batch.resolve_node(agent_spec(), {batch.NODE_INDEX: "1"}, "", [])
+        batch.resolve_node(agent_spec(), {batch.NODE_INDEX: "1"}, {}, [])
 
 
 def test_remote_port_is_fixed_per_attempt_and_in_range():

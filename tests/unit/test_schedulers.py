@@ -33,7 +33,6 @@ def test_deploy_target_is_the_compiling_command(words, target):
 
 
 @pytest.mark.parametrize("target, where", [
-    ("step-functions", "AWS Step Functions"),
     ("argo-workflows", "Argo Workflows"),
     ("airflow", "Airflow"),
     ("my-scheduler", "`my-scheduler`"),
@@ -44,13 +43,18 @@ def test_a_multi_node_gang_is_refused_where_the_scheduler_runs_one_machine(targe
     reason = str(refused.value)
     assert ("step *train*: a gang of 2 nodes (2 nodes x 2 processes per node = world size 4) "
             "cannot be deployed to %s" % where) in reason
-    assert "nodes=1" in reason and "--with batch" in reason
+    assert "nodes=1" in reason and "--with batch" in reason and "step-functions create" in reason
 
 
 def test_one_node_gangs_deploy_and_other_commands_are_not_checked():
     for target in ("step-functions", "argo-workflows", "airflow", None):
         schedulers.check_deploy_target("train", target, ONE_NODE)
     schedulers.check_deploy_target("train", None, TWO_NODES)
+
+
+def test_step_functions_deploys_a_multi_node_gang():
+    # compiled into one multi-node AWS Batch job (stepfunctions.py)
+    schedulers.check_deploy_target("train", "step-functions", TWO_NODES)
 
 
 @pytest.mark.parametrize("environ, backend", [

@@ -75,9 +75,11 @@ def _plain(tree):
 
 
 def _merged_env(entries, extra):
-    merged = {e["name"]: e["value"] for e in entries}
-    merged.update(extra)
-    return [{"name": k, "value": v} for k, v in merged.items()]
+    """`entries` with the variables of `extra` set; an entry may be Step Functions' JSONPath
+    form ({"name", "value.$"}), kept as it is."""
+    merged = {e["name"]: e for e in entries}
+    merged.update((k, {"name": k, "value": v}) for k, v in extra.items())
+    return list(merged.values())
 
 
 def agent_shell_command(entrypoint, top_args, step_name, identity, input_path_vars):
@@ -101,7 +103,9 @@ def input_path_vars(env):
 
 
 def main_node_plan(environ, step_name):
-    """(nodes, port) when this process is node 0 of this step's multi-node job, else None."""
+    """(nodes, port) when this process is node 0 of this step's multi-node job, else None.
+    The port is None when the job was compiled before its run existed (Step Functions): node 0
+    derives it from its task (naming.remote_port), as its agents do (resolve_node)."""
     raw = environ.get(MAIN_NODE_ENV)
     if raw is None:
         return None
@@ -126,8 +130,10 @@ def main_node_address(environ):
     return addresses[0] if addresses else "127.0.0.1"
 
 
-def resolve_node(spec, environ, input_paths, top_args):
-    """An agent's GangSpec as submitted (the same for every child node) completed on its node."""
+def resolve_node(spec, environ, params, top_args):
+    """An agent's GangSpec as submitted (the same for every child node) completed on its node.
+    `params` are its spin-step's options. A spec submitted without the task's identity (Step
+    Functions compiles the job before the run exists: gang_id "") takes it from them."""
     try:
         node = int(environ[NODE_INDEX])
         master_addr = environ[MAIN_NODE_ADDRESS]
@@ -136,9 +142,26 @@ def resolve_node(spec, environ, input_paths, top_args):
             spec.step_name, "this node agent runs outside an AWS Batch multi-node job (%s=%r, "
             "%s=%r)." % (NODE_INDEX, environ.get(NODE_INDEX), MAIN_NODE_ADDRESS,
                          environ.get(MAIN_NODE_ADDRESS)))
-    task = dict(spec.task, input_paths=input_paths)
+    task = dict(spec.task, input_paths=params.get("input_paths") or "")
+    fields = {}
+    if not spec.gang_id:
+        task_id = str(params["task_id"])
+        suffix = "-node-%d" % node
+        if not task_id.endswith(suffix):
+            raise ValueError("unexpected agent task id %r" % task_id)
+        retry = int(params.get("retry_count") or 0)
+        task.update(run_id=str(params["run_id"]), task_id=task_id[:-len(suffix)],
+                    split_index=params.get("split_index"), retry_count=retry,
+                    max_user_code_retries=int(params.get("max_user_code_retries") or 0),
+                    namespace=params.get("namespace"),
+                    orig_datastore=params["orig_flow_datastore"])
+        fields = dict(
+            gang_id=naming.gang_id(task["run_id"], spec.step_name, task["task_id"], retry),
+            master_port=naming.remote_port(task["run_id"], spec.step_name, task["task_id"],
+                                           retry),
+            restart_count=retry)
     return replace(spec, node=node, master_addr=master_addr, task=task, top_args=top_args,
-                   work_dir=tempfile.mkdtemp(prefix="torch-distributed-"))
+                   work_dir=tempfile.mkdtemp(prefix="torch-distributed-"), **fields)
 
 
 def port_in_use_error(step_name, port):
@@ -159,7 +182,6 @@ def install_trampoline(step_name, nodes, spec_fields, decorator_name):
     """In the `batch step` process of this step: make Batch submit an N-node job whose child
     nodes run the node agent. `spec_fields` are the GangSpec fields known before submission."""
     from metaflow.plugins.aws.batch.batch import Batch
-    from metaflow.plugins.aws.batch.batch_client import BatchJobException
 
     create_job = Batch.create_job
     launch_job = Batch.launch_job
@@ -171,17 +193,8 @@ def install_trampoline(step_name, nodes, spec_fields, decorator_name):
         a = call.arguments
         if a["step_name"] != step_name:
             return create_job(self, *args, **kwargs)
-        a["num_parallel"] = nodes
-        try:
-            job = create_job(*call.args, **call.kwargs)
-        except BatchJobException as ex:
-            if "Fargate" in str(ex):
-                raise TorchDistributedConfigError(
-                    step_name, "the gang needs %d nodes, and AWS Batch runs multi-node jobs "
-                    "on EC2 compute environments only; job queue %r is Fargate. Use a queue "
-                    "on an EC2 compute environment (@batch(queue=...) or METAFLOW_BATCH_JOB_"
-                    "QUEUE), or nodes=1." % (nodes, a["queue"])) from ex
-            raise
+        job = create_gang_job(create_job, self, {k: v for k, v in a.items() if k != "self"},
+                              step_name, nodes)
         _make_gang_job(self, job, a, step_name, nodes, spec_fields, decorator_name)
         return job
 
@@ -193,6 +206,24 @@ def install_trampoline(step_name, nodes, spec_fields, decorator_name):
 
     Batch.create_job = gang_create_job
     Batch.launch_job = gang_launch_job
+
+
+def create_gang_job(create_job, batch, kwargs, step_name, nodes):
+    """Metaflow's `Batch.create_job(**kwargs)` of an N-node job (its job definition has N
+    nodes, node 0 the main one). AWS Batch runs multi-node jobs on EC2 only: a Fargate queue
+    is refused with the fix."""
+    from metaflow.plugins.aws.batch.batch_client import BatchJobException
+
+    try:
+        return create_job(batch, **dict(kwargs, num_parallel=nodes))
+    except BatchJobException as ex:
+        if "Fargate" in str(ex):
+            raise TorchDistributedConfigError(
+                step_name, "the gang needs %d nodes, and AWS Batch runs multi-node jobs "
+                "on EC2 compute environments only; job queue %r is Fargate. Use a queue "
+                "on an EC2 compute environment (@batch(queue=...) or METAFLOW_BATCH_JOB_"
+                "QUEUE), or nodes=1." % (nodes, kwargs["queue"])) from ex
+        raise
 
 
 def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name):

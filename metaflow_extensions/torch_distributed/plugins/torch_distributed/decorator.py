@@ -8,7 +8,7 @@ from metaflow.decorators import StepDecorator
 from . import batch, checkpoints
 from . import current as current_mod
 from . import frameworks
-from . import schedulers
+from . import schedulers, stepfunctions
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .launch import GangSpec, current_task_identity, top_level_args
 from .topology import Topology, plan_line, plan_topology
@@ -102,7 +102,11 @@ class TorchDistributedDecorator(StepDecorator):
         frameworks.check_mode(step_name, os.environ)  # a bad value fails before the run
         self.on_batch = any(d.name == "batch" for d in decorators)
         _check_backend(step_name, self.topology, decorators)
-        schedulers.check_deploy(step_name, self.topology)
+        target = schedulers.check_deploy(step_name, self.topology)
+        if self.topology.nodes > 1 and target == "step-functions":
+            # This process compiles the state machine: the step's job gets N nodes.
+            stepfunctions.install(step_name, graph, self.topology.nodes, self._common_fields(),
+                                  self.name)
         if self.topology.nodes > 1 and os.environ.get(batch.TRAMPOLINE_ENV) == step_name:
             # This process submits the step's AWS Batch job (`batch step`): make it N nodes.
             batch.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
@@ -168,7 +172,11 @@ class TorchDistributedDecorator(StepDecorator):
             master_addr, port, backend = "127.0.0.1", 0, "local"
         else:  # node 0 of an AWS Batch multi-node job
             accelerator, blocks = self._node_devices(), {}
-            master_addr, port, backend = batch.main_node_address(os.environ), remote[1], "batch"
+            port = remote[1]
+            if port is None:  # Step Functions: the run and task exist only now
+                port = naming.remote_port(identity.run_id, self.step_name, identity.task_id,
+                                          retry_count)
+            master_addr, backend = batch.main_node_address(os.environ), "batch"
         fields = dict(
             self._common_fields(),
             master_addr=master_addr,
@@ -242,8 +250,8 @@ class TorchDistributedDecorator(StepDecorator):
         from metaflow.cli_args import cli_args
 
         # spin-step keeps its options in its click context only (not in cli_args)
-        input_paths = click.get_current_context().params.get("input_paths") or ""
-        spec = batch.resolve_node(spec, os.environ, input_paths, top_level_args(cli_args))
+        params = click.get_current_context().params
+        spec = batch.resolve_node(spec, os.environ, params, top_level_args(cli_args))
         return GangSpec(**{**spec.__dict__, "accelerator": self._node_devices(),
                            "start_method": _resolve_start_method(spec.start_method),
                            "checkpoint": checkpoints.from_leader(spec)})

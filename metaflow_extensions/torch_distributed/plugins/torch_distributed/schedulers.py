@@ -5,9 +5,10 @@ emulates the nodes on the user's own machine (on purpose), and `--with batch` su
 Batch multi-node job (batch.py). Everywhere else the nodes would silently share one machine,
 so:
 
-* at deploy time, a command that compiles the flow for another scheduler (`step-functions
-  create`, `argo-workflows create`, `airflow create`, any deployer's `create`) refuses such a
-  gang before anything is deployed (none of them runs it as N machines yet);
+* at deploy time, a command that compiles the flow for another scheduler (`argo-workflows
+  create`, `airflow create`, any deployer's `create`) refuses such a gang before anything is
+  deployed; `step-functions create` compiles it into one multi-node AWS Batch job
+  (stepfunctions.py);
 * at run time, a task on a remote backend (its container carries the backend's markers) that
   was not given its nodes fails before any rank starts.
 
@@ -23,6 +24,8 @@ COMPILERS = {
     "argo-workflows": "Argo Workflows",
     "airflow": "Airflow",
 }
+# The schedulers that run a gang of N > 1 nodes as N machines (one AWS Batch multi-node job).
+MULTI_NODE = ("step-functions",)
 # The subcommand that compiles (and deploys) the flow, for every scheduler above and for every
 # deployer (Metaflow's Deployer API runs `<type> create`).
 COMPILE_ACTION = "create"
@@ -52,15 +55,15 @@ def deploy_target(words, deployers=()):
 
 
 def check_deploy_target(step_name, target, topology):
-    """Refuse a gang of `topology` that `target` would deploy where it cannot run as N machines
-    (no scheduler compiles a multi-node gang yet)."""
-    if target is None or topology.nodes == 1:
+    """Refuse a gang of `topology` that `target` would deploy where it cannot run as N
+    machines."""
+    if target is None or topology.nodes == 1 or target in MULTI_NODE:
         return
     raise TorchDistributedConfigError(
         step_name, "a gang of %d nodes (%s) cannot be deployed to %s: it runs each task on one "
         "machine, so every node would share it. Deploy with nodes=1 (several processes on one "
         "machine, e.g. nproc_per_node=8 with gpu=8), or run the gang with "
-        "`python flow.py run --with batch`."
+        "`python flow.py run --with batch` or deploy it with `step-functions create`."
         % (topology.nodes, topology.describe(), COMPILERS.get(target, "`%s`" % target)))
 
 
@@ -88,8 +91,11 @@ def check_single_host(step_name, topology, environ, rehearsal):
 
 
 def check_deploy(step_name, topology):
-    """In step_init: refuse a gang the command being run would deploy where it cannot run."""
-    check_deploy_target(step_name, deploy_target(cli_words(), deployer_commands()), topology)
+    """In step_init: refuse a gang the command being run would deploy where it cannot run.
+    Returns the scheduler the command deploys to (None for any other command)."""
+    target = deploy_target(cli_words(), deployer_commands())
+    check_deploy_target(step_name, target, topology)
+    return target
 
 
 # -- Metaflow internals ----------------------------------------------------------------------

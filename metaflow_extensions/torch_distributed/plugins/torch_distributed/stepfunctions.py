@@ -1,0 +1,126 @@
+"""AWS Step Functions: a gang of N > 1 nodes is one multi-node AWS Batch job in the state machine.
+
+`step-functions create` builds each step's job with Metaflow's own `Batch.create_job` and turns
+it into a `batch:submitJob.sync` state with `State.batch`. In that process we wrap both, for the
+gang's step only: the job gets N nodes, node 0 runs Metaflow's own step command and nodes
+1..N-1 the node agent (batch.gang_payload, as `run --with batch` does), and the state sends
+NodeOverrides instead of ContainerOverrides. These two wrappers are the only places that read
+Metaflow's Step Functions internals (tests/unit/test_stepfunctions.py pins them).
+
+At run time every node of a multi-node job sees AWS_BATCH_JOB_ID as `<job id>#<node index>`,
+while the next state reads the task id from the job's `JobId` (no suffix): every node's command
+first drops the suffix. The run id, task id and attempt exist only then, so node 0 and the
+agents derive the gang's id and store port from them on their node (batch.main_node_plan,
+batch.resolve_node).
+"""
+
+import json
+import shlex
+
+from . import batch
+from .errors import TorchDistributedConfigError
+from .launch import GangSpec, spin_env_additions
+
+# Runs the command after it with AWS_BATCH_JOB_ID stripped of its `#<node index>` suffix.
+BARE_JOB_ID = ["bash", "-c", 'export AWS_BATCH_JOB_ID="${AWS_BATCH_JOB_ID%%#*}"; exec "$@"',
+               "bash"]
+# The agent's hidden task id, in shell words its node expands.
+AGENT_TASK_ID = "${AWS_BATCH_JOB_ID}-node-${%s}" % batch.NODE_INDEX
+# Options of Metaflow's `step` command that the agent's spin-step takes too, with its value.
+_SPIN_OPTIONS = ("--run-id", "--input-paths", "--retry-count", "--max-user-code-retries",
+                 "--split-index")
+
+
+# -- pure parts -----------------------------------------------------------------------------
+
+def check_step(step_name, graph, nodes):
+    """Refuse a gang on the steps whose Step Functions command does more than run the task."""
+    node = graph[step_name]
+    if step_name == graph.start_step or node.type == "join":
+        raise TorchDistributedConfigError(
+            step_name, "a gang of %d nodes cannot be deployed to AWS Step Functions on a %s "
+            "step: its state sets up the task's inputs before the step runs, where the gang's "
+            "other nodes would not see them. Give the gang a linear step of its own, or use "
+            "nodes=1." % (nodes, "start" if step_name == graph.start_step else "join"))
+
+
+def agent_words(step_cli, step_name, orig_datastore):
+    """The node agent's command, as shell words, from Metaflow's step command for Step
+    Functions (`<python> <flow> <top-level options> step <name> --option value ...`). Its words
+    are shell words the node expands (`sfn-$METAFLOW_RUN_ID`, `$((AWS_BATCH_JOB_ATTEMPT-1))`);
+    they are kept as they are."""
+    words = step_cli.split()
+    if "&&" in words or "step" not in words:
+        raise ValueError("not a single step command: %r" % step_cli)
+    at = words.index("step")
+    if words[at + 1] != step_name:
+        raise ValueError("not the step command of %s: %r" % (step_name, step_cli))
+    options = words[at + 2:]
+    spin = [step_name, "--task-id", AGENT_TASK_ID]
+    for name in _SPIN_OPTIONS:
+        if name in options:
+            spin += [name, options[options.index(name) + 1]]
+    spin += ["--orig-flow-datastore", shlex.quote(orig_datastore), "--no-persist"]
+    spin += [w for w in options if w.startswith("--namespace=")]
+    return words[:at] + ["spin-step"] + spin
+
+
+def agent_spec(spec_fields):
+    """The GangSpec every agent node is given: what is known before the run exists."""
+    return GangSpec(**spec_fields, role="agent", node=-1, master_addr="", master_port=0,
+                    gang_id="", restart_count=0, work_dir="", task={}, top_args=[],
+                    backend="batch")
+
+
+def node_payload(payload, nodes, step_name, agent_command, agent_env):
+    """The SubmitJob payload of the gang's state: batch.gang_payload, with every node's
+    command run under BARE_JOB_ID and no store port (node 0 derives it)."""
+    main_env = {batch.MAIN_NODE_ENV: json.dumps({"step": step_name, "nodes": nodes,
+                                                 "master_port": None})}
+    built = batch.gang_payload(payload, nodes, main_env, agent_command, agent_env)
+    for override in built["nodeOverrides"]["nodePropertyOverrides"]:
+        container = override["containerOverrides"]
+        container["command"] = BARE_JOB_ID + list(container["command"])
+    return built
+
+
+# -- Metaflow internals: the compiler's job and state -----------------------------------------
+
+def install(step_name, graph, nodes, spec_fields, decorator_name):
+    """In the `step-functions create` process: compile this step into one N-node Batch job."""
+    from metaflow.plugins.aws.batch.batch import Batch
+    from metaflow.plugins.aws.step_functions.step_functions import State
+    from metaflow.util import to_pascalcase
+
+    check_step(step_name, graph, nodes)
+    create_job = Batch.create_job
+    state_batch = State.batch
+
+    def gang_create_job(self, **kwargs):
+        if kwargs["step_name"] != step_name:
+            return create_job(self, **kwargs)
+        job = batch.create_gang_job(create_job, self, kwargs, step_name, nodes)
+        words = agent_words(kwargs["step_cli"], step_name, "%s@%s" % (
+            self.flow_datastore.TYPE, self.flow_datastore.datastore_root))
+        agent_command = self._command(
+            self.environment, kwargs["code_package_metadata"], kwargs["code_package_url"],
+            step_name, [" ".join(words)], dict(kwargs["task_spec"], task_id=AGENT_TASK_ID),
+            kwargs.get("offload_command_to_s3", False))
+        agent_env = spin_env_additions({}, agent_spec(spec_fields), decorator_name)
+        built = node_payload(batch._plain(job.payload), nodes, step_name, agent_command,
+                             agent_env)
+        job.payload.clear()
+        job.payload.update(built)
+        job.num_parallel = 0  # the payload as built: no command rewriting in execute()
+        return job
+
+    def gang_state_batch(self, job):
+        state = state_batch(self, job)
+        if "nodeOverrides" in job.payload:
+            parameters = self.payload["Parameters"]
+            parameters.pop("ContainerOverrides")
+            parameters["NodeOverrides"] = to_pascalcase(batch._plain(job.payload["nodeOverrides"]))
+        return state
+
+    Batch.create_job = gang_create_job
+    State.batch = gang_state_batch
