@@ -252,3 +252,38 @@ def test_a_raise_counts_once_its_exception_is_saved(tmp_path, monkeypatch):
     assert not failure.is_symptom()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["error.json", "error.json.pickle"]
     assert raised(2, 1, 0, None) is None
+
+
+def _leader_raising(outcome, member_exception):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import Leader
+
+    leader = Leader.__new__(Leader)  # only _raise_failure's fields: nothing is started
+    leader.step_name = "train"
+    with pytest.raises(BaseException) as raised:
+        leader._raise_failure(outcome, member_exception)
+    return raised.value
+
+
+def test_a_members_own_exception_is_raised_when_it_is_the_cause():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
+        Failure, GangOutcome)
+
+    own = KeyError("missing column")
+    cause = Failure(1, 0, "exception", 1.0, message="KeyError: 'missing column'", local_rank=1)
+    assert _leader_raising(GangOutcome([cause], stopped=[0]), own) is own
+
+
+def test_a_members_communication_error_is_reported_by_the_gang_not_reraised():
+    # A peer's timeout is no user error: re-raising it would hide the gang's report (found by
+    # CI under load: a hung rank's peers timed out and the raw gloo error became the step's).
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import (
+        TorchDistributedGangFailed)
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
+        Failure, GangOutcome)
+
+    message = ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+               "10000ms for recv operation to complete")
+    symptom = Failure(1, 0, "exception", 1.0, message=message, local_rank=1)
+    raised = _leader_raising(GangOutcome([symptom], stopped=[0, 2, 3]), RuntimeError(message))
+    assert isinstance(raised, TorchDistributedGangFailed)
+    assert "rank 1 (node 0, local rank 1)" in str(raised)

@@ -397,8 +397,10 @@ class Leader:
         failure = outcome.root_cause
         own = (getattr(self, "rank0_exception", None) if failure.rank == 0
                else member_exception)
-        if failure.kind == "exception" and own is not None:
-            # Raise the user's own exception, so @catch and the task's error show its type.
+        if failure.kind == "exception" and not failure.is_symptom() and own is not None:
+            # Raise the user's own exception, so @catch and the task's error show its type. A
+            # communication error (a peer went away or hung) is not the user's: the gang's
+            # report, which names the ranks, says more.
             print("@torch_distributed on step *%s*: %s failed with the error below. %s"
                   % (self.step_name, failure.where(), outcome.others_note()),
                   file=sys.stderr, flush=True)
