@@ -444,3 +444,19 @@ def test_symptoms_alone_are_reported_after_the_wait(gang):
     assert sup.wait(5)
     assert 0.8 < time.monotonic() - begun < 3
     assert [f.rank for f in sup.failures] == [1]
+
+
+def test_whoever_waits_sees_the_hung_rank_named_with_its_peers_timeouts(gang, started):
+    """Stopping members (on_failure) takes time; the failures a waiter reads must already hold
+    the hung rank, not only the first timeout (the main thread reads them as soon as it wakes)."""
+    host, _, _ = gang
+    slots = [Slot(member(started, 1, "time.sleep(60)"), 0, 1, 1)]
+
+    def slow_stop(failure):
+        time.sleep(1.0)
+
+    sup = Supervisor(slots, host, Topology(1, 2), on_failure=slow_stop).start()
+    sup.report(Failure(0, 0, "exception", time.time(), local_rank=0,
+                       message="DistStoreError: wait timeout after 10000ms, keys: /default_pg/0"))
+    assert sup.wait(5)
+    assert [(f.rank, f.kind) for f in sup.failures] == [(0, "exception"), (1, "hung")]

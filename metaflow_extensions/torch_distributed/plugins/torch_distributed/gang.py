@@ -31,8 +31,6 @@ from .supervisor import Place, Slot, Supervisor
 
 # Seconds a stopped member gets between SIGTERM and SIGKILL.
 STOP_GRACE = 1.0
-# Seconds rank 0, failing with a communication error, waits for the peer failure behind it.
-SYMPTOM_WAIT = 1.0
 # Seconds to copy the last output of exited members into the task's log.
 DRAIN_TIMEOUT = 5.0
 # Seconds node 0 waits for the last output of remote nodes after the gang ended.
@@ -325,11 +323,8 @@ class Leader:
         # Let go of the body's locals now: a DataLoader's persistent workers live as long as
         # its frames, and they hold this task's output pipe open, which the gang drains last.
         traceback.clear_frames(ex.__traceback__)
-        if failure.is_symptom():
-            # A peer probably died first; give the supervisor a moment to see it.
-            deadline = time.monotonic() + SYMPTOM_WAIT
-            while not supervisor.failed() and time.monotonic() < deadline:
-                time.sleep(0.02)
+        # A symptom (a peer probably failed first) is held by the supervisor while it waits
+        # for the root cause.
         supervisor.report(failure)
 
     def _on_failure(self, failure):

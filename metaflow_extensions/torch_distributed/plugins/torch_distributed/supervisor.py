@@ -114,14 +114,17 @@ class Supervisor:
     def wait(self, timeout=None):
         return self.finished.wait(timeout)
 
-    def _fail(self, failure):
+    def _fail(self, *failures):
+        """Record `failures` together. The first call ends the watch, then calls `on_failure`
+        (which may take a while to stop members): whoever `wait`s sees every failure settled
+        with the first, such as the hung rank named beside its peers' timeouts, never a part."""
         with self._lock:
             first = not self.failures
-            self.failures.append(failure)
+            self.failures.extend(failures)
         if first:
             self.finished.set()
             if self.on_failure:
-                self.on_failure(failure)
+                self.on_failure(failures[0])
 
     def _run(self):
         try:
@@ -172,8 +175,7 @@ class Supervisor:
             hung = self._hung_rank(seen)
             if hung is not None:
                 seen.append(hung)
-        for failure in seen:
-            self._fail(failure)
+        self._fail(*seen)
 
     def _waiting_for_timeouts(self):
         """Ranks that wait for a hung peer time out one by one, as they started (other nodes
