@@ -427,7 +427,8 @@ def test_a_symptom_waits_for_the_root_cause_from_another_node(gang):
     recorder = Recorder()
     sup = Supervisor([], host, Topology(3, 1), watch_nodes=[1, 2], on_failure=recorder).start()
     node.report_failure(1, Failure(1, 1, "exception", time.time(), local_rank=0,
-                                   message="RuntimeError: Connection closed by peer"))
+                                   message="RuntimeError: Connection closed by peer",
+                                   symptom=True))  # as its rank decided (failures.py)
     time.sleep(0.4)
     assert not recorder.calls  # only a symptom so far: still waiting for its cause
     node.report_failure(2, Failure(2, 2, "signal", time.time(), -9, local_rank=0))
@@ -440,7 +441,8 @@ def test_symptoms_alone_are_reported_after_the_wait(gang):
     sup = Supervisor([], host, Topology(2, 1), watch_nodes=[1]).start()
     begun = time.monotonic()
     node.report_failure(1, Failure(1, 1, "exception", time.time(), local_rank=0,
-                                   message="RuntimeError: Connection closed by peer"))
+                                   message="RuntimeError: Connection closed by peer",
+                                   symptom=True))  # as its rank decided (failures.py)
     assert sup.wait(5)
     assert 0.8 < time.monotonic() - begun < 3
     assert [f.rank for f in sup.failures] == [1]

@@ -6,6 +6,8 @@ import pytest
 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
     Failure,
+    FailureKind,
+    communication_error,
     from_exit,
     gang_outcome,
     load_exception,
@@ -58,16 +60,118 @@ def test_describe_missing_rank():
 @pytest.mark.parametrize("message", [
     "DistBackendError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
     "by peer [127.0.0.1]:2233",
-    "RuntimeError: [/gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.0.0.2]:2",
-    "RuntimeError: Connection reset by peer",
-    "RuntimeError: Broken pipe",
     "DistNetworkError: failed to recv, got 0 bytes",
     "DistStoreError: Socket Timeout",
     "TorchDistributedAborted: another rank of the gang failed; stopping rank 0",
     "DistBackendError: NCCL communicator was aborted on rank 3",
 ])
-def test_communication_errors_are_symptoms(message):
+def test_communication_errors_known_by_message_only_are_symptoms_by_their_type(message):
     assert Failure(0, 0, "exception", 1.0, message=message, local_rank=0).is_symptom()
+
+
+@pytest.mark.parametrize("message", [
+    "ValueError: NCCL not built",
+    "RuntimeError: Connection reset by peer",  # the words alone do not make a symptom
+    "KeyError: 'gloo'",
+])
+def test_words_of_a_message_never_make_a_symptom(message):
+    assert not Failure(0, 0, "exception", 1.0, message=message, local_rank=0).is_symptom()
+
+
+def test_what_the_raised_exception_decided_wins_over_its_message():
+    said = "RuntimeError: [/gloo/transport/tcp/pair.cc:598] Connection closed by peer"
+    assert Failure(0, 0, "exception", 1.0, message=said, symptom=True).is_symptom()
+    assert not Failure(0, 0, "exception", 1.0, message="DistBackendError: x",
+                       symptom=False).is_symptom()
+
+
+def _raise(ex):
+    try:
+        raise ex
+    except BaseException as caught:  # noqa: BLE001 - the test hands it back
+        return caught
+
+
+def test_a_users_own_exception_is_a_cause_whatever_it_says():
+    for ex in (ValueError("NCCL not built"), RuntimeError("gloo: Connection closed by peer"),
+               KeyError("Broken pipe")):
+        assert not communication_error(_raise(ex))
+
+
+def test_torch_distributed_errors_and_the_gang_abort_are_symptoms():
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.control import (
+        bind_listener,
+    )
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import (
+        TorchDistributedAborted,
+    )
+
+    free = bind_listener("127.0.0.1", 0)
+    port = free.getsockname()[1]
+    free.close()
+    try:  # a peer's store that is gone: what torch itself raises
+        dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=1))
+    except RuntimeError as ex:
+        gone = ex
+    assert isinstance(gone, dist.DistError) and communication_error(gone)
+    assert communication_error(_raise(TorchDistributedAborted("stopping rank 0")))
+
+
+def test_a_plain_runtime_error_counts_as_a_symptom_only_when_raised_inside_torch_distributed():
+    import torch.distributed as dist
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import failures
+
+    inside = dist.__file__  # a frame of torch.distributed's own code, as gloo's errors have
+    code = compile("raise RuntimeError('Connection closed by peer')", inside, "exec")
+    raised = _raise_from(code)
+    assert communication_error(raised)
+    assert not communication_error(_raise(RuntimeError("Connection closed by peer")))
+    # a RuntimeError subclass from there reports misuse, a cause
+    assert not communication_error(_raise_from(compile("raise NotImplementedError('x')", inside,
+                                                       "exec")))
+    assert failures._raised_in(raised, __import__("os").path.dirname(inside))
+
+
+def _raise_from(code):
+    try:
+        exec(code, {})
+    except BaseException as caught:  # noqa: BLE001 - the test hands it back
+        return caught
+
+
+def test_the_symptom_decided_where_it_was_raised_travels_with_the_error_file(tmp_path,
+                                                                             monkeypatch):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import (
+        run_member_body,
+    )
+
+    def body():
+        raise ValueError("NCCL not built")  # the user's own check, in the user's words
+
+    path = str(tmp_path / "error.json")
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    assert run_member_body(body, path) != 0
+    failure = from_exit(1, 0, 1, 1, 99.0, path)
+    assert failure.message == "ValueError: NCCL not built"
+    assert failure.symptom is False and not failure.is_symptom()
+    peer = Failure(0, 0, "exception", 0.5, message="DistBackendError: gone", symptom=True)
+    assert root_cause([peer, failure]) is failure
+
+
+def test_failure_kinds_are_an_enum_with_a_stable_wire_form():
+    failure = Failure(None, 2, "lost", 1.0, message="stopped sending heartbeats")
+    assert failure.kind is FailureKind.LOST
+    assert json.loads(failure.to_json())["kind"] == "lost"
+    assert Failure.from_json(failure.to_json()).kind is FailureKind.LOST
+    assert {k.value for k in FailureKind} == {"exception", "exit", "signal", "missing", "agent",
+                                              "lost", "hung", "unfinished", "aborted", "control"}
+    with pytest.raises(ValueError):
+        Failure(0, 0, "exploded", 1.0)
 
 
 @pytest.mark.parametrize("kind,code,message", [
@@ -85,7 +189,7 @@ def test_causes_are_not_symptoms(kind, code, message):
 def test_root_cause_prefers_a_later_cause_over_an_earlier_symptom():
     symptom = Failure(0, 0, "exception", 100.0, 1,
                       "RuntimeError: [gloo/transport/tcp/pair.cc] Connection closed by peer",
-                      local_rank=0)
+                      local_rank=0, symptom=True)
     killed = Failure(3, 1, "signal", 100.4, -9, local_rank=1)
     assert root_cause([symptom, killed]) is killed
     assert root_cause([killed, symptom]) is killed
@@ -100,7 +204,8 @@ def test_root_cause_is_the_earliest_cause():
 
 def test_root_cause_of_only_symptoms_is_the_earliest():
     a = Failure(0, 0, "exception", 7.0, 1, "DistBackendError: boom", local_rank=0)
-    b = Failure(1, 0, "exception", 3.0, 1, "RuntimeError: Broken pipe", local_rank=1)
+    b = Failure(1, 0, "exception", 3.0, 1, "RuntimeError: Broken pipe", local_rank=1,
+                symptom=True)
     assert root_cause([a, b]) is b
 
 

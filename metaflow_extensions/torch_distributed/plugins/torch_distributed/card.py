@@ -6,7 +6,7 @@ VegaChart), which `attach` adds to the step's default card when the step has `@c
 `render_failed` renders the cards of a failed attempt, which Metaflow's @card leaves unrendered.
 """
 
-from .failures import Failure
+from .failures import Failure, FailureKind
 
 # Colours of the timeline's bars, by state.
 STATES = {
@@ -32,14 +32,18 @@ def card_data(record, history=()):
     root = record.get("root_cause")
     failed_at = {f["rank"]: f["detected_at"] for f in record.get("failures", [])
                  if f.get("rank") is not None}
+    # each rank's failure as node 0 recorded it: it knows whether it was a symptom
+    recorded = {f["rank"]: Failure(**f) for f in record.get("failures", [])
+                if f.get("rank") is not None}
     abort = next((t for name, t in record.get("phases", []) if name == "abort"), None)
     ranks = []
     root_rank = root.get("rank") if root else None
     for rank in range(record["nodes"] * record["nproc_per_node"]):
         node, local_rank = divmod(rank, record["nproc_per_node"])
         row = _rank_row(record, rank, node, local_rank, failed_at, abort, t0)
-        if row["outcome"] == "failed" and rank != root_rank and Failure(
-                rank, node, "exception", 0, message=row["error"] or "").is_symptom():
+        known = recorded.get(rank) or Failure(rank, node, FailureKind.EXCEPTION, 0,
+                                              message=row["error"] or "")
+        if row["outcome"] == "failed" and rank != root_rank and known.is_symptom():
             row["outcome"] = "peer failed"
         ranks.append(row)
     segments = [seg for row in ranks for seg in _segments(row)]

@@ -4,28 +4,55 @@ import json
 import os
 import pickle
 import signal
+import sys
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import List, Optional
 
-# Exceptions a rank raises because a *peer* went away; they are symptoms, not causes.
-_COMMUNICATION_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError",
+# The exception types a rank raises because a *peer* went away, by where they are defined:
+# symptoms, not causes (torch's DistBackendError, DistNetworkError and DistStoreError are
+# DistError's subclasses). Only for a failure known by its message alone; see is_symptom.
+_COMMUNICATION_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError",
                          "TorchDistributedAborted")
-_COMMUNICATION_HINTS = ("Connection closed by peer", "Connection reset by peer",
-                        "Broken pipe", "gloo", "NCCL", "Socket Timeout")
+
+
+class FailureKind(str, Enum):
+    """How a rank or a node failed. The value is the failure's form in the gang's store and
+    record (JSON), so it stays as it is."""
+
+    EXCEPTION = "exception"  # a rank raised (its error file says what)
+    EXIT = "exit"  # a rank exited with a non-zero code, no exception known
+    SIGNAL = "signal"  # a rank was killed by a signal
+    MISSING = "missing"  # a member did not join within the rendezvous timeout
+    AGENT = "agent"  # a node agent exited before reporting a cause
+    LOST = "lost"  # a node stopped sending heartbeats
+    HUNG = "hung"  # a rank neither failed nor finished while its peers timed out on it
+    UNFINISHED = "unfinished"  # ranks still running long after the others finished
+    ABORTED = "aborted"  # (an agent's view) node 0 aborted the gang
+    CONTROL = "control"  # (an agent's view) node 0's store could no longer be reached
+
+    def __str__(self):
+        return self.value
 
 
 @dataclass
 class Failure:
-    """One failed rank (or node). `kind` is exception, exit, signal, missing or agent."""
+    """One failed rank (or node): how (`kind`), when, and what it said. `symptom` is whether
+    the exception told of a peer's failure, decided from the exception itself where it was
+    raised (communication_error); None when only its message is known."""
 
     rank: Optional[int]
     node: int
-    kind: str
+    kind: FailureKind
     detected_at: float
     exitcode: Optional[int] = None
     message: str = ""
     traceback: str = ""
     local_rank: Optional[int] = None
+    symptom: Optional[bool] = None
+
+    def __post_init__(self):
+        self.kind = FailureKind(self.kind)  # a kind read back from JSON, or a wrong one: raise
 
     def where(self):
         if self.rank is None:
@@ -50,13 +77,14 @@ class Failure:
         return text
 
     def is_symptom(self):
-        """True when this rank most likely failed because a peer died first."""
-        if self.kind != "exception":
+        """True when this rank most likely failed because a peer died first: what the exception
+        was and where it came from decided it (communication_error); for a failure known by its
+        message only, the type the message names. Never the words of the message."""
+        if self.kind is not FailureKind.EXCEPTION:
             return False
-        name = self.message.split(":", 1)[0]
-        return name in _COMMUNICATION_ERRORS or any(
-            h in self.message for h in _COMMUNICATION_HINTS
-        )
+        if self.symptom is not None:
+            return self.symptom
+        return self.message.split(":", 1)[0] in _COMMUNICATION_ERRORS
 
     def to_json(self):
         return json.dumps(asdict(self))
@@ -75,8 +103,9 @@ def from_exit(rank, node, local_rank, returncode, detected_at, error_file=None):
         saved = _saved(error_file)
         if saved is not None:
             detected_at = min(detected_at, saved[0])
-        return Failure(rank, node, "exception", detected_at, returncode, message, tb, local_rank)
-    kind = "signal" if returncode < 0 else "exit"
+        return Failure(rank, node, FailureKind.EXCEPTION, detected_at, returncode, message, tb,
+                       local_rank, symptom=saved[2] if saved is not None else None)
+    kind = FailureKind.SIGNAL if returncode < 0 else FailureKind.EXIT
     return Failure(rank, node, kind, detected_at, returncode, local_rank=local_rank)
 
 
@@ -89,7 +118,38 @@ def raised(rank, node, local_rank, error_file):
     if recorded is None:
         return None
     message, tb = recorded
-    return Failure(rank, node, "exception", saved[0], None, message, tb, local_rank)
+    return Failure(rank, node, FailureKind.EXCEPTION, saved[0], None, message, tb, local_rank,
+                   symptom=saved[2])
+
+
+def communication_error(ex):
+    """True when `ex` is how a rank learns that a peer went away, judged by its type and where
+    it was raised, never by its words: a torch.distributed error (DistError and its subclasses),
+    the gang's own TorchDistributedAborted, or a RuntimeError raised inside torch.distributed's
+    code (how gloo's transport reports a closed connection). A user's own exception, whatever
+    it says (ValueError("NCCL not built")), is a cause."""
+    from .errors import TorchDistributedAborted
+
+    if isinstance(ex, TorchDistributedAborted):
+        return True
+    dist = sys.modules.get("torch.distributed")  # loaded by anything that raised from it
+    if dist is None:
+        return False
+    if isinstance(ex, dist.DistError):
+        return True
+    # exactly RuntimeError: its subclasses (NotImplementedError, ...) report misuse, a cause
+    return type(ex) is RuntimeError and _raised_in(ex, os.path.dirname(dist.__file__))
+
+
+def _raised_in(ex, directory):
+    """True when the innermost frame of `ex`'s traceback is code under `directory`."""
+    tb = ex.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    return path.startswith(os.path.join(os.path.abspath(directory), ""))
 
 
 def read_error_file(path):
@@ -110,12 +170,14 @@ def read_error_file(path):
 def save_exception(ex, raised_at, error_file):
     """Keep, beside `error_file` (write it first), when the exception was raised and the
     exception object itself: node 0 orders failures by that time and raises the user's own
-    exception (type and message) when this rank's failure is the gang's error. Written whole
+    exception (type and message) when this rank's failure is the gang's error. Whether it is a
+    symptom is decided here, where its traceback still says where it came from. Written whole
     or not at all: once it is there, the rank's failure is known (see `raised`)."""
+    symptom = communication_error(ex)
     try:
-        data = pickle.dumps((raised_at, ex))
+        data = pickle.dumps((raised_at, ex, symptom))
     except Exception:  # noqa: BLE001 - an unpicklable exception is reported by its message
-        data = pickle.dumps((raised_at, None))
+        data = pickle.dumps((raised_at, None, symptom))
     partial = error_file + ".pickle.partial"
     with open(partial, "wb") as f:
         f.write(data)
@@ -123,13 +185,14 @@ def save_exception(ex, raised_at, error_file):
 
 
 def _saved(error_file):
-    """(raised_at, exception or None) that save_exception kept for `error_file`, or None."""
+    """(raised_at, exception or None, symptom) that save_exception kept for `error_file`, or
+    None."""
     try:
         with open(error_file + ".pickle", "rb") as f:
-            raised_at, ex = pickle.load(f)
+            raised_at, ex, symptom = pickle.load(f)
     except Exception:  # noqa: BLE001 - missing, or a class that cannot be rebuilt here
         return None
-    return raised_at, (ex if isinstance(ex, BaseException) else None)
+    return raised_at, (ex if isinstance(ex, BaseException) else None), symptom
 
 
 def load_exception(error_file):

@@ -23,7 +23,8 @@ from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
 from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
     TorchDistributedRendezvousTimeout
 from .batch import is_port_in_use, port_in_use_error
-from .failures import Failure, from_exit, gang_outcome, load_exception, root_cause
+from .failures import (Failure, communication_error, from_exit, gang_outcome, load_exception,
+                       root_cause)
 from .launch import GangSpec, member_command
 from .procs import OutputPump, fork_member, run_member_body, spawn_member, stop_members
 from .remote_logs import LogReceiver, LogShipper
@@ -319,7 +320,7 @@ class Leader:
         self.rank0_exception = ex
         failure = Failure(0, 0, "exception", time.time(), local_rank=0,
                           message="%s: %s" % (type(ex).__name__, ex),
-                          traceback=_format_traceback(ex))
+                          traceback=_format_traceback(ex), symptom=communication_error(ex))
         # Let go of the body's locals now: a DataLoader's persistent workers live as long as
         # its frames, and they hold this task's output pipe open, which the gang drains last.
         traceback.clear_frames(ex.__traceback__)
