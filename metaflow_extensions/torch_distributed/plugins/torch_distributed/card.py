@@ -32,18 +32,17 @@ def card_data(record, history=()):
     root = record.get("root_cause")
     failed_at = {f["rank"]: f["detected_at"] for f in record.get("failures", [])
                  if f.get("rank") is not None}
-    # each rank's failure as node 0 recorded it: it knows whether it was a symptom
-    recorded = {f["rank"]: Failure(**f) for f in record.get("failures", [])
-                if f.get("rank") is not None}
     abort = next((t for name, t in record.get("phases", []) if name == "abort"), None)
     ranks = []
     root_rank = root.get("rank") if root else None
     for rank in range(record["nodes"] * record["nproc_per_node"]):
         node, local_rank = divmod(rank, record["nproc_per_node"])
         row = _rank_row(record, rank, node, local_rank, failed_at, abort, t0)
-        known = recorded.get(rank) or Failure(rank, node, FailureKind.EXCEPTION, 0,
-                                              message=row["error"] or "")
-        if row["outcome"] == "failed" and rank != root_rank and known.is_symptom():
+        # the rank's own record says whether its error told of a peer's failure
+        said = (record.get("ranks", {}).get(str(rank)) or {}).get("symptom")
+        if row["outcome"] == "failed" and rank != root_rank and Failure(
+                rank, node, FailureKind.EXCEPTION, 0, message=row["error"] or "",
+                symptom=said).is_symptom():
             row["outcome"] = "peer failed"
         ranks.append(row)
     segments = [seg for row in ranks for seg in _segments(row)]

@@ -13,6 +13,8 @@ import os
 import socket
 import time
 
+from .failures import communication_error
+
 # Lines of each rank's stdout and of its stderr kept for the card.
 TAIL_LINES = 30
 # Values of one scalar a rank may record; older ones are dropped.
@@ -75,12 +77,13 @@ class RankLog:
         values.append([round(self.clock() - self.started, 6), float(value)])
         del values[:-MAX_SCALAR_VALUES]
 
-    def finish(self, outcome, error=None):
-        self._write(outcome, self.clock(), error)
+    def finish(self, outcome, error=None, symptom=None):
+        """`symptom`: whether the error told of a peer's failure (failures.communication_error)."""
+        self._write(outcome, self.clock(), error, symptom)
 
-    def _write(self, outcome, ended, error=None):
+    def _write(self, outcome, ended, error=None, symptom=None):
         write_json(self.path, dict(rank=self.rank, started=self.started, joined=self.joined,
-                                   ended=ended, outcome=outcome, error=error,
+                                   ended=ended, outcome=outcome, error=error, symptom=symptom,
                                    scalars=self.scalars))
 
 
@@ -109,7 +112,7 @@ def run_recorded(rank, path, body):
                    None if ex.code in (None, 0) else "SystemExit: %s" % ex.code)
         raise
     except BaseException as ex:
-        log.finish("failed", "%s: %s" % (type(ex).__name__, ex))
+        log.finish("failed", "%s: %s" % (type(ex).__name__, ex), communication_error(ex))
         raise
     else:
         log.finish("finished")
