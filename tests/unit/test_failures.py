@@ -388,7 +388,8 @@ def test_a_members_communication_error_is_reported_by_the_gang_not_reraised():
 
     message = ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
                "10000ms for recv operation to complete")
-    symptom = Failure(1, 0, "exception", 1.0, message=message, local_rank=1)
+    symptom = Failure(1, 0, "exception", 1.0, message=message, local_rank=1,
+                      symptom=True)  # as the rank decided from where gloo raised it
     raised = _leader_raising(GangOutcome([symptom], stopped=[0, 2, 3]), RuntimeError(message))
     assert isinstance(raised, TorchDistributedGangFailed)
     assert "rank 1 (node 0, local rank 1)" in str(raised)
