@@ -38,6 +38,18 @@ def test_two_nodes_two_processes_all_reduce(flow_runner):
         assert "[rank %d] stderr of rank %d" % (rank, rank) in res.output
 
 
+def test_a_client_without_the_gang_secret_cannot_stop_or_confuse_it(flow_runner):
+    """Rank 0 writes an abort, node 1's join, done and failure, under the control plane's key
+    names but without the gang's secret, and another gang's id, while node 1's agent is still
+    loading the flow: the gang runs on as if nothing happened."""
+    res = flow_runner.run("gang_flow.py", env={"TD_NODES": 2, "TD_NPROC": 1, "TD_INTRUDE": 1})
+    assert res.returncode == 0, res
+    assert "[rank 0] intruder wrote its keys" in res.output, res
+    assert flow_runner.client(TRAIN + "result = t['total'].data") == 1 + 2
+    for word in ("abort", "bogus", "cannot reach node 0", "another job"):
+        assert word not in res.output, res
+
+
 def test_logs_command_shows_every_rank(flow_runner):
     res = flow_runner.run("gang_flow.py", env={"TD_NODES": 2, "TD_NPROC": 1})
     assert res.returncode == 0, res

@@ -94,6 +94,10 @@ def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang):
     main, agent = (o["containerOverrides"]["command"][-1] for o in overrides)
     assert " step train " in main and "spin-step" not in main
     assert " spin-step train " in agent and "-node-$AWS_BATCH_JOB_NODE_INDEX" in agent
+    # every node gets the attempt's store secret in its job environment, and only there
+    secret = _main_plan(job)["secret"]
+    assert len(secret) == 32 and _agent_spec(job)["secret"] == secret
+    assert secret not in json.dumps(overrides[0]["containerOverrides"]["command"])
     places = gang.client("run['train'].task['places'].data")
     assert [p["rank"] for p in places] == [0, 1, 2, 3]
     assert [p["node_rank"] for p in places] == [0, 0, 1, 1]
@@ -133,6 +137,7 @@ def test_a_failing_rank_on_node_1_fails_the_job_and_retry_submits_a_new_one(gang
     assert all(len(j["nodeOverrides"]["nodePropertyOverrides"]) == 2 for j in (first, second))
     ports = [_main_plan(j)["master_port"] for j in (first, second)]
     assert ports[0] != ports[1]
+    assert _main_plan(first)["secret"] != _main_plan(second)["secret"]
     assert gang.client("run['train'].task['attempt'].data") == 1
     assert gang.client("run['train'].task['total'].data") == 10.0
     # What the card of each attempt shows has node 1's ranks, from node 1's own events and
@@ -235,6 +240,11 @@ def _main_plan(job):
     env = job["nodeOverrides"]["nodePropertyOverrides"][0]["containerOverrides"]["environment"]
     return json.loads({e["name"]: e["value"] for e in env}[
         "METAFLOW_TORCH_DISTRIBUTED_BATCH_MAIN"])
+
+
+def _agent_spec(job):
+    env = job["nodeOverrides"]["nodePropertyOverrides"][1]["containerOverrides"]["environment"]
+    return json.loads({e["name"]: e["value"] for e in env}["METAFLOW_TORCH_DISTRIBUTED_MEMBER"])
 
 
 def _train_job_id(batch):

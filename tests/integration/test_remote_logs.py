@@ -19,11 +19,13 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.remote_logs
 )
 
 GANG = "1700-train-5-0"
+SECRET = "0123456789abcdef0123456789abcdef"
 
 
 def spec(port, node=1):
     return GangSpec(role="agent", step_name="train", nodes=2, nproc_per_node=1, node=node,
-                    master_addr="127.0.0.1", master_port=port, gang_id=GANG, restart_count=0,
+                    master_addr="127.0.0.1", master_port=port, gang_id=GANG, secret=SECRET,
+                    restart_count=0,
                     accelerator="cpu", rendezvous_timeout=5, start_method="fork", work_dir="",
                     task={}, top_args=[], backend="batch")
 
@@ -44,11 +46,11 @@ def read_all(fd):
 def test_a_pumps_lines_reach_node_0_prefixed_and_on_their_stream(tmp_path):
     listener = bind_listener("127.0.0.1", 0)
     port = listener.getsockname()[1]
-    host = ControlPlane.host(listener, GANG, timeout=5)
+    host = ControlPlane.host(listener, GANG, SECRET, timeout=5)
     listener.close()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    receiver = LogReceiver(ControlPlane.connect("127.0.0.1", port, GANG, 5), [1],
+    receiver = LogReceiver(ControlPlane.connect("127.0.0.1", port, GANG, SECRET, 5), [1],
                            {1: out_w, 2: err_w}).start()
 
     # node 1: a member writing to both streams, through a pump that ships to node 0
@@ -83,7 +85,7 @@ def test_a_pumps_lines_reach_node_0_prefixed_and_on_their_stream(tmp_path):
 def test_stdout_and_stderr_stay_apart():
     listener = bind_listener("127.0.0.1", 0)
     port = listener.getsockname()[1]
-    host = ControlPlane.host(listener, GANG, timeout=5)
+    host = ControlPlane.host(listener, GANG, SECRET, timeout=5)
     listener.close()
     shipper = LogShipper(spec(port))
     shipper(1, b"[rank 1] to stdout\n")

@@ -29,6 +29,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
 
 GANG = "1700-train-5-0"
+SECRET = "0123456789abcdef0123456789abcdef"
 
 
 @pytest.fixture
@@ -36,9 +37,9 @@ def gang():
     """Node 0's control plane on a kernel-chosen port, and a second client of it (a node)."""
     listener = bind_listener("127.0.0.1", 0)
     port = listener.getsockname()[1]
-    host = ControlPlane.host(listener, GANG, timeout=5)
+    host = ControlPlane.host(listener, GANG, SECRET, timeout=5)
     listener.close()  # as the leader does: the store serves on a descriptor of its own
-    node = ControlPlane.connect("127.0.0.1", port, GANG, timeout=5)
+    node = ControlPlane.connect("127.0.0.1", port, GANG, SECRET, timeout=5)
     yield host, node, port
 
 
@@ -257,26 +258,70 @@ def test_report_from_outside_calls_on_failure_once(gang, started):
     assert len(sup.failures) == 2
 
 
+def _intruder(port):
+    """A client that reached the store's port but was not given the gang's secret."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", port, None, False, timedelta(seconds=5))
+
+
+def test_a_client_without_the_secret_cannot_stop_join_or_fail_the_gang(gang):
+    host, node, port = gang
+    intruder = _intruder(port)
+    bogus = Failure(1, 1, "exception", time.time(), message="ValueError: bogus", local_rank=0)
+    # the gang's keys as they were named before they lay under a secret, and guesses under it
+    for prefix in ("mftd/", "mftd//", "mftd/%s/" % GANG):
+        intruder.set(prefix + "abort", "1")
+        intruder.set(prefix + "joined/node1", "1")
+        intruder.set(prefix + "node/1/failure", bogus.to_json())
+        intruder.set(prefix + "node/1/done", "1")
+    intruder.set(naming.PUBLIC_GANG_KEY, "someone-else")
+    assert intruder.check(["mftd/abort"])  # the writes reached the store
+    for control in (host, node):
+        assert not control.aborted()
+        assert not control.joined("node1")
+        assert control.failure(1) is None
+        assert not control.finished(1)
+    # a node of the gang still joins, though the public gang key now names someone else
+    late = ControlPlane.connect("127.0.0.1", port, GANG, SECRET, timeout=5)
+    late.join("node1")
+    assert host.joined("node1")
+    # the gang's own abort still works, under its secret
+    host.abort()
+    assert node.aborted() and intruder.check([naming.Keys(SECRET).abort])
+
+
+def test_a_node_with_the_wrong_secret_is_told_it_reached_another_gang(gang):
+    _, _, port = gang
+    with pytest.raises(GangMismatch) as info:
+        ControlPlane.connect("127.0.0.1", port, GANG, "not-the-secret", timeout=5)
+    assert GANG in str(info.value)
+
+
 def test_connect_to_another_gangs_store_raises_gang_mismatch(gang):
     _, _, port = gang
     with pytest.raises(GangMismatch) as info:
-        ControlPlane.connect("127.0.0.1", port, "1700-train-5-1", timeout=5)
+        ControlPlane.connect("127.0.0.1", port, "1700-train-5-1", "another-secret",
+                             timeout=5)
     assert GANG in str(info.value) and "1700-train-5-1" in str(info.value)
 
 
 def test_two_gangs_on_port_0_get_different_ports_and_stay_apart():
     listeners = [bind_listener("127.0.0.1", 0) for _ in range(2)]
     ports = [l.getsockname()[1] for l in listeners]
-    hosts = [ControlPlane.host(l, "gang-%d" % i, timeout=10) for i, l in enumerate(listeners)]
+    hosts = [ControlPlane.host(l, "gang-%d" % i, "secret-%d" % i, timeout=10) for i, l in enumerate(listeners)]
     for listener in listeners:
         listener.close()
     assert ports[0] != ports[1] and 0 not in ports
-    clients = [ControlPlane.connect("127.0.0.1", p, "gang-%d" % i, timeout=10)
+    clients = [ControlPlane.connect("127.0.0.1", p, "gang-%d" % i, "secret-%d" % i,
+                                    timeout=10)
                for i, p in enumerate(ports)]
     clients[0].join("node1")
     assert hosts[0].joined("node1") and not hosts[1].joined("node1")
     with pytest.raises(GangMismatch):
-        ControlPlane.connect("127.0.0.1", ports[1], "gang-0", timeout=10)
+        ControlPlane.connect("127.0.0.1", ports[1], "gang-0", "secret-0", timeout=10)
 
 
 def test_a_fixed_port_in_use_raises_eaddrinuse():
@@ -294,7 +339,7 @@ def test_closing_the_listener_after_hosting_never_closes_someone_elses_fd(tmp_pa
     leader closes its listener while the store lives on: the store must own an fd of its own."""
     listener = bind_listener("127.0.0.1", 0)
     number = listener.fileno()
-    host = ControlPlane.host(listener, GANG, timeout=10)
+    host = ControlPlane.host(listener, GANG, SECRET, timeout=10)
     listener.close()  # what Leader.run's finally does, the store still alive
     other = os.open(tmp_path / "artifact.bin", os.O_WRONLY | os.O_CREAT)
     if other != number:  # the task's next file takes the freed number

@@ -17,7 +17,8 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.launch impo
     TaskIdentity
 from tests.emulation.aws import validate_request
 
-MAIN_ENV = {batch.MAIN_NODE_ENV: '{"step": "train", "nodes": 2, "master_port": 23456}'}
+MAIN_ENV = {batch.MAIN_NODE_ENV: '{"step": "train", "nodes": 2, "master_port": 23456, '
+                                 '"secret": "0123abcd"}'}
 AGENT_ENV = {"METAFLOW_TORCH_DISTRIBUTED_MEMBER": "{}", "METAFLOW_SPIN_ALLOWED_DECORATORS": "[]"}
 AGENT_CMD = ["bash", "-c", "agent"]
 
@@ -121,7 +122,7 @@ def test_input_path_variables_in_numeric_order():
 
 def test_main_node_plan():
     env = {batch.MAIN_NODE_ENV: MAIN_ENV[batch.MAIN_NODE_ENV], batch.NUM_NODES: "2"}
-    assert batch.main_node_plan(env, "train") == (2, 23456)
+    assert batch.main_node_plan(env, "train") == (2, 23456, "0123abcd")
     assert batch.main_node_plan(env, "other") is None
     assert batch.main_node_plan({}, "train") is None
     with pytest.raises(TorchDistributedEnvironmentError, match="needs 2 nodes but this AWS "
@@ -131,7 +132,7 @@ def test_main_node_plan():
 
 def agent_spec():
     return GangSpec(role="agent", step_name="train", nodes=2, nproc_per_node=2, node=-1,
-                    master_addr="", master_port=23456, gang_id="g", restart_count=0,
+                    master_addr="", master_port=23456, gang_id="g", secret="s", restart_count=0,
                     accelerator="auto", rendezvous_timeout=60.0, start_method="auto",
                     work_dir="", task=dict(IDENTITY.__dict__, input_paths=""), top_args=[],
                     backend="batch")

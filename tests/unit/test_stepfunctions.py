@@ -70,7 +70,7 @@ def sfn_payload():
 
 def test_node_payload_keeps_step_functions_paths_and_defers_the_port():
     got = stepfunctions.node_payload(sfn_payload(), 2, "train", ["bash", "-c", "agent"],
-                                     AGENT_ENV)
+                                     AGENT_ENV, "salt")
     main, agent = got["nodeOverrides"]["nodePropertyOverrides"]
     assert main["containerOverrides"]["command"] == stepfunctions.BARE_JOB_ID + [
         "bash", "-c", "task"]
@@ -81,16 +81,16 @@ def test_node_payload_keeps_step_functions_paths_and_defers_the_port():
         assert {"name": "METAFLOW_RUN_ID", "value.$": "$.Parameters.['metaflow.run_id']"} in env
     plan = {e["name"]: e.get("value") for e in main["containerOverrides"]["environment"]}
     assert json.loads(plan[batch.MAIN_NODE_ENV]) == {"step": "train", "nodes": 2,
-                                                     "master_port": None}
+                                                     "master_port": None, "secret": "salt"}
     assert batch.main_node_plan({batch.MAIN_NODE_ENV: plan[batch.MAIN_NODE_ENV],
-                                 batch.NUM_NODES: "2"}, "train") == (2, None)
+                                 batch.NUM_NODES: "2"}, "train") == (2, None, "salt")
 
 
 def test_an_agent_takes_its_task_from_its_spin_step_and_meets_node_0():
     spec = stepfunctions.agent_spec(dict(
         step_name="train", nodes=2, nproc_per_node=2, accelerator="auto",
         rendezvous_timeout=60.0, start_method="auto", heartbeat_timeout=30.0,
-        group_check_default="error"))
+        group_check_default="error"), "salt")
     params = {"run_id": "sfn-x", "task_id": "0f1e-node-1", "input_paths": "sfn-x/start/a",
               "retry_count": 1, "max_user_code_retries": 2, "split_index": 3,
               "namespace": None, "orig_flow_datastore": "s3@s3://b/mf"}
@@ -101,6 +101,12 @@ def test_an_agent_takes_its_task_from_its_spin_step_and_meets_node_0():
     assert got.master_port == naming.remote_port("sfn-x", "train", "0f1e", 1)
     assert got.restart_count == 1
     assert got.task["task_id"] == "0f1e" and got.task["split_index"] == 3
+    # the attempt's secret, derived from the job's salt as node 0 derives it: another attempt
+    # (a Batch retry of the same job) gets another one
+    assert got.secret == naming.attempt_secret("salt", got.gang_id)
+    assert len(got.secret) == 32 and got.secret != "salt"
+    retried = batch.resolve_node(spec, env, dict(params, retry_count=2), [])
+    assert retried.secret not in (got.secret, "salt")
     # a `run --with batch` agent keeps what it was submitted with
     assert batch.resolve_node(agent_spec(), env, params, []).gang_id == "g"
 

@@ -10,7 +10,8 @@ teardown keeps its process alive for seconds), after_body (the others have finis
 How (TD_FAIL_HOW): raise, exit (code 3), sigkill, hang (sleeps; TD_PG_TIMEOUT gives the process
 group a short timeout so that the peers of a hung rank give up), raise_with_child (raises with
 a torch.multiprocessing child running that ignores SIGTERM; the child writes its pid to
-$TD_MARK_DIR/child-pid)."""
+$TD_MARK_DIR/child-pid).
+TD_INTRUDE: rank 0 first plays a client that reached the gang's store without its secret."""
 
 import os
 import signal
@@ -92,6 +93,28 @@ def start_stubborn_child():
         time.sleep(0.01)
 
 
+def intrude():
+    """What anything that can reach node 0's store port could write: an abort, a node's join,
+    done and failure, under the control plane's key names without the gang's secret, and
+    another gang's id; then time for every watch to look (the supervisors poll every 0.05 s)."""
+    import json
+    from torch.distributed import TCPStore
+
+    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                     timedelta(seconds=10))
+    failure = {"rank": 1, "node": 1, "kind": "exception", "detected_at": time.time(),
+               "message": "ValueError: bogus", "local_rank": 0}
+    for node in range(1, NODES):
+        store.set("mftd/joined/node%d" % node, "1")
+        store.set("mftd/node/%d/done" % node, "1")
+        store.set("mftd/node/%d/failure" % node, json.dumps(dict(failure, node=node)))
+    store.set("mftd/abort", "1")
+    store.set("mftd/gang", "someone-else")
+    store.check(["mftd/gang"])  # wait until the server has them all
+    print("intruder wrote its keys", flush=True)
+    time.sleep(2)
+
+
 class GangFlow(FlowSpec):
     @step
     def start(self):
@@ -106,6 +129,8 @@ class GangFlow(FlowSpec):
 
         # An artifact set before anything can fail: a failed attempt must not show it.
         self.started_attempt = current.retry_count
+        if os.environ.get("TD_INTRUDE") and os.environ["RANK"] == "0":
+            intrude()
         if os.environ.get("TD_ALL_SLEEP"):
             open(os.path.join(os.environ["TD_MARK_DIR"], "sleeping-%s" % os.environ["RANK"]), "w").close()
             time.sleep(3600)

@@ -9,7 +9,9 @@ in a command string; see reference/metaflow_internals.md, sections 4 and 5 (opti
 
 On the nodes: node 0 is the Metaflow task and hosts the gang's store on a port fixed by run,
 step, task and attempt (`naming.remote_port`); the agents find it through
-AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS, which AWS Batch sets on child nodes only.
+AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS, which AWS Batch sets on child nodes only. The
+port is predictable; the store's keys are not: they lie under a random secret drawn for each
+submission and given to every node in its job environment (naming.Keys).
 """
 
 import copy
@@ -30,7 +32,8 @@ from .launch import GangSpec, TaskIdentity, spin_env_additions, spin_step_option
 
 # Set by the decorator's runtime_step_cli on the trampoline of a multi-node step (the step's name).
 TRAMPOLINE_ENV = "METAFLOW_TORCH_DISTRIBUTED_BATCH_STEP"
-# In node 0's job environment: {"step": .., "nodes": N, "master_port": P}.
+# In node 0's job environment: {"step": .., "nodes": N, "master_port": P, "secret": S}; the
+# agents find the same secret in their GangSpec (both are set where the job is submitted).
 MAIN_NODE_ENV = "METAFLOW_TORCH_DISTRIBUTED_BATCH_MAIN"
 
 NODE_INDEX = "AWS_BATCH_JOB_NODE_INDEX"
@@ -103,9 +106,9 @@ def input_path_vars(env):
 
 
 def main_node_plan(environ, step_name):
-    """(nodes, port) when this process is node 0 of this step's multi-node job, else None.
-    The port is None when the job was compiled before its run existed (Step Functions): node 0
-    derives it from its task (naming.remote_port), as its agents do (resolve_node)."""
+    """(nodes, port, secret) when this process is node 0 of this step's multi-node job, else
+    None. The port is None when the job was compiled before its run existed (Step Functions):
+    node 0 derives it from its task (naming.remote_port), as its agents do (resolve_node)."""
     raw = environ.get(MAIN_NODE_ENV)
     if raw is None:
         return None
@@ -118,7 +121,7 @@ def main_node_plan(environ, step_name):
             step_name, "the gang needs %d nodes but this AWS Batch job has %s (%s=%r). The "
             "job was not submitted by this version of @torch_distributed; rerun the step."
             % (plan["nodes"], found, NUM_NODES, environ.get(NUM_NODES)))
-    return plan["nodes"], plan["master_port"]
+    return plan["nodes"], plan["master_port"], plan["secret"]
 
 
 def main_node_address(environ):
@@ -155,10 +158,12 @@ def resolve_node(spec, environ, params, top_args):
                     max_user_code_retries=int(params.get("max_user_code_retries") or 0),
                     namespace=params.get("namespace"),
                     orig_datastore=params["orig_flow_datastore"])
+        gang_id = naming.gang_id(task["run_id"], spec.step_name, task["task_id"], retry)
         fields = dict(
-            gang_id=naming.gang_id(task["run_id"], spec.step_name, task["task_id"], retry),
+            gang_id=gang_id,
             master_port=naming.remote_port(task["run_id"], spec.step_name, task["task_id"],
                                            retry),
+            secret=naming.attempt_secret(spec.secret, gang_id),  # spec.secret: the job's salt
             restart_count=retry)
     return replace(spec, node=node, master_addr=master_addr, task=task, top_args=top_args,
                    work_dir=tempfile.mkdtemp(prefix="torch-distributed-"), **fields)
@@ -245,9 +250,12 @@ def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name)
                                   ctx.obj.flow_datastore.datastore_root),
     )
     port = naming.remote_port(identity.run_id, step_name, identity.task_id, retry_count)
+    # The attempt's store secret, for node 0 and the agents alike: it reaches the nodes in the
+    # job's environment only, never through the store.
+    secret = naming.new_secret()
     spec = GangSpec(**spec_fields, role="agent", node=-1, master_addr="", master_port=port,
                     gang_id=naming.gang_id(identity.run_id, step_name, identity.task_id,
-                                           retry_count),
+                                           retry_count), secret=secret,
                     restart_count=retry_count, work_dir="", task=identity.__dict__,
                     top_args=[], backend="batch")
     executable = ctx.obj.environment.executable(step_name, params.get("executable"))
@@ -260,7 +268,7 @@ def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name)
                                    a["code_package_url"], step_name, [agent_cli],
                                    agent_task_spec, a.get("offload_command_to_s3", False))
     main_env = {MAIN_NODE_ENV: json.dumps({"step": step_name, "nodes": nodes,
-                                           "master_port": port})}
+                                           "master_port": port, "secret": secret})}
     agent_env = spin_env_additions(os.environ, spec, decorator_name)
     built = gang_payload(_plain(job.payload), nodes, main_env, agent_command, agent_env)
     job.payload.clear()

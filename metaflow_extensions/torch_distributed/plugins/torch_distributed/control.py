@@ -7,10 +7,15 @@ node agents use it to check in, report failures and learn that the gang is abort
 import json
 import os
 import socket
+import time
 from datetime import timedelta
 
 from .failures import Failure
-from .naming import Keys
+from .naming import PUBLIC_GANG_KEY, Keys
+
+# Seconds a joining node waits for its gang's key once the store's public gang key is there
+# (node 0 writes its gang's key first: a wait only when someone else wrote the public key).
+GANG_KEY_WAIT = 2.0
 
 
 def bind_listener(host="0.0.0.0", port=0):
@@ -28,12 +33,16 @@ def bind_listener(host="0.0.0.0", port=0):
 
 
 class ControlPlane:
-    def __init__(self, store, gang_id):
+    """The gang's keys in its store, under the gang attempt's secret (naming.Keys): a client
+    that reaches the store without the secret cannot read, stop or confuse the gang."""
+
+    def __init__(self, store, gang_id, secret):
         self._store = store
+        self._keys = Keys(secret)
         self.gang_id = gang_id
 
     @classmethod
-    def host(cls, listener, gang_id, timeout):
+    def host(cls, listener, gang_id, secret, timeout):
         """Serve the store on `listener` (bound before any member was forked)."""
         from torch.distributed import TCPStore
 
@@ -47,20 +56,31 @@ class ControlPlane:
             # The store adopts (and at the end closes) the fd it is given: give it its own.
             master_listen_fd=os.dup(listener.fileno()),
         )
-        store.set(Keys.gang, gang_id)
-        return cls(store, gang_id)
+        control = cls(store, gang_id, secret)
+        control._set(control._keys.gang, gang_id)
+        store.set(PUBLIC_GANG_KEY, gang_id)
+        return control
 
     @classmethod
-    def connect(cls, addr, port, gang_id, timeout):
-        """Join node 0's store. Raises GangMismatch if the store belongs to another gang."""
+    def connect(cls, addr, port, gang_id, secret, timeout):
+        """Join node 0's store. Raises GangMismatch if the store does not hold this gang's key
+        (another gang's store, reached at the same address and port)."""
         from torch.distributed import TCPStore
 
         store = TCPStore(addr, port, None, False, timedelta(seconds=timeout))
-        store.wait([Keys.gang])
-        found = store.get(Keys.gang).decode()
-        if found != gang_id:
-            raise GangMismatch(found, gang_id)
-        return cls(store, gang_id)
+        store.wait([PUBLIC_GANG_KEY])
+        control = cls(store, gang_id, secret)
+        if not control._holds_gang(GANG_KEY_WAIT):
+            raise GangMismatch(store.get(PUBLIC_GANG_KEY).decode(), gang_id)
+        return control
+
+    def _holds_gang(self, wait):
+        deadline = time.monotonic() + wait
+        while not self._store.check([self._keys.gang]):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return self._store.get(self._keys.gang).decode() == self.gang_id
 
     def _set(self, key, value):
         """TCPStore's set does not wait for the server; the check after it does (requests of one
@@ -69,65 +89,65 @@ class ControlPlane:
         self._store.check([key])
 
     def join(self, join_id):
-        self._set(Keys.joined(join_id), "1")
+        self._set(self._keys.joined(join_id), "1")
 
     def joined(self, join_id):
-        return self._store.check([Keys.joined(join_id)])
+        return self._store.check([self._keys.joined(join_id)])
 
     def finish(self, node):
-        self._set(Keys.done(node), "1")
+        self._set(self._keys.done(node), "1")
 
     def finished(self, node):
-        return self._store.check([Keys.done(node)])
+        return self._store.check([self._keys.done(node)])
 
     def report_running(self, node, ranks):
-        self._set(Keys.running(node), json.dumps(list(ranks)))
+        self._set(self._keys.running(node), json.dumps(list(ranks)))
 
     def running(self, node):
         """Ranks node `node` said were still running when it reported its failure."""
-        if not self._store.check([Keys.running(node)]):
+        if not self._store.check([self._keys.running(node)]):
             return []
-        return json.loads(self._store.get(Keys.running(node)).decode())
+        return json.loads(self._store.get(self._keys.running(node)).decode())
 
     def report_failure(self, node, failure):
-        self._set(Keys.failure(node), failure.to_json())
+        self._set(self._keys.failure(node), failure.to_json())
 
     def failure(self, node):
         """The failure node `node` reported, or None."""
-        if not self._store.check([Keys.failure(node)]):
+        if not self._store.check([self._keys.failure(node)]):
             return None
-        return Failure.from_json(self._store.get(Keys.failure(node)).decode())
+        return Failure.from_json(self._store.get(self._keys.failure(node)).decode())
 
     def rank_finished(self, rank):
-        self._set(Keys.rank_done(rank), "1")
+        self._set(self._keys.rank_done(rank), "1")
 
     def rank_is_done(self, rank):
-        return self._store.check([Keys.rank_done(rank)])
+        return self._store.check([self._keys.rank_done(rank)])
 
     def beat(self, node):
         """Tell node 0 that node `node` is alive (see Supervisor's heartbeat watch)."""
-        self._store.add(Keys.beat(node), 1)
+        self._store.add(self._keys.beat(node), 1)
 
     def beats(self, node):
         """How many heartbeats node `node` has sent."""
-        return self._store.add(Keys.beat(node), 0)
+        return self._store.add(self._keys.beat(node), 0)
 
     def ship_log(self, node, target_fd, data):
         """Queue output of node `node` (complete lines, for fd 1 or 2) for node 0's task log."""
-        seq = self._store.add(Keys.log_count(node), 1)
+        seq = self._store.add(self._keys.log_count(node), 1)
         stream = 1 if target_fd == 1 else 2
-        self._store.set(Keys.log_chunk(node, seq), bytes([stream]) + data)
+        self._store.set(self._keys.log_chunk(node, seq), bytes([stream]) + data)
 
     def end_log(self, node):
-        self._set(Keys.log_end(node), "1")
+        self._set(self._keys.log_end(node), "1")
 
     def take_logs(self, node, after):
         """([(target fd, data)], last seq taken) of the chunks node `node` shipped after `after`;
         each chunk is deleted from the store once taken."""
-        count = self._store.add(Keys.log_count(node), 0)
+        count = self._store.add(self._keys.log_count(node), 0)
         chunks = []
         for seq in range(after + 1, count + 1):
-            key = Keys.log_chunk(node, seq)
+            key = self._keys.log_chunk(node, seq)
             if not self._store.check([key]):
                 break  # counted but not written yet: take it next time
             raw = self._store.get(key)
@@ -137,30 +157,30 @@ class ControlPlane:
         return chunks, after
 
     def log_ended(self, node):
-        return self._store.check([Keys.log_end(node)])
+        return self._store.check([self._keys.log_end(node)])
 
     def publish_checkpoint(self, fields):
-        self._set(Keys.checkpoint, json.dumps(fields))
+        self._set(self._keys.checkpoint, json.dumps(fields))
 
     def checkpoint(self):
         """What node 0 published with publish_checkpoint (waits for it)."""
-        self._store.wait([Keys.checkpoint])
-        return json.loads(self._store.get(Keys.checkpoint).decode())
+        self._store.wait([self._keys.checkpoint])
+        return json.loads(self._store.get(self._keys.checkpoint).decode())
 
     def send_node_events(self, node, record):
-        self._set(Keys.node_events(node), json.dumps(record))
+        self._set(self._keys.node_events(node), json.dumps(record))
 
     def node_events(self, node):
         """What node `node` sent of the gang's record, or None."""
-        if not self._store.check([Keys.node_events(node)]):
+        if not self._store.check([self._keys.node_events(node)]):
             return None
-        return json.loads(self._store.get(Keys.node_events(node)).decode())
+        return json.loads(self._store.get(self._keys.node_events(node)).decode())
 
     def abort(self):
-        self._set(Keys.abort, "1")
+        self._set(self._keys.abort, "1")
 
     def aborted(self):
-        return self._store.check([Keys.abort])
+        return self._store.check([self._keys.abort])
 
 
 class GangMismatch(Exception):

@@ -20,13 +20,15 @@ class TorchDistributedInfo:
     the rank's environment (RANK, LOCAL_RANK, WORLD_SIZE, ...), so code that reads either agrees.
     """
 
-    def __init__(self, topology, node, local_rank, master_addr, master_port, accelerator):
+    def __init__(self, topology, node, local_rank, master_addr, master_port, accelerator,
+                 secret):
         self._topology = topology
         self._node = node
         self._local_rank = local_rank
         self._master_addr = master_addr
         self._master_port = master_port
         self._accelerator = accelerator
+        self._keys = Keys(secret)  # gather's keys lie under the gang's secret
         self._store = None
         self._gather_seq = 0
 
@@ -94,10 +96,10 @@ class TorchDistributedInfo:
         store = self._connect()
         seq = self._gather_seq
         self._gather_seq += 1
-        store.set(Keys.gather(seq, self.rank), pickle.dumps(obj))
+        store.set(self._keys.gather(seq, self.rank), pickle.dumps(obj))
         if not self.is_main:
             return None
-        keys = [Keys.gather(seq, r) for r in range(self.world_size)]
+        keys = [self._keys.gather(seq, r) for r in range(self.world_size)]
         _wait_interruptibly(store, keys, GATHER_TIMEOUT)
         values = [pickle.loads(store.get(k)) for k in keys]
         for k in keys:

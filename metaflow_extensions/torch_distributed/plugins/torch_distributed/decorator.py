@@ -170,18 +170,22 @@ class TorchDistributedDecorator(StepDecorator):
                                          _rehearsal())
             accelerator, blocks = self._local_devices()
             master_addr, port, backend = "127.0.0.1", 0, "local"
+            secret = naming.new_secret()
         else:  # node 0 of an AWS Batch multi-node job
             accelerator, blocks = self._node_devices(), {}
-            port = remote[1]
+            port, secret = remote[1], remote[2]  # the agents got the same from the submission
             if port is None:  # Step Functions: the run and task exist only now
                 port = naming.remote_port(identity.run_id, self.step_name, identity.task_id,
                                           retry_count)
+                secret = naming.attempt_secret(secret, naming.gang_id(
+                    identity.run_id, self.step_name, identity.task_id, retry_count))
             master_addr, backend = batch.main_node_address(os.environ), "batch"
         fields = dict(
             self._common_fields(),
             master_addr=master_addr,
             gang_id=naming.gang_id(identity.run_id, self.step_name, identity.task_id,
                                    retry_count),
+            secret=secret,
             restart_count=retry_count,
             accelerator=accelerator,
             start_method=_resolve_start_method(self.start_method),

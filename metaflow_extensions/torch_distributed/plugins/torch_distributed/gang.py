@@ -171,7 +171,7 @@ def run_rank_body(spec, topology, local_rank, step_func, args):
 
 def rank_info(spec, topology, local_rank):
     return current_mod.TorchDistributedInfo(topology, spec.node, local_rank, spec.master_addr,
-                                            spec.master_port, spec.accelerator)
+                                            spec.master_port, spec.accelerator, spec.secret)
 
 
 class Leader:
@@ -221,14 +221,15 @@ class Leader:
                 agents.append(Slot(spawn_member(naming.agent_label(node), argv, env), node))
             runner.slots.extend(agents)
             runner.capture(naming.rank_label(0), close_in_pump=[listener.fileno()])
-            control = ControlPlane.host(listener, spec.gang_id, spec.rendezvous_timeout)
+            control = ControlPlane.host(listener, spec.gang_id, spec.secret,
+                                        spec.rendezvous_timeout)
             self.control = control
             if self.remote:  # agents on other machines ask for what node 0's @checkpoint loaded
                 control.publish_checkpoint(spec.checkpoint)
             if self.remote and self.topology.nodes > 1:
                 receiver = self.receiver = LogReceiver(
                     ControlPlane.connect("127.0.0.1", spec.master_port, spec.gang_id,
-                                         spec.rendezvous_timeout),
+                                         spec.secret, spec.rendezvous_timeout),
                     range(1, self.topology.nodes),
                     {1: runner.saved_fds[0], 2: runner.saved_fds[1]},
                     tee=self.recorder.remote_tails).start()
@@ -426,7 +427,8 @@ class Agent:
         try:
             try:
                 control = ControlPlane.connect(self.spec.master_addr, self.spec.master_port,
-                                               self.spec.gang_id, self.spec.rendezvous_timeout)
+                                               self.spec.gang_id, self.spec.secret,
+                                               self.spec.rendezvous_timeout)
             except (GangMismatch, RuntimeError) as ex:
                 print("cannot reach node 0 at %s:%d: %s"
                       % (self.spec.master_addr, self.spec.master_port, ex), file=sys.stderr)
@@ -470,7 +472,7 @@ def run_exec_rank(spec, topology, step_func, args):
     """The body of an exec'd rank (start method exec): check in, run the step, exit status."""
     rank = topology.rank(spec.node, spec.local_rank)
     control = ControlPlane.connect(spec.master_addr, spec.master_port, spec.gang_id,
-                          spec.rendezvous_timeout)
+                                   spec.secret, spec.rendezvous_timeout)
     control.join(naming.rank_join_id(rank))
     current_mod.install(rank_info(spec, topology, spec.local_rank))
     return run_member_body(lambda: run_rank_body(spec, topology, spec.local_rank, step_func, args),

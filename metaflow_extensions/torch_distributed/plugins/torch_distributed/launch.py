@@ -28,6 +28,8 @@ class GangSpec:
     master_addr: str
     master_port: int
     gang_id: str
+    # The attempt's secret, under which the gang's store keys lie (naming.Keys); never logged
+    secret: str
     restart_count: int
     accelerator: str
     rendezvous_timeout: float

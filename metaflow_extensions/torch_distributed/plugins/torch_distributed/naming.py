@@ -2,10 +2,15 @@
 labels."""
 
 import hashlib
+import hmac
+import secrets
 
 # Prefix of every key our control plane writes to the gang's TCPStore; torch's own keys
 # (written by init_process_group) live under other prefixes.
 _KEY_PREFIX = "mftd/"
+# The one key outside the gang's secret: the gang id, so that a node that reached another
+# gang's store can say whose it is (ControlPlane.connect). Nothing is decided on its value.
+PUBLIC_GANG_KEY = _KEY_PREFIX + "gang"
 
 
 def gang_id(run_id, step_name, task_id, attempt):
@@ -24,6 +29,20 @@ def remote_port(run_id, step_name, task_id, attempt):
     digest = hashlib.sha256(gang_id(run_id, step_name, task_id, attempt).encode()).digest()
     low, high = REMOTE_PORT_RANGE
     return low + int.from_bytes(digest[:4], "big") % (high - low + 1)
+
+
+def new_secret():
+    """A gang attempt's secret: every other key of its store lies under it, so only a process
+    given the secret (its GangSpec, or on AWS Batch the job's environment) can read or write
+    them; a client that merely reaches node 0's port cannot stop or confuse the gang."""
+    return secrets.token_hex(16)
+
+
+def attempt_secret(salt, gang_id):
+    """The secret of the attempt `gang_id` of a job compiled before its runs existed (Step
+    Functions): its nodes share `salt` from the job definition and derive the same secret;
+    each attempt gets another, and nobody without the salt can compute one."""
+    return hmac.new(salt.encode(), gang_id.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def hidden_task_id(task_id, node, local_rank=None):
@@ -52,59 +71,59 @@ def rank_join_id(rank):
 
 
 class Keys:
-    """Keys of the control plane in the gang's store."""
+    """Keys of the control plane in the gang's store, all under the gang attempt's secret."""
 
-    gang = _KEY_PREFIX + "gang"
-    abort = _KEY_PREFIX + "abort"
-    # node 0's @checkpoint, for the agents of remote nodes (checkpoints.gang_fields, JSON)
-    checkpoint = _KEY_PREFIX + "checkpoint"
+    def __init__(self, secret):
+        self._prefix = "%s%s/" % (_KEY_PREFIX, secret)
 
-    @staticmethod
-    def joined(join_id):
-        return "%sjoined/%s" % (_KEY_PREFIX, join_id)
+    @property
+    def gang(self):
+        return self._prefix + "gang"
 
-    @staticmethod
-    def done(node):
-        return "%snode/%d/done" % (_KEY_PREFIX, node)
+    @property
+    def abort(self):
+        return self._prefix + "abort"
 
-    @staticmethod
-    def failure(node):
-        return "%snode/%d/failure" % (_KEY_PREFIX, node)
+    @property
+    def checkpoint(self):
+        """node 0's @checkpoint, for the agents of remote nodes (checkpoints.gang_fields, JSON)"""
+        return self._prefix + "checkpoint"
 
-    @staticmethod
-    def running(node):
+    def joined(self, join_id):
+        return "%sjoined/%s" % (self._prefix, join_id)
+
+    def done(self, node):
+        return "%snode/%d/done" % (self._prefix, node)
+
+    def failure(self, node):
+        return "%snode/%d/failure" % (self._prefix, node)
+
+    def running(self, node):
         """The ranks of node `node` still running when its agent reported a failure (JSON)."""
-        return "%snode/%d/running" % (_KEY_PREFIX, node)
+        return "%snode/%d/running" % (self._prefix, node)
 
-    @staticmethod
-    def rank_done(rank):
+    def rank_done(self, rank):
         """Set when rank `rank` (a member on a node other than 0) finished its step body."""
-        return "%srank/%d/done" % (_KEY_PREFIX, rank)
+        return "%srank/%d/done" % (self._prefix, rank)
 
-    @staticmethod
-    def beat(node):
+    def beat(self, node):
         """A counter node `node` increments while it is alive."""
-        return "%snode/%d/beat" % (_KEY_PREFIX, node)
+        return "%snode/%d/beat" % (self._prefix, node)
 
-    @staticmethod
-    def log_count(node):
+    def log_count(self, node):
         """How many log chunks node `node` has shipped to node 0."""
-        return "%snode/%d/log" % (_KEY_PREFIX, node)
+        return "%snode/%d/log" % (self._prefix, node)
 
-    @staticmethod
-    def log_chunk(node, seq):
-        return "%snode/%d/log/%d" % (_KEY_PREFIX, node, seq)
+    def log_chunk(self, node, seq):
+        return "%snode/%d/log/%d" % (self._prefix, node, seq)
 
-    @staticmethod
-    def log_end(node):
+    def log_end(self, node):
         """Set when node `node` has shipped its last log chunk."""
-        return "%snode/%d/log/end" % (_KEY_PREFIX, node)
+        return "%snode/%d/log/end" % (self._prefix, node)
 
-    @staticmethod
-    def node_events(node):
+    def node_events(self, node):
         """Node `node`'s share of the gang's record for its card (JSON, see events.py)."""
-        return "%snode/%d/events" % (_KEY_PREFIX, node)
+        return "%snode/%d/events" % (self._prefix, node)
 
-    @staticmethod
-    def gather(seq, rank):
-        return "%sgather/%d/%d" % (_KEY_PREFIX, seq, rank)
+    def gather(self, seq, rank):
+        return "%sgather/%d/%d" % (self._prefix, seq, rank)

@@ -45,7 +45,8 @@ class LogShipper:
     def _run(self):
         try:
             control = ControlPlane.connect(self.spec.master_addr, self.spec.master_port,
-                                           self.spec.gang_id, self.spec.rendezvous_timeout)
+                                           self.spec.gang_id, self.spec.secret,
+                                           self.spec.rendezvous_timeout)
             while True:
                 item = self._queue.get()
                 if item is None:

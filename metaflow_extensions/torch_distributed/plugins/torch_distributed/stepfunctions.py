@@ -17,7 +17,7 @@ batch.resolve_node).
 import json
 import shlex
 
-from . import batch
+from . import batch, naming
 from .errors import TorchDistributedConfigError
 from .launch import GangSpec, spin_env_additions
 
@@ -65,18 +65,21 @@ def agent_words(step_cli, step_name, orig_datastore):
     return words[:at] + ["spin-step"] + spin
 
 
-def agent_spec(spec_fields):
-    """The GangSpec every agent node is given: what is known before the run exists."""
+def agent_spec(spec_fields, salt):
+    """The GangSpec every agent node is given: what is known before the run exists. Its
+    `secret` is the job's salt, from which each attempt's secret is derived on the node
+    (naming.attempt_secret)."""
     return GangSpec(**spec_fields, role="agent", node=-1, master_addr="", master_port=0,
-                    gang_id="", restart_count=0, work_dir="", task={}, top_args=[],
+                    gang_id="", secret=salt, restart_count=0, work_dir="", task={}, top_args=[],
                     backend="batch")
 
 
-def node_payload(payload, nodes, step_name, agent_command, agent_env):
+def node_payload(payload, nodes, step_name, agent_command, agent_env, salt):
     """The SubmitJob payload of the gang's state: batch.gang_payload, with every node's
-    command run under BARE_JOB_ID and no store port (node 0 derives it)."""
+    command run under BARE_JOB_ID, no store port and the salt of the attempts' secrets (node 0
+    derives both, as its agents do)."""
     main_env = {batch.MAIN_NODE_ENV: json.dumps({"step": step_name, "nodes": nodes,
-                                                 "master_port": None})}
+                                                 "master_port": None, "secret": salt})}
     built = batch.gang_payload(payload, nodes, main_env, agent_command, agent_env)
     for override in built["nodeOverrides"]["nodePropertyOverrides"]:
         container = override["containerOverrides"]
@@ -106,9 +109,10 @@ def install(step_name, graph, nodes, spec_fields, decorator_name):
             self.environment, kwargs["code_package_metadata"], kwargs["code_package_url"],
             step_name, [" ".join(words)], dict(kwargs["task_spec"], task_id=AGENT_TASK_ID),
             kwargs.get("offload_command_to_s3", False))
-        agent_env = spin_env_additions({}, agent_spec(spec_fields), decorator_name)
+        salt = naming.new_secret()
+        agent_env = spin_env_additions({}, agent_spec(spec_fields, salt), decorator_name)
         built = node_payload(batch._plain(job.payload), nodes, step_name, agent_command,
-                             agent_env)
+                             agent_env, salt)
         job.payload.clear()
         job.payload.update(built)
         job.num_parallel = 0  # the payload as built: no command rewriting in execute()
