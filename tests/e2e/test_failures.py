@@ -85,7 +85,8 @@ def run_bounded(flow_runner, env, *args, bound=RUN_BOUND):
 
 def failing_env(rank, when, how, **extra):
     env = dict(GANG, TD_FAIL_RANK=rank, TD_FAIL_WHEN=when, TD_FAIL_HOW=how,
-               TD_RDZV_TIMEOUT=RDZV_TIMEOUT, **extra)
+               TD_RDZV_TIMEOUT=RDZV_TIMEOUT)
+    env.update(extra)
     if how == "hang":
         env["TD_PG_TIMEOUT"] = PG_TIMEOUT
     return env
@@ -194,6 +195,19 @@ def test_a_raise_fails_the_gang_before_its_process_is_gone(flow_runner, when, ho
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == \
             psutil.STATUS_ZOMBIE, "the child that ignores SIGTERM is still running"
     print("raise-to-failure rank=2 when=%s how=%s: %.2fs" % (when, how, latency))
+
+
+def test_a_rank_hung_after_its_body_is_failed_after_the_finish_timeout_not_the_rendezvous_one(
+        flow_runner):
+    # the join deadline stays long; only the finish timeout is short
+    env = failing_env(2, "after_body", "hang", TD_RDZV_TIMEOUT=300, TD_FINISH_TIMEOUT=5)
+    begun = time.time()
+    code, output = run_bounded(flow_runner, env, bound=HANG_AFTER_BODY_BOUND)
+    assert code not in (None, 0), output[-6000:]
+    assert time.time() - begun < HANG_AFTER_BODY_BOUND
+    assert "did not finish its step body within 5.0s after rank 0 finished its own" in output, \
+        output[-6000:]
+    assert "rank 2 (node 1)" in output and "raise finish_timeout" in output, output[-6000:]
 
 
 def test_missing_node_fails_after_rendezvous_timeout(flow_runner):

@@ -41,7 +41,7 @@ fields = {"env": identity, "loaded": ref, "directory": node0, "node": 0}
 def member(node, role):
     spec = GangSpec(role=role, step_name="train", nodes=2, nproc_per_node=2, node=node,
                     master_addr="127.0.0.1", master_port=1, gang_id="g", secret="s", restart_count=1,
-                    accelerator="cpu", rendezvous_timeout=5.0, start_method="fork",
+                    accelerator="cpu", rendezvous_timeout_s=5.0, finish_timeout_s=5.0, start_method="fork",
                     work_dir=os.path.join(root, "work"), task={}, top_args=[],
                     checkpoint=fields)
     placed = checkpoints.install_member(spec)

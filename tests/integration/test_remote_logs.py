@@ -26,7 +26,7 @@ def spec(port, node=1):
     return GangSpec(role="agent", step_name="train", nodes=2, nproc_per_node=1, node=node,
                     master_addr="127.0.0.1", master_port=port, gang_id=GANG, secret=SECRET,
                     restart_count=0,
-                    accelerator="cpu", rendezvous_timeout=5, start_method="fork", work_dir="",
+                    accelerator="cpu", rendezvous_timeout_s=5, finish_timeout_s=5, start_method="fork", work_dir="",
                     task={}, top_args=[], backend="batch")
 
 
@@ -104,7 +104,7 @@ def test_a_shipper_whose_node_0_is_gone_keeps_quiet_after_one_note(capfd):
     listener = bind_listener("127.0.0.1", 0)
     port = listener.getsockname()[1]
     listener.close()  # nobody serves this port
-    shipper = LogShipper(GangSpec(**{**spec(port).__dict__, "rendezvous_timeout": 0.5}))
+    shipper = LogShipper(GangSpec(**{**spec(port).__dict__, "rendezvous_timeout_s": 0.5}))
     shipper(1, b"x\n")
     shipper(1, b"y\n")
     shipper.close()

@@ -133,7 +133,7 @@ def test_main_node_plan():
 def agent_spec():
     return GangSpec(role="agent", step_name="train", nodes=2, nproc_per_node=2, node=-1,
                     master_addr="", master_port=23456, gang_id="g", secret="s", restart_count=0,
-                    accelerator="auto", rendezvous_timeout=60.0, start_method="auto",
+                    accelerator="auto", rendezvous_timeout_s=60.0, finish_timeout_s=60.0, start_method="auto",
                     work_dir="", task=dict(IDENTITY.__dict__, input_paths=""), top_args=[],
                     backend="batch")
 

@@ -21,7 +21,7 @@ def _spec(**overrides):
     fields = dict(role="agent", step_name="train", nodes=2, nproc_per_node=2, node=1,
                   master_addr="127.0.0.1", master_port=40123, gang_id="1700-train-5-1",
                   secret="0123456789abcdef0123456789abcdef",
-                  restart_count=1, accelerator="cpu", rendezvous_timeout=300.0,
+                  restart_count=1, accelerator="cpu", rendezvous_timeout_s=300.0, finish_timeout_s=300.0,
                   start_method="fork", work_dir="/tmp/torch-distributed-x",
                   task=IDENTITY.__dict__, top_args=["--quiet", "--datastore", "local"])
     fields.update(overrides)

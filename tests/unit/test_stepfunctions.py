@@ -89,7 +89,7 @@ def test_node_payload_keeps_step_functions_paths_and_defers_the_port():
 def test_an_agent_takes_its_task_from_its_spin_step_and_meets_node_0():
     spec = stepfunctions.agent_spec(dict(
         step_name="train", nodes=2, nproc_per_node=2, accelerator="auto",
-        rendezvous_timeout=60.0, start_method="auto", heartbeat_timeout=30.0,
+        rendezvous_timeout_s=60.0, finish_timeout_s=60.0, start_method="auto", heartbeat_timeout_s=30.0,
         group_check_default="error"), "salt")
     params = {"run_id": "sfn-x", "task_id": "0f1e-node-1", "input_paths": "sfn-x/start/a",
               "retry_count": 1, "max_user_code_retries": 2, "split_index": 3,

@@ -11,6 +11,11 @@ from . import username as _username  # a module: Metaflow copies no module into 
 # missing ones. The decorator attribute `rendezvous_timeout` overrides it per step.
 TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT = from_conf("TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT", 300)
 
+# Seconds the other ranks may still run once rank 0 finished its step body (and rank 0 once
+# every other rank finished) before they are failed as unfinished. Unset: the step's rendezvous
+# timeout. The decorator attribute `finish_timeout` overrides it per step.
+TORCH_DISTRIBUTED_FINISH_TIMEOUT = from_conf("TORCH_DISTRIBUTED_FINISH_TIMEOUT")
+
 # How members are started: "fork" (fast: forked from the loaded task), "exec" (a fresh
 # interpreter per member), or "auto" (fork where it is safe, else exec).
 TORCH_DISTRIBUTED_START_METHOD = from_conf("TORCH_DISTRIBUTED_START_METHOD", "auto")

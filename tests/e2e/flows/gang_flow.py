@@ -121,7 +121,9 @@ class GangFlow(FlowSpec):
         self.next(self.train)
 
     @torch_distributed(nodes=NODES, nproc_per_node=NPROC,
-                       rendezvous_timeout=float(os.environ.get("TD_RDZV_TIMEOUT", "60")))
+                       rendezvous_timeout=float(os.environ.get("TD_RDZV_TIMEOUT", "60")),
+                       finish_timeout=float(os.environ["TD_FINISH_TIMEOUT"])
+                       if os.environ.get("TD_FINISH_TIMEOUT") else None)
     @step
     def train(self):
         import torch

@@ -49,7 +49,7 @@ def from_leader(spec):
 
     try:
         control = ControlPlane.connect(spec.master_addr, spec.master_port, spec.gang_id,
-                                       spec.secret, spec.rendezvous_timeout)
+                                       spec.secret, spec.rendezvous_timeout_s)
         return control.checkpoint()
     except (GangMismatch, RuntimeError):
         return None

@@ -8,14 +8,13 @@ from metaflow.decorators import StepDecorator
 from . import batch, checkpoints
 from . import current as current_mod
 from . import frameworks
-from . import schedulers, stepfunctions
+from . import schedulers, settings, stepfunctions
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .launch import GangSpec, current_task_identity, top_level_args
 from .topology import Topology, plan_line, plan_topology
 from .usertimer import PausedTimer
 from .versions import check_metaflow_version
 
-START_METHODS = ("auto", "fork", "exec")
 # Decorators that may say how many GPUs each node has, in the order Metaflow honours them.
 _GPU_DECORATORS = ("resources", "batch", "kubernetes")
 
@@ -43,6 +42,10 @@ class TorchDistributedDecorator(StepDecorator):
     rendezvous_timeout : int, optional
         Seconds every node and rank has to join before the step fails naming the missing ones.
         Default: METAFLOW_TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT (300).
+    finish_timeout : int, optional
+        Seconds the other ranks may still run once rank 0 finished its body (and rank 0 once
+        every other rank finished) before the stragglers are failed as unfinished.
+        Default: METAFLOW_TORCH_DISTRIBUTED_FINISH_TIMEOUT, else the rendezvous timeout.
     start_method : str, optional
         "fork" (members forked from the loaded task: fastest), "exec" (a fresh interpreter
         per member) or "auto" (fork on Linux while CUDA is untouched, else exec).
@@ -66,6 +69,7 @@ class TorchDistributedDecorator(StepDecorator):
         "nodes": None,
         "nproc_per_node": None,
         "rendezvous_timeout": None,
+        "finish_timeout": None,
         "start_method": None,
     }
 
@@ -97,8 +101,7 @@ class TorchDistributedDecorator(StepDecorator):
         except ValueError as ex:
             raise TorchDistributedConfigError(step_name, str(ex))
         self.gpus_requested = source if source and source.startswith("@") else None
-        self.rendezvous_timeout = _timeout(step_name, self.attributes["rendezvous_timeout"])
-        self.start_method = _start_method(step_name, self.attributes["start_method"])
+        self.settings = settings.resolve(step_name, self.attributes, _configured_settings())
         frameworks.check_mode(step_name, os.environ)  # a bad value fails before the run
         self.on_batch = any(d.name == "batch" for d in decorators)
         _check_backend(step_name, self.topology, decorators)
@@ -121,16 +124,15 @@ class TorchDistributedDecorator(StepDecorator):
 
     def _common_fields(self):
         """GangSpec fields that are the same for every node of every attempt."""
-        from metaflow.metaflow_config import TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT
-
         return dict(
             step_name=self.step_name,
             nodes=self.topology.nodes,
             nproc_per_node=self.topology.nproc_per_node,
             accelerator="auto",  # decided on each node, where its GPUs are seen
-            rendezvous_timeout=self.rendezvous_timeout,
-            start_method=self.start_method,
-            heartbeat_timeout=float(TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT),
+            rendezvous_timeout_s=self.settings.rendezvous_timeout_s,
+            finish_timeout_s=self.settings.finish_timeout_s,
+            start_method=self.settings.start_method,
+            heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
             # a step --with put the decorator on may do no distributed work: warn, not fail
             group_check_default="error" if self.statically_defined else "warn",
         )
@@ -157,7 +159,6 @@ class TorchDistributedDecorator(StepDecorator):
     def _leader_step(self, flow, step_func, retry_count, max_user_code_retries):
         from metaflow import current
         from metaflow.cli_args import cli_args
-        from metaflow.metaflow_config import TORCH_DISTRIBUTED_ABORT_GRACE
 
         from . import naming
         from .gang import Leader
@@ -188,13 +189,13 @@ class TorchDistributedDecorator(StepDecorator):
             secret=secret,
             restart_count=retry_count,
             accelerator=accelerator,
-            start_method=_resolve_start_method(self.start_method),
+            start_method=_resolve_start_method(self.settings.start_method),
             task=identity.__dict__,
             top_args=top_level_args(cli_args),
             backend=backend,
             checkpoint=checkpoints.gang_fields(current, os.environ),
         )
-        leader = Leader(self.step_name, self.topology, fields, float(TORCH_DISTRIBUTED_ABORT_GRACE),
+        leader = Leader(self.step_name, self.topology, fields, self.settings.abort_grace_s,
                         self.name, blocks, port=port)
         plan = plan_line(self.step_name, self.topology, accelerator, emulated=remote is None)
 
@@ -412,29 +413,13 @@ def _reject_parallel(step_name, graph, decorators):
                 % (parent, getattr(graph[parent], "num_parallel", "N"), step_name))
 
 
-def _timeout(step_name, value):
-    from metaflow.metaflow_config import TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT
+def _configured_settings():
+    """The METAFLOW_TORCH_DISTRIBUTED_* values settings.resolve reads."""
+    from metaflow import metaflow_config as config
 
-    raw = TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT if value is None else value
-    try:
-        seconds = float(raw)
-    except (TypeError, ValueError):
-        seconds = None
-    if seconds is None or isinstance(raw, bool) or seconds <= 0:
-        raise TorchDistributedConfigError(
-            step_name, "rendezvous_timeout=%r is not a positive number of seconds. "
-            "Give e.g. rendezvous_timeout=300." % (raw,))
-    return seconds
-
-
-def _start_method(step_name, value):
-    from metaflow.metaflow_config import TORCH_DISTRIBUTED_START_METHOD
-
-    method = TORCH_DISTRIBUTED_START_METHOD if value is None else value
-    if method not in START_METHODS:
-        raise TorchDistributedConfigError(
-            step_name, "start_method=%r is not one of %s." % (method, ", ".join(START_METHODS)))
-    return method
+    return {name: getattr(config, "TORCH_DISTRIBUTED_" + name, None) for name in (
+        "RENDEZVOUS_TIMEOUT", "FINISH_TIMEOUT", "HEARTBEAT_TIMEOUT", "ABORT_GRACE",
+        "START_METHOD")}
 
 
 def _resolve_start_method(method):

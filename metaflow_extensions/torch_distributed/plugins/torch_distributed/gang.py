@@ -222,14 +222,14 @@ class Leader:
             runner.slots.extend(agents)
             runner.capture(naming.rank_label(0), close_in_pump=[listener.fileno()])
             control = ControlPlane.host(listener, spec.gang_id, spec.secret,
-                                        spec.rendezvous_timeout)
+                                        spec.rendezvous_timeout_s)
             self.control = control
             if self.remote:  # agents on other machines ask for what node 0's @checkpoint loaded
                 control.publish_checkpoint(spec.checkpoint)
             if self.remote and self.topology.nodes > 1:
                 receiver = self.receiver = LogReceiver(
                     ControlPlane.connect("127.0.0.1", spec.master_port, spec.gang_id,
-                                         spec.secret, spec.rendezvous_timeout),
+                                         spec.secret, spec.rendezvous_timeout_s),
                     range(1, self.topology.nodes),
                     {1: runner.saved_fds[0], 2: runner.saved_fds[1]},
                     tee=self.recorder.remote_tails).start()
@@ -237,16 +237,16 @@ class Leader:
                 runner.slots, control, self.topology,
                 watch_nodes=range(1, self.topology.nodes),
                 expected_joins=self._expected_joins(spec),
-                join_timeout=spec.rendezvous_timeout,
-                heartbeat_timeout=spec.heartbeat_timeout,
+                join_timeout=spec.rendezvous_timeout_s,
+                heartbeat_timeout=spec.heartbeat_timeout_s,
                 leader_busy=self._body_running.is_set,
-                finish_timeout=spec.rendezvous_timeout,
+                finish_timeout=spec.finish_timeout_s,
                 on_failure=self._on_failure).start()
             self.supervisor = supervisor
             signal.signal(signal.SIGUSR1, _raise_aborted)
             self._run_rank0(spec, step_func, args, supervisor)
-            if not supervisor.wait(spec.rendezvous_timeout):
-                supervisor.report(supervisor.unfinished_failure(spec.rendezvous_timeout))
+            if not supervisor.wait(spec.finish_timeout_s):
+                supervisor.report(supervisor.unfinished_failure(spec.finish_timeout_s))
         finally:
             signal.signal(signal.SIGUSR1, old_handler)
             if supervisor is not None and supervisor.failed() and control is not None:
@@ -428,7 +428,7 @@ class Agent:
             try:
                 control = ControlPlane.connect(self.spec.master_addr, self.spec.master_port,
                                                self.spec.gang_id, self.spec.secret,
-                                               self.spec.rendezvous_timeout)
+                                               self.spec.rendezvous_timeout_s)
             except (GangMismatch, RuntimeError) as ex:
                 print("cannot reach node 0 at %s:%d: %s"
                       % (self.spec.master_addr, self.spec.master_port, ex), file=sys.stderr)
@@ -472,7 +472,7 @@ def run_exec_rank(spec, topology, step_func, args):
     """The body of an exec'd rank (start method exec): check in, run the step, exit status."""
     rank = topology.rank(spec.node, spec.local_rank)
     control = ControlPlane.connect(spec.master_addr, spec.master_port, spec.gang_id,
-                                   spec.secret, spec.rendezvous_timeout)
+                                   spec.secret, spec.rendezvous_timeout_s)
     control.join(naming.rank_join_id(rank))
     current_mod.install(rank_info(spec, topology, spec.local_rank))
     return run_member_body(lambda: run_rank_body(spec, topology, spec.local_rank, step_func, args),

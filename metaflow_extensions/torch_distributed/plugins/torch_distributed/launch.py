@@ -32,7 +32,8 @@ class GangSpec:
     secret: str
     restart_count: int
     accelerator: str
-    rendezvous_timeout: float
+    rendezvous_timeout_s: float  # settings.GangSettings says what each duration means
+    finish_timeout_s: float
     start_method: str
     work_dir: str
     task: dict  # TaskIdentity fields: what a spin-step member command needs
@@ -42,8 +43,7 @@ class GangSpec:
     # "local" (every node on this host) or "batch" (nodes are the nodes of an AWS Batch
     # multi-node job; a node agent's place is filled in on its node, see batch.resolve_node)
     backend: str = "local"
-    # Seconds node 0 waits for a heartbeat of a started node before failing the gang
-    heartbeat_timeout: Optional[float] = None
+    heartbeat_timeout_s: Optional[float] = None
     # The group check's mode when METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK is not set: "error"
     # where the user wrote the decorator, "warn" where it came from --with (frameworks.py)
     group_check_default: str = "error"

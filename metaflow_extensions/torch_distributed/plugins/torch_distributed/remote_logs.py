@@ -46,7 +46,7 @@ class LogShipper:
         try:
             control = ControlPlane.connect(self.spec.master_addr, self.spec.master_port,
                                            self.spec.gang_id, self.spec.secret,
-                                           self.spec.rendezvous_timeout)
+                                           self.spec.rendezvous_timeout_s)
             while True:
                 item = self._queue.get()
                 if item is None:

@@ -230,7 +230,7 @@ class Supervisor:
             message="did not finish its step body within %ss after every other rank finished "
             "its own. Rank 0 is the Metaflow task: a rank 0 that hangs (e.g. in a collective the "
             "others never join, or in code only rank 0 runs) is stopped; raise "
-            "rendezvous_timeout if it legitimately runs longer" % self.finish_timeout)
+            "finish_timeout if it legitimately runs longer" % self.finish_timeout)
 
     def unfinished_failure(self, waited):
         """The failure to report when rank 0 finished its body `waited` seconds ago and some
@@ -249,7 +249,7 @@ class Supervisor:
             first.rank, first.node, "unfinished", time.time(), local_rank=first.local_rank,
             message="did not finish its step body within %ss after rank 0 finished its own "
             "(still running: %s). A rank that hangs (e.g. in a collective the others never "
-            "join, or in code only some ranks run) is stopped; raise rendezvous_timeout if "
+            "join, or in code only some ranks run) is stopped; raise finish_timeout if "
             "ranks legitimately finish later than rank 0"
             % (waited, "; ".join(_member_name(p, self.topology) for p in places)))
 

@@ -1,0 +1,63 @@
+"""The gang's settings: resolved and validated once, each duration with its own meaning."""
+
+import math
+
+import pytest
+
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import (
+    TorchDistributedConfigError)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.settings import (
+    GangSettings, resolve)
+
+CONFIG = {"RENDEZVOUS_TIMEOUT": 300, "FINISH_TIMEOUT": None, "HEARTBEAT_TIMEOUT": 30,
+          "ABORT_GRACE": 2, "START_METHOD": "auto"}
+
+
+def test_defaults_come_from_the_configuration():
+    assert resolve("train", {}, CONFIG) == GangSettings(
+        rendezvous_timeout_s=300.0, finish_timeout_s=300.0, heartbeat_timeout_s=30.0,
+        abort_grace_s=2.0, start_method="auto")
+
+
+def test_the_finish_timeout_follows_the_steps_rendezvous_timeout_unless_given():
+    got = resolve("train", {"rendezvous_timeout": 20}, CONFIG)
+    assert (got.rendezvous_timeout_s, got.finish_timeout_s) == (20.0, 20.0)
+    got = resolve("train", {"rendezvous_timeout": 20, "finish_timeout": 900}, CONFIG)
+    assert (got.rendezvous_timeout_s, got.finish_timeout_s) == (20.0, 900.0)
+    got = resolve("train", {"rendezvous_timeout": 20}, dict(CONFIG, FINISH_TIMEOUT="45"))
+    assert got.finish_timeout_s == 45.0
+
+
+def test_attributes_win_over_the_configuration():
+    got = resolve("train", {"rendezvous_timeout": "12.5", "start_method": "exec"}, CONFIG)
+    assert (got.rendezvous_timeout_s, got.start_method) == (12.5, "exec")
+
+
+@pytest.mark.parametrize("name", ["rendezvous_timeout", "finish_timeout"])
+@pytest.mark.parametrize("value", [0, -1, "soon", True, math.inf, float("nan")])
+def test_a_bad_duration_on_the_decorator_names_the_step_the_attribute_and_the_fix(name, value):
+    with pytest.raises(TorchDistributedConfigError) as raised:
+        resolve("train", {name: value}, CONFIG)
+    text = str(raised.value)
+    assert "train" in text and "%s=%r is not a positive number of seconds" % (name, value) in text
+    assert "Give e.g. %s=300" % name in text
+
+
+@pytest.mark.parametrize("key", ["RENDEZVOUS_TIMEOUT", "FINISH_TIMEOUT", "HEARTBEAT_TIMEOUT",
+                                 "ABORT_GRACE"])
+def test_a_bad_configured_duration_names_its_variable(key):
+    with pytest.raises(TorchDistributedConfigError) as raised:
+        resolve("train", {}, dict(CONFIG, **{key: "0"}))
+    assert "METAFLOW_TORCH_DISTRIBUTED_%s='0' is not a positive number of seconds" % key \
+        in str(raised.value)
+
+
+def test_a_bad_start_method_is_refused():
+    with pytest.raises(TorchDistributedConfigError, match="start_method='spawn' is not one of"):
+        resolve("train", {"start_method": "spawn"}, CONFIG)
+
+
+def test_settings_are_frozen():
+    settings = resolve("train", {}, CONFIG)
+    with pytest.raises(Exception):
+        settings.rendezvous_timeout_s = 1
