@@ -142,8 +142,8 @@ def artifact_names(flow):
 
 
 def drop_artifacts(flow, names):
-    """Remove attributes set by a failed gang's body, so the failed attempt persists none of
-    them (Metaflow would save them: TaskDataStore.persist). Private names stay."""
+    """Remove `names` (those not private) from the flow instance. Why: Metaflow persists a failed
+    attempt's attributes too (TaskDataStore.persist), and a failed gang keeps none of its body's."""
     for name in names:
         if not name.startswith("_"):
             delattr(flow, name)
