@@ -16,7 +16,6 @@ submission and given to every node in its job environment (naming.Keys).
 
 import copy
 import errno
-import inspect
 import json
 import os
 import re
@@ -26,7 +25,7 @@ import sys
 import tempfile
 from dataclasses import replace
 
-from . import naming
+from . import internals, naming
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .launch import GangSpec, TaskIdentity, spin_env_additions, spin_step_options
 
@@ -186,57 +185,35 @@ def is_port_in_use(ex):
 def install_trampoline(step_name, nodes, spec_fields, decorator_name):
     """In the `batch step` process of this step: make Batch submit an N-node job whose child
     nodes run the node agent. `spec_fields` are the GangSpec fields known before submission."""
-    from metaflow.plugins.aws.batch.batch import Batch
 
-    create_job = Batch.create_job
-    launch_job = Batch.launch_job
-    create_sig = inspect.signature(create_job)
-
-    def gang_create_job(self, *args, **kwargs):
-        call = create_sig.bind(self, *args, **kwargs)
-        call.apply_defaults()
-        a = call.arguments
-        if a["step_name"] != step_name:
-            return create_job(self, *args, **kwargs)
-        job = create_gang_job(create_job, self, {k: v for k, v in a.items() if k != "self"},
-                              step_name, nodes)
-        _make_gang_job(self, job, a, step_name, nodes, spec_fields, decorator_name)
+    def build(create, batch, create_args):
+        job = create_gang_job(create, step_name, nodes, create_args["queue"])
+        _make_gang_job(batch, job, create_args, step_name, nodes, spec_fields, decorator_name)
         return job
 
-    def gang_launch_job(self, *args, **kwargs):
-        result = launch_job(self, *args, **kwargs)
-        if self.job is not None and getattr(self, "_torch_distributed_nodes", None):
-            self.num_parallel = self._torch_distributed_nodes  # wait() shows child nodes
-        return result
-
-    Batch.create_job = gang_create_job
-    Batch.launch_job = gang_launch_job
+    internals.wrap_batch_create_job(step_name, build)
+    internals.show_child_nodes(step_name, nodes)
 
 
-def create_gang_job(create_job, batch, kwargs, step_name, nodes):
-    """Metaflow's `Batch.create_job(**kwargs)` of an N-node job (its job definition has N
-    nodes, node 0 the main one). AWS Batch runs multi-node jobs on EC2 only: a Fargate queue
-    is refused with the fix."""
-    from metaflow.plugins.aws.batch.batch_client import BatchJobException
-
+def create_gang_job(create, step_name, nodes, queue):
+    """Metaflow's `Batch.create_job` of an N-node job (`create(num_parallel=nodes)`: its job
+    definition has N nodes, node 0 the main one). AWS Batch runs multi-node jobs on EC2 only:
+    a Fargate queue is refused with the fix."""
     try:
-        return create_job(batch, **dict(kwargs, num_parallel=nodes))
-    except BatchJobException as ex:
-        if "Fargate" in str(ex):
-            raise TorchDistributedConfigError(
-                step_name, "the gang needs %d nodes, and AWS Batch runs multi-node jobs "
-                "on EC2 compute environments only; job queue %r is Fargate. Use a queue "
-                "on an EC2 compute environment (@batch(queue=...) or METAFLOW_BATCH_JOB_"
-                "QUEUE), or nodes=1." % (nodes, kwargs["queue"])) from ex
-        raise
+        return create(num_parallel=nodes)
+    except Exception as ex:  # noqa: BLE001 - re-raised unless it is the Fargate refusal
+        if not internals.is_fargate_refusal(ex):
+            raise
+        raise TorchDistributedConfigError(
+            step_name, "the gang needs %d nodes, and AWS Batch runs multi-node jobs "
+            "on EC2 compute environments only; job queue %r is Fargate. Use a queue "
+            "on an EC2 compute environment (@batch(queue=...) or METAFLOW_BATCH_JOB_"
+            "QUEUE), or nodes=1." % (nodes, queue)) from ex
 
 
 def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name):
-    from metaflow._vendor import click
-    from metaflow import util
-
-    ctx = click.get_current_context()
-    params = ctx.params
+    cli = internals.BatchStepCli(step_name)
+    params = cli.params
     retry_count = int(params.get("retry_count") or 0)
     identity = TaskIdentity(
         run_id=str(params["run_id"]),
@@ -246,8 +223,7 @@ def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name)
         retry_count=retry_count,
         max_user_code_retries=int(params.get("max_user_code_retries") or 0),
         namespace=params.get("namespace"),
-        orig_datastore="%s@%s" % (ctx.obj.flow_datastore.TYPE,
-                                  ctx.obj.flow_datastore.datastore_root),
+        orig_datastore=cli.orig_datastore,
     )
     port = naming.remote_port(identity.run_id, step_name, identity.task_id, retry_count)
     # The attempt's store secret, for node 0 and the agents alike: it reaches the nodes in the
@@ -258,20 +234,14 @@ def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name)
                                            retry_count), secret=secret,
                     restart_count=retry_count, work_dir="", task=identity.__dict__,
                     top_args=[], backend="batch")
-    executable = ctx.obj.environment.executable(step_name, params.get("executable"))
-    entrypoint = "%s -u %s" % (executable, os.path.basename(sys.argv[0]))
-    top_args = list(util.dict_to_cli_options(ctx.parent.parent.params))
-    agent_cli = agent_shell_command(entrypoint, top_args, step_name, identity,
+    entrypoint = "%s -u %s" % (cli.executable, os.path.basename(sys.argv[0]))
+    agent_cli = agent_shell_command(entrypoint, cli.top_args, step_name, identity,
                                     input_path_vars(a["env"]))
     agent_task_spec = dict(a["task_spec"], task_id=_AGENT_TASK_ID % identity.task_id)
-    agent_command = batch._command(batch.environment, a["code_package_metadata"],
-                                   a["code_package_url"], step_name, [agent_cli],
-                                   agent_task_spec, a.get("offload_command_to_s3", False))
+    agent_command = internals.batch_command(batch, a, step_name, agent_cli, agent_task_spec)
     main_env = {MAIN_NODE_ENV: json.dumps({"step": step_name, "nodes": nodes,
                                            "master_port": port, "secret": secret})}
     agent_env = spin_env_additions(os.environ, spec, decorator_name)
-    built = gang_payload(_plain(job.payload), nodes, main_env, agent_command, agent_env)
-    job.payload.clear()
-    job.payload.update(built)
-    job.num_parallel = 0  # submit the payload as built: no command rewriting in execute()
-    batch._torch_distributed_nodes = nodes
+    built = gang_payload(_plain(internals.job_payload(job)), nodes, main_env, agent_command,
+                         agent_env)
+    internals.submit_as_built(job, built)  # no command rewriting in execute()

@@ -296,13 +296,8 @@ def attach(record, history=()):
 
 def render_failed(decorators):
     """Render the cards of this failed attempt (Metaflow's @card renders only those of
-    attempts that succeeded), with the components added so far. The attributes used are
-    @card's own (plugins/cards/card_decorator.py, task_finished)."""
+    attempts that succeeded), with the components added so far."""
+    from . import internals
+
     for deco in decorators:
-        if deco.name != "card" or getattr(deco, "_card_uuid", None) is None:
-            continue
-        deco.card_creator.create(
-            mode="render", final=True, card_uuid=deco._card_uuid,
-            user_set_card_id=deco._user_set_card_id, runtime_card=deco._is_runtime_card,
-            decorator_attributes=deco.attributes, card_options=deco.card_options,
-            logger=deco._logger)
+        internals.render_failed_card(deco)

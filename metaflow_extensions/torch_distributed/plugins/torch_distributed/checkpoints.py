@@ -62,7 +62,7 @@ def node_directory(spec):
 def install_member(spec):
     """Give this member process (agent or exec'd rank) `current.checkpoint`; the GangSpec its
     own members inherit (the checkpoint's files are then on this node)."""
-    from metaflow import current
+    from . import internals
 
     fields = spec.checkpoint
     if fields is None:
@@ -75,7 +75,7 @@ def install_member(spec):
             _api().load(fields["loaded"], directory)
             restore_shards(directory)
         fields = dict(fields, directory=directory, node=spec.node)
-    current._update_env({"checkpoint": GangCheckpoint(fields["directory"], fields["loaded"])})
+    internals.set_current("checkpoint", GangCheckpoint(fields["directory"], fields["loaded"]))
     return replace(spec, checkpoint=fields)
 
 

@@ -57,9 +57,14 @@ class ControlPlane:
             master_listen_fd=os.dup(listener.fileno()),
         )
         control = cls(store, gang_id, secret)
-        control._set(control._keys.gang, gang_id)
-        store.set(PUBLIC_GANG_KEY, gang_id)
+        control.claim()
         return control
+
+    def claim(self):
+        """Mark the store as this gang's: under its secret, and in the open for the message of
+        a node that reaches another gang's store (GangMismatch)."""
+        self._set(self._keys.gang, self.gang_id)
+        self._store.set(PUBLIC_GANG_KEY, self.gang_id)
 
     @classmethod
     def connect(cls, addr, port, gang_id, secret, timeout):
@@ -70,11 +75,12 @@ class ControlPlane:
         store = TCPStore(addr, port, None, False, timedelta(seconds=timeout))
         store.wait([PUBLIC_GANG_KEY])
         control = cls(store, gang_id, secret)
-        if not control._holds_gang(GANG_KEY_WAIT):
+        if not control.holds_gang(GANG_KEY_WAIT):
             raise GangMismatch(store.get(PUBLIC_GANG_KEY).decode(), gang_id)
         return control
 
-    def _holds_gang(self, wait):
+    def holds_gang(self, wait):
+        """True once the store holds this gang's key under its secret (within `wait` s)."""
         deadline = time.monotonic() + wait
         while not self._store.check([self._keys.gang]):
             if time.monotonic() >= deadline:

@@ -183,6 +183,6 @@ UNAVAILABLE = _Unavailable()
 
 def install(info):
     """Make `info` visible as current.torch_distributed in this process."""
-    from metaflow import current
+    from . import internals
 
-    current._update_env({"torch_distributed": info})
+    internals.set_current("torch_distributed", info)

@@ -7,10 +7,10 @@ from metaflow.decorators import StepDecorator
 
 from . import batch, checkpoints
 from . import current as current_mod
-from . import frameworks
+from . import frameworks, internals
 from . import schedulers, settings, stepfunctions
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
-from .launch import GangSpec, current_task_identity, top_level_args
+from .launch import GangSpec, current_task_identity
 from .topology import Topology, plan_line, plan_topology
 from .usertimer import PausedTimer
 from .versions import check_metaflow_version
@@ -89,7 +89,8 @@ class TorchDistributedDecorator(StepDecorator):
         _reject_parallel(step_name, graph, decorators)
         # @catch keeps the artifacts of the attempt it catches, as on a plain step.
         self.has_catch = any(d.name == "catch" for d in decorators)
-        _install_current_parallel()
+        # @batch's task_pre_step reads current.parallel on every node of a multi-node job
+        internals.install_current_parallel(os.environ)
         gpus, source = _requested_gpus(decorators)
         if gpus is None:
             visible = len(visible_gpu_ids())
@@ -139,9 +140,7 @@ class TorchDistributedDecorator(StepDecorator):
 
     def task_decorate(self, step_func, flow, graph, retry_count, max_user_code_retries,
                       ubf_context):
-        from metaflow.unbounded_foreach import UBF_CONTROL
-
-        if not self.active or ubf_context == UBF_CONTROL:
+        if not self.active or internals.is_ubf_control(ubf_context):
             # An unbounded foreach's control task only starts the mapper tasks; each mapper
             # task (ubf_context UBF_TASK) is a gang.
             return step_func
@@ -158,13 +157,13 @@ class TorchDistributedDecorator(StepDecorator):
 
     def _leader_step(self, flow, step_func, retry_count, max_user_code_retries):
         from metaflow import current
-        from metaflow.cli_args import cli_args
 
         from . import naming
         from .gang import Leader
 
-        identity = current_task_identity(cli_args, self.step_name, retry_count,
-                                         max_user_code_retries, self.flow_datastore)
+        identity = current_task_identity(internals.step_kwargs(), retry_count,
+                                         max_user_code_retries,
+                                         internals.orig_datastore(self.flow_datastore))
         remote = batch.main_node_plan(os.environ, self.step_name)
         if remote is None:  # every node on this host
             schedulers.check_single_host(self.step_name, self.topology, os.environ,
@@ -191,7 +190,7 @@ class TorchDistributedDecorator(StepDecorator):
             accelerator=accelerator,
             start_method=_resolve_start_method(self.settings.start_method),
             task=identity.__dict__,
-            top_args=top_level_args(cli_args),
+            top_args=internals.top_level_args(),
             backend=backend,
             checkpoint=checkpoints.gang_fields(current, os.environ),
         )
@@ -203,7 +202,7 @@ class TorchDistributedDecorator(StepDecorator):
 
         def gang_step(*args):
             print(plan, flush=True)
-            before = set(vars(flow))
+            before = internals.artifact_names(flow)
             timer = PausedTimer().pause()  # @timeout counts from rank 0's body, not the start-up
             self.led_gang = True
             try:
@@ -216,9 +215,7 @@ class TorchDistributedDecorator(StepDecorator):
                 # task keeps none of what rank 0's body set (inputs from earlier steps stay).
                 # An attempt @catch ends successfully keeps them, as on a plain step.
                 if not caught:
-                    for name in set(vars(flow)) - before:
-                        if not name.startswith("_"):
-                            delattr(flow, name)
+                    internals.drop_artifacts(flow, internals.artifact_names(flow) - before)
                 raise
             finally:
                 timer.resume()
@@ -251,12 +248,9 @@ class TorchDistributedDecorator(StepDecorator):
 
     def _place_batch_agent(self, spec):
         """Complete the GangSpec of a node agent on its AWS Batch node."""
-        from metaflow._vendor import click
-        from metaflow.cli_args import cli_args
-
         # spin-step keeps its options in its click context only (not in cli_args)
-        params = click.get_current_context().params
-        spec = batch.resolve_node(spec, os.environ, params, top_level_args(cli_args))
+        spec = batch.resolve_node(spec, os.environ, internals.command_params(),
+                                  internals.top_level_args())
         return GangSpec(**{**spec.__dict__, "accelerator": self._node_devices(),
                            "start_method": _resolve_start_method(spec.start_method),
                            "checkpoint": checkpoints.from_leader(spec)})
@@ -363,22 +357,6 @@ def _require_torch(step_name):
             "you run the flow with." % ex)
 
 
-def _install_current_parallel():
-    """current.parallel, as @parallel defines it, read from the environment when used: @batch's
-    task_pre_step reads it on every node of a multi-node job (and sets MF_PARALLEL_*)."""
-    from metaflow import current
-    from metaflow.metaflow_current import Parallel
-
-    if isinstance(getattr(type(current), "parallel", None), property):
-        return  # @parallel elsewhere in the flow, or an earlier step, installed it
-    setattr(type(current), "parallel", property(lambda _: Parallel(
-        main_ip=os.environ.get("MF_PARALLEL_MAIN_IP", "127.0.0.1"),
-        num_nodes=int(os.environ.get("MF_PARALLEL_NUM_NODES", "1")),
-        node_index=int(os.environ.get("MF_PARALLEL_NODE_INDEX", "0")),
-        control_task_id=os.environ.get("MF_PARALLEL_CONTROL_TASK_ID"),
-    )))
-
-
 def _check_backend(step_name, topology, decorators):
     if topology.nodes > 1 and any(d.name == "kubernetes" for d in decorators):
         raise TorchDistributedConfigError(
@@ -392,34 +370,37 @@ def _parallel_step(step_name, graph, decorators):
     """True for a step of Metaflow's own @parallel: decorated with it, or reached through
     num_parallel. --with torch_distributed leaves such steps alone."""
     return (any(d.name == "parallel" or getattr(d, "IS_PARALLEL", False) for d in decorators)
-            or any(getattr(graph[p], "parallel_foreach", False)
-                   for p in graph[step_name].in_funcs))
+            or bool(internals.num_parallel_parents(graph, step_name)))
 
 
 def _reject_parallel(step_name, graph, decorators):
-    node = graph[step_name]
     if any(d.name == "parallel" or getattr(d, "IS_PARALLEL", False) for d in decorators):
         raise TorchDistributedConfigError(
             step_name,
             "it cannot be combined with @parallel (or a decorator built on it, such as "
             "@pytorch_parallel): @torch_distributed starts the gang itself. Remove @parallel.")
-    for parent in node.in_funcs:
-        if getattr(graph[parent], "parallel_foreach", False):
-            raise TorchDistributedConfigError(
-                step_name,
-                "step *%s* reaches it with self.next(..., num_parallel=%s). @torch_distributed "
-                "infers the gang's size: write self.next(self.%s) and set world_size, nodes or "
-                "nproc_per_node on the decorator instead."
-                % (parent, getattr(graph[parent], "num_parallel", "N"), step_name))
+    reached_by = internals.num_parallel_parents(graph, step_name)
+    if reached_by:
+        parent, num_parallel = reached_by[0]
+        raise TorchDistributedConfigError(
+            step_name,
+            "step *%s* reaches it with self.next(..., num_parallel=%s). @torch_distributed "
+            "infers the gang's size: write self.next(self.%s) and set world_size, nodes or "
+            "nproc_per_node on the decorator instead." % (parent, num_parallel, step_name))
 
 
 def _configured_settings():
     """The METAFLOW_TORCH_DISTRIBUTED_* values settings.resolve reads."""
-    from metaflow import metaflow_config as config
+    from metaflow.metaflow_config import (
+        TORCH_DISTRIBUTED_ABORT_GRACE, TORCH_DISTRIBUTED_FINISH_TIMEOUT,
+        TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT, TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT,
+        TORCH_DISTRIBUTED_START_METHOD)
 
-    return {name: getattr(config, "TORCH_DISTRIBUTED_" + name, None) for name in (
-        "RENDEZVOUS_TIMEOUT", "FINISH_TIMEOUT", "HEARTBEAT_TIMEOUT", "ABORT_GRACE",
-        "START_METHOD")}
+    return {"RENDEZVOUS_TIMEOUT": TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT,
+            "FINISH_TIMEOUT": TORCH_DISTRIBUTED_FINISH_TIMEOUT,
+            "HEARTBEAT_TIMEOUT": TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT,
+            "ABORT_GRACE": TORCH_DISTRIBUTED_ABORT_GRACE,
+            "START_METHOD": TORCH_DISTRIBUTED_START_METHOD}
 
 
 def _resolve_start_method(method):

@@ -13,6 +13,7 @@ import os
 import socket
 import time
 
+from . import internals
 from .failures import communication_error
 
 # Lines of each rank's stdout and of its stderr kept for the card.
@@ -162,9 +163,8 @@ def earlier_attempts(flow_datastore, identity, step_name, attempt):
     found = []
     for earlier in range(attempt):
         try:
-            ds = flow_datastore.get_task_datastore(identity.run_id, step_name, identity.task_id,
-                                                   attempt=earlier, mode="r",
-                                                   allow_not_done=True)
+            ds = internals.attempt_datastore(flow_datastore, identity.run_id, step_name,
+                                             identity.task_id, earlier)
             if ARTIFACT in ds:
                 found.append(ds[ARTIFACT])
         except Exception:  # noqa: BLE001 - that attempt left nothing readable: show the others

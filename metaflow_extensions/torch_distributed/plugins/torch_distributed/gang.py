@@ -25,6 +25,7 @@ from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
 from .batch import is_port_in_use, port_in_use_error
 from .failures import (Failure, communication_error, from_exit, gang_outcome, load_exception,
                        root_cause)
+from .interrupt import BodyInterrupt
 from .launch import GangSpec, member_command
 from .procs import OutputPump, fork_member, run_member_body, spawn_member, stop_members
 from .remote_logs import LogReceiver, LogShipper
@@ -191,6 +192,8 @@ class Leader:
         self.node_gpu_blocks = node_gpu_blocks or {}
         self._body_running = threading.Event()
         self._main_thread = threading.main_thread().ident
+        # how another thread makes rank 0's body raise (a signal the user has no use for)
+        self.interruption = BodyInterrupt(_aborted, self._body_running.is_set)
 
     def run(self, step_func, args, on_body_start=None):
         """Start the gang, run rank 0's body here (calling `on_body_start` just before it),
@@ -209,7 +212,6 @@ class Leader:
         agents = []
         control = supervisor = receiver = None
         saved_env = dict(os.environ)
-        old_handler = signal.getsignal(signal.SIGUSR1)
         try:
             runner.start_ranks(range(1, self.topology.nproc_per_node), close_fds=[listener.fileno()])
             # Remote nodes start on their own machines; local ones are agents started here.
@@ -243,12 +245,11 @@ class Leader:
                 finish_timeout=spec.finish_timeout_s,
                 on_failure=self._on_failure).start()
             self.supervisor = supervisor
-            signal.signal(signal.SIGUSR1, _raise_aborted)
-            self._run_rank0(spec, step_func, args, supervisor)
+            with self.interruption:
+                self._run_rank0(spec, step_func, args, supervisor)
             if not supervisor.wait(spec.finish_timeout_s):
                 supervisor.report(supervisor.unfinished_failure(spec.finish_timeout_s))
         finally:
-            signal.signal(signal.SIGUSR1, old_handler)
             if supervisor is not None and supervisor.failed() and control is not None:
                 _quietly(control.abort)
             if receiver is not None:
@@ -338,7 +339,8 @@ class Leader:
         self.runner.stop()
         if not self._body_running.is_set():
             return
-        signal.pthread_kill(self._main_thread, signal.SIGUSR1)
+        # without a free signal the watchdog alone ends the task after the abort grace
+        self.interruption.interrupt(self._main_thread)
         threading.Thread(target=self._watchdog, name="torch-distributed-watchdog",
                          daemon=True).start()
 
@@ -496,8 +498,8 @@ def _kill_ranks_and_leave(slots, signum, frame):
     os.kill(os.getpid(), signum)
 
 
-def _raise_aborted(signum, frame):
-    raise TorchDistributedAborted("another rank of the gang failed; stopping rank 0")
+def _aborted():
+    return TorchDistributedAborted("another rank of the gang failed; stopping rank 0")
 
 
 def _format_traceback(ex):

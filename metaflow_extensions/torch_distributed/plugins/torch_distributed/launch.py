@@ -12,6 +12,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from . import internals
+
 # The environment variable that carries a GangSpec into an exec'd member.
 SPEC_ENV = "METAFLOW_TORCH_DISTRIBUTED_MEMBER"
 
@@ -112,26 +114,25 @@ def spin_env(base_env, spec, decorator_name, spin_root):
     our decorator and to keep its bookkeeping out of the user's directories."""
     env = dict(base_env)
     env.update(spin_env_additions(base_env, spec, decorator_name))
-    env["METAFLOW_DATASTORE_SYSROOT_SPIN"] = spin_root
+    env[internals.SPIN_SYSROOT_ENV] = spin_root
     return env
 
 
 def spin_env_additions(base_env, spec, decorator_name):
     """The variables a spin-step member needs on top of `base_env`: its GangSpec, and the
     spin-step decorator allow-list extended by our decorator."""
-    from metaflow.metaflow_config import SPIN_ALLOWED_DECORATORS
-
     # The variable wins over Metaflow's configuration (its config file included), as in Metaflow.
-    allowed = json.loads(base_env.get("METAFLOW_SPIN_ALLOWED_DECORATORS", "null") or "null")
-    allowed = list(allowed or SPIN_ALLOWED_DECORATORS)
+    allowed = json.loads(base_env.get(internals.SPIN_ALLOWED_ENV, "null") or "null")
+    allowed = list(allowed or internals.spin_allowed_decorators())
     if decorator_name not in allowed:
         allowed.append(decorator_name)
-    return {**spec.to_env(), "METAFLOW_SPIN_ALLOWED_DECORATORS": json.dumps(allowed)}
+    return {**spec.to_env(), internals.SPIN_ALLOWED_ENV: json.dumps(allowed)}
 
 
-def current_task_identity(cli_args, step_name, retry_count, max_user_code_retries, flow_datastore):
-    """The TaskIdentity of the running `step` (or `spin-step`) process, from Metaflow's cli_args."""
-    kw = cli_args.step_kwargs
+def current_task_identity(step_kwargs, retry_count, max_user_code_retries, orig_datastore):
+    """The TaskIdentity of the running `step` (or `spin-step`) process, from the options of its
+    command (internals.step_kwargs); `orig_datastore` is the task's flow datastore."""
+    kw = step_kwargs
     input_paths = kw.get("input_paths")
     if not input_paths and kw.get("input_paths_filename"):
         with open(kw["input_paths_filename"], encoding="utf-8") as f:
@@ -144,14 +145,8 @@ def current_task_identity(cli_args, step_name, retry_count, max_user_code_retrie
         retry_count=retry_count,
         max_user_code_retries=max_user_code_retries,
         namespace=kw.get("namespace"),
-        orig_datastore=kw.get("orig_flow_datastore")
-        or "%s@%s" % (flow_datastore.TYPE, flow_datastore.datastore_root),
+        orig_datastore=kw.get("orig_flow_datastore") or orig_datastore,
     )
-
-
-def top_level_args(cli_args):
-    """The task's own top-level options (--with, --datastore, --metadata, configs, ...)."""
-    return list(cli_args._options(cli_args.top_kwargs))
 
 
 def interpreter():

@@ -12,10 +12,11 @@ so:
 * at run time, a task on a remote backend (its container carries the backend's markers) that
   was not given its nodes fails before any rank starts.
 
-The pure parts take plain data; `cli_words` and `deployer_commands` are the only two places that
-read Metaflow internals (tests/unit/test_schedulers.py pins both).
+The pure parts take plain data; `cli_words` and `deployer_commands` read Metaflow internals
+through internals.py (tests/unit/test_schedulers.py pins both).
 """
 
+from . import internals
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 
 # Commands of Metaflow's CLI that compile the flow for another scheduler, and what they target.
@@ -98,23 +99,9 @@ def check_deploy(step_name, topology):
     return target
 
 
-# -- Metaflow internals ----------------------------------------------------------------------
+# -- Metaflow internals (internals.py) --------------------------------------------------------
 
-def cli_words():
-    """The words after the flow's top-level options (`step-functions create --only-json`).
-    Metaflow's top-level click group keeps them as `saved_args` on its context, which is the
-    current one while step_init runs (cli.py::start); empty outside a CLI."""
-    from metaflow._vendor import click
-
-    ctx = click.get_current_context(silent=True)
-    if ctx is None:
-        return []
-    return list(getattr(ctx.find_root(), "saved_args", None) or [])
-
-
-def deployer_commands():
-    """The commands of the installed deployers (`argo-workflows`, `step-functions`, and any an
-    extension adds): each deploys with `<command> create`."""
-    from metaflow.plugins import DEPLOYER_IMPL_PROVIDERS
-
-    return [provider.TYPE for provider in DEPLOYER_IMPL_PROVIDERS if provider.TYPE]
+# The words after the flow's top-level options (`step-functions create --only-json`).
+cli_words = internals.command_words
+# The commands of the installed deployers; each deploys with `<command> create`.
+deployer_commands = internals.deployer_commands

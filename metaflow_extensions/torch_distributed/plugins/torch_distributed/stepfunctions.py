@@ -4,8 +4,8 @@
 it into a `batch:submitJob.sync` state with `State.batch`. In that process we wrap both, for the
 gang's step only: the job gets N nodes, node 0 runs Metaflow's own step command and nodes
 1..N-1 the node agent (batch.gang_payload, as `run --with batch` does), and the state sends
-NodeOverrides instead of ContainerOverrides. These two wrappers are the only places that read
-Metaflow's Step Functions internals (tests/unit/test_stepfunctions.py pins them).
+NodeOverrides instead of ContainerOverrides. Both wrappers are in internals.py
+(tests/unit/test_stepfunctions.py and tests/unit/test_internals_contract.py pin them).
 
 At run time every node of a multi-node job sees AWS_BATCH_JOB_ID as `<job id>#<node index>`,
 while the next state reads the task id from the job's `JobId` (no suffix): every node's command
@@ -17,7 +17,7 @@ batch.resolve_node).
 import json
 import shlex
 
-from . import batch, naming
+from . import batch, internals, naming
 from .errors import TorchDistributedConfigError
 from .launch import GangSpec, spin_env_additions
 
@@ -87,44 +87,30 @@ def node_payload(payload, nodes, step_name, agent_command, agent_env, salt):
     return built
 
 
-# -- Metaflow internals: the compiler's job and state -----------------------------------------
+# -- the compiler's job and state (through internals.py) -------------------------------------
 
 def install(step_name, graph, nodes, spec_fields, decorator_name):
     """In the `step-functions create` process: compile this step into one N-node Batch job."""
-    from metaflow.plugins.aws.batch.batch import Batch
-    from metaflow.plugins.aws.step_functions.step_functions import State
-    from metaflow.util import to_pascalcase
-
     check_step(step_name, graph, nodes)
-    create_job = Batch.create_job
-    state_batch = State.batch
 
-    def gang_create_job(self, **kwargs):
-        if kwargs["step_name"] != step_name:
-            return create_job(self, **kwargs)
-        job = batch.create_gang_job(create_job, self, kwargs, step_name, nodes)
-        words = agent_words(kwargs["step_cli"], step_name, "%s@%s" % (
-            self.flow_datastore.TYPE, self.flow_datastore.datastore_root))
-        agent_command = self._command(
-            self.environment, kwargs["code_package_metadata"], kwargs["code_package_url"],
-            step_name, [" ".join(words)], dict(kwargs["task_spec"], task_id=AGENT_TASK_ID),
-            kwargs.get("offload_command_to_s3", False))
+    def build(create, batch_obj, create_args):
+        job = batch.create_gang_job(create, step_name, nodes, create_args["queue"])
+        words = agent_words(create_args["step_cli"], step_name,
+                            internals.batch_orig_datastore(batch_obj))
+        agent_command = internals.batch_command(
+            batch_obj, create_args, step_name, " ".join(words),
+            dict(create_args["task_spec"], task_id=AGENT_TASK_ID))
         salt = naming.new_secret()
         agent_env = spin_env_additions({}, agent_spec(spec_fields, salt), decorator_name)
-        built = node_payload(batch._plain(job.payload), nodes, step_name, agent_command,
-                             agent_env, salt)
-        job.payload.clear()
-        job.payload.update(built)
-        job.num_parallel = 0  # the payload as built: no command rewriting in execute()
+        built = node_payload(batch._plain(internals.job_payload(job)), nodes, step_name,
+                             agent_command, agent_env, salt)
+        internals.submit_as_built(job, built)  # no command rewriting in execute()
         return job
 
-    def gang_state_batch(self, job):
-        state = state_batch(self, job)
-        if "nodeOverrides" in job.payload:
-            parameters = self.payload["Parameters"]
-            parameters.pop("ContainerOverrides")
-            parameters["NodeOverrides"] = to_pascalcase(batch._plain(job.payload["nodeOverrides"]))
-        return state
+    def node_overrides(payload):
+        if "nodeOverrides" not in payload:
+            return None
+        return batch._plain(payload["nodeOverrides"])
 
-    Batch.create_job = gang_create_job
-    State.batch = gang_state_batch
+    internals.wrap_batch_create_job(step_name, build)
+    internals.wrap_state_machine_job(node_overrides)

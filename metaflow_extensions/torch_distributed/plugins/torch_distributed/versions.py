@@ -2,6 +2,7 @@
 task_decorate order). Outside the tested range we stop with a clear message instead of
 failing in some obscure way halfway through a gang."""
 
+from . import internals
 from .errors import TorchDistributedEnvironmentError
 
 # Keep in step with install_requires in setup.py.
@@ -22,14 +23,7 @@ def metaflow_version_supported(version):
 
 
 def check_metaflow_version(step_name):
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        found = version("metaflow")
-    except PackageNotFoundError:
-        from metaflow.metaflow_version import get_version
-
-        found = get_version()
+    found = internals.metaflow_version()
     if not metaflow_version_supported(found):
         raise TorchDistributedEnvironmentError(
             step_name,

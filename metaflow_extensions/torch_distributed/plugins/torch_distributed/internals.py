@@ -1,0 +1,298 @@
+"""Every Metaflow internal this package relies on, and the only module that reaches one.
+
+Metaflow's public API (FlowSpec, StepDecorator and its hooks, current's public attributes,
+MetaflowException, card components, our own settings in metaflow_config) is used where it is
+needed. Everything else (private names, CLI plumbing, classes we wrap, undocumented fields) is
+reached through the small functions below, each with the reason we need it. Each one has a
+contract test in tests/unit/test_internals_contract.py that names what a Metaflow release broke;
+CI runs those tests against the oldest and the newest Metaflow of the supported range
+(versions.py), and tests/unit/test_internals_seam.py fails if another module reaches a
+private Metaflow name. Where each internal is described: reference/metaflow_internals.md.
+"""
+
+import inspect
+
+# Metaflow's settings of the hidden spin-step command, read from these variables
+# (metaflow_config.py: from_conf("SPIN_ALLOWED_DECORATORS"), DATASTORE_SYSROOT_SPIN).
+SPIN_ALLOWED_ENV = "METAFLOW_SPIN_ALLOWED_DECORATORS"
+SPIN_SYSROOT_ENV = "METAFLOW_DATASTORE_SYSROOT_SPIN"
+
+
+# -- current -------------------------------------------------------------------------------------
+
+def set_current(name, value):
+    """current.<name> = value. Why: Metaflow has no public way for a decorator to add to
+    `current`; its own decorators (@card, @parallel, @checkpoint) call current._update_env."""
+    from metaflow import current
+
+    current._update_env({name: value})
+
+
+def install_current_parallel(environ):
+    """current.parallel, as @parallel defines it, read from `environ` when used. Why: @batch's
+    task_pre_step reads current.parallel on every node of a multi-node job (and sets the
+    MF_PARALLEL_* variables), and only @parallel's step_init defines it."""
+    from metaflow import current
+    from metaflow.metaflow_current import Parallel
+
+    if isinstance(getattr(type(current), "parallel", None), property):
+        return  # @parallel elsewhere in the flow, or an earlier step, installed it
+    setattr(type(current), "parallel", property(lambda _: Parallel(
+        main_ip=environ.get("MF_PARALLEL_MAIN_IP", "127.0.0.1"),
+        num_nodes=int(environ.get("MF_PARALLEL_NUM_NODES", "1")),
+        node_index=int(environ.get("MF_PARALLEL_NODE_INDEX", "0")),
+        control_task_id=environ.get("MF_PARALLEL_CONTROL_TASK_ID"),
+    )))
+
+
+# -- the flow's graph and the task's role ----------------------------------------------------
+
+def num_parallel_parents(graph, step_name):
+    """[(parent, N)] for the parents of `step_name` that reach it with
+    self.next(..., num_parallel=N). Why: the graph records that only in the undocumented node
+    fields parallel_foreach and num_parallel, and @torch_distributed must refuse such a step."""
+    return [(parent, getattr(graph[parent], "num_parallel", "N"))
+            for parent in graph[step_name].in_funcs
+            if getattr(graph[parent], "parallel_foreach", False)]
+
+
+def is_ubf_control(ubf_context):
+    """True in an unbounded foreach's control task. Why: task_decorate is told the task's role
+    by this undocumented constant (metaflow/unbounded_foreach.py)."""
+    from metaflow.unbounded_foreach import UBF_CONTROL
+
+    return ubf_context == UBF_CONTROL
+
+
+# -- the command line of the running process -----------------------------------------------------
+
+def step_kwargs():
+    """The options of this process's `step` command (run_id, task_id, input_paths, split_index,
+    ...). Why: a decorator is not given its task's inputs and split, which gang members need."""
+    from metaflow.cli_args import cli_args
+
+    return dict(cli_args.step_kwargs)
+
+
+def top_level_args():
+    """This task's own top-level options as argv words (--with, --datastore, --metadata, configs).
+    Why: a member's spin-step must load the flow exactly as the task did; cli_args._options is
+    how Metaflow itself turns them back into words."""
+    from metaflow.cli_args import cli_args
+
+    return list(cli_args._options(cli_args.top_kwargs))
+
+
+def command_params():
+    """The options of the command this process runs, from its click context. Why: spin-step
+    keeps its options (run_id, task_id, input_paths, ...) there only, not in cli_args."""
+    from metaflow._vendor import click
+
+    return dict(click.get_current_context().params)
+
+
+def command_words():
+    """The words after the flow's top-level options (`step-functions create --only-json`), or []
+    outside Metaflow's CLI. Why: step_init is not told which command runs; Metaflow's top-level
+    click group keeps them as `saved_args` on its context (cli.py::start)."""
+    from metaflow._vendor import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return []
+    return list(getattr(ctx.find_root(), "saved_args", None) or [])
+
+
+def deployer_commands():
+    """The commands of the installed deployers (`argo-workflows`, `step-functions`, and any an
+    extension adds). Why: the Deployer API runs `<command> create`, which must refuse a gang it
+    cannot run, and the list of deployers is only in plugins.DEPLOYER_IMPL_PROVIDERS."""
+    from metaflow.plugins import DEPLOYER_IMPL_PROVIDERS
+
+    return [provider.TYPE for provider in DEPLOYER_IMPL_PROVIDERS if provider.TYPE]
+
+
+def spin_allowed_decorators():
+    """The decorators spin-step runs (Metaflow's configuration, its config file included). Why:
+    spin-step skips every decorator not listed, ours too, so members extend the list."""
+    from metaflow.metaflow_config import SPIN_ALLOWED_DECORATORS
+
+    return list(SPIN_ALLOWED_DECORATORS)
+
+
+# -- datastore and artifacts ---------------------------------------------------------------------
+
+def orig_datastore(flow_datastore):
+    """"<type>@<root>" of a flow datastore, as spin-step's --orig-flow-datastore takes it. Why:
+    the FlowDataStore's TYPE and datastore_root are undocumented attributes."""
+    return "%s@%s" % (flow_datastore.TYPE, flow_datastore.datastore_root)
+
+
+def attempt_datastore(flow_datastore, run_id, step_name, task_id, attempt):
+    """The datastore of one attempt of a task, readable even if the attempt failed. Why: the
+    client shows only a task's latest attempt; the gang's card shows the earlier ones too."""
+    return flow_datastore.get_task_datastore(run_id, step_name, task_id, attempt=attempt,
+                                             mode="r", allow_not_done=True)
+
+
+def artifact_names(flow):
+    """Names the flow instance holds now. Why: Metaflow persists every non-ephemeral
+    attribute of the flow (TaskDataStore.persist walks dir(flow)), a failed attempt's too."""
+    return set(vars(flow))
+
+
+def drop_artifacts(flow, names):
+    """Remove `names` (those not private) from the flow instance. Why: Metaflow persists a failed
+    attempt's attributes too (TaskDataStore.persist), and a failed gang keeps none of its body's."""
+    for name in names:
+        if not name.startswith("_"):
+            delattr(flow, name)
+
+
+# -- @card -------------------------------------------------------------------------------------
+
+def render_failed_card(deco):
+    """Render the cards of one @card decorator of this failed attempt. Why: @card renders only
+    in task_finished of an attempt that succeeded, and keeps what rendering needs in private
+    attributes (plugins/cards/card_decorator.py); False when that @card made no card."""
+    if deco.name != "card" or getattr(deco, "_card_uuid", None) is None:
+        return False
+    deco.card_creator.create(
+        mode="render", final=True, card_uuid=deco._card_uuid,
+        user_set_card_id=deco._user_set_card_id, runtime_card=deco._is_runtime_card,
+        decorator_attributes=deco.attributes, card_options=deco.card_options,
+        logger=deco._logger)
+    return True
+
+
+# -- AWS Batch: the `batch step` trampoline and the Step Functions compiler ------------------------
+
+def wrap_batch_create_job(step_name, build):
+    """In this process, Batch.create_job for `step_name` returns `build(create, batch, args)`:
+    `create(**overrides)` is Metaflow's own create_job with `args` (its arguments by name)
+    changed by `overrides`. Why: only Metaflow's create_job builds the task's job (queue, image,
+    resources, code package), and no hook lets a decorator give the job N nodes and commands."""
+    from metaflow.plugins.aws.batch.batch import Batch
+
+    original = Batch.create_job
+    signature = inspect.signature(original)
+
+    def create_job(self, *args, **kwargs):
+        call = signature.bind(self, *args, **kwargs)
+        call.apply_defaults()
+        arguments = {k: v for k, v in call.arguments.items() if k != "self"}
+        if arguments["step_name"] != step_name:
+            return original(self, *args, **kwargs)
+        return build(lambda **overrides: original(self, **dict(arguments, **overrides)), self,
+                     arguments)
+
+    Batch.create_job = create_job
+
+
+def show_child_nodes(step_name, nodes):
+    """Make Batch.wait of `step_name`'s job print the state of its `nodes` - 1 child nodes.
+    Why: wait() does that only when the Batch object's num_parallel says so, and launch_job sets
+    it from the CLI's --num-parallel, which our job has no use for."""
+    from metaflow.plugins.aws.batch.batch import Batch
+
+    original = Batch.launch_job
+    signature = inspect.signature(original)
+
+    def launch_job(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        call = signature.bind(self, *args, **kwargs)
+        if call.arguments["step_name"] == step_name and self.job is not None:
+            self.num_parallel = nodes
+        return result
+
+    Batch.launch_job = launch_job
+
+
+def is_fargate_refusal(ex):
+    """True for Metaflow's refusal of a multi-node job on a Fargate queue. Why: it is a plain
+    BatchJobException told apart by its text only (batch_client.py)."""
+    from metaflow.plugins.aws.batch.batch_client import BatchJobException
+
+    return isinstance(ex, BatchJobException) and "Fargate" in str(ex)
+
+
+def batch_command(batch, create_args, step_name, shell_command, task_spec):
+    """The container command (argv) that runs `shell_command` for `step_name` the way
+    Metaflow's Batch jobs run a step: code package download, mflog capture and log upload.
+    Why: only the private Batch._command builds it."""
+    return batch._command(batch.environment, create_args["code_package_metadata"],
+                          create_args["code_package_url"], step_name, [shell_command],
+                          task_spec, create_args.get("offload_command_to_s3", False))
+
+
+def batch_orig_datastore(batch):
+    """"<type>@<root>" of the flow datastore a Batch object submits for. Why: an undocumented
+    attribute, set by the Batch object's creator (batch_cli or the Step Functions compiler)."""
+    return orig_datastore(batch.flow_datastore)
+
+
+def job_payload(job):
+    """A BatchJob's SubmitJob payload, the defaultdict tree where its builder methods write (a
+    missing key read from it is created). Why: BatchJob has no accessor for it."""
+    return job.payload
+
+
+def submit_as_built(job, payload):
+    """Make BatchJob.execute submit `payload` as it is. Why: execute() rewrites the commands of
+    a job whose num_parallel is set (for @parallel's nodes), which would undo ours."""
+    job.payload.clear()
+    job.payload.update(payload)
+    job.num_parallel = 0
+
+
+class BatchStepCli:
+    """What the `batch step` trampoline was asked to run, from Metaflow's CLI. Why: Metaflow
+    passes it to its own batch_cli.step only, through click's context."""
+
+    def __init__(self, step_name):
+        from metaflow import util
+        from metaflow._vendor import click
+
+        ctx = click.get_current_context()
+        self.params = dict(ctx.params)  # batch step's options: run_id, task_id, split_index...
+        self.orig_datastore = orig_datastore(ctx.obj.flow_datastore)
+        self.executable = ctx.obj.environment.executable(step_name, ctx.params.get("executable"))
+        # the flow's top-level options, as batch_cli.step passes them on to the task
+        self.top_args = list(util.dict_to_cli_options(ctx.parent.parent.params))
+
+
+def wrap_state_machine_job(node_overrides):
+    """In this process (`step-functions create`), a Batch job's state submits
+    `node_overrides(job payload)` (in PascalCase) instead of its ContainerOverrides whenever that
+    returns a value. Why: State.batch turns a BatchJob into the state's Parameters with no hook,
+    and knows nothing of multi-node overrides."""
+    from metaflow.plugins.aws.step_functions.step_functions import State
+    from metaflow.util import to_pascalcase
+
+    original = State.batch
+
+    def batch(self, job):
+        state = original(self, job)
+        overrides = node_overrides(job.payload)
+        if overrides is not None:
+            parameters = self.payload["Parameters"]
+            parameters.pop("ContainerOverrides")
+            parameters["NodeOverrides"] = to_pascalcase(overrides)
+        return state
+
+    State.batch = batch
+
+
+# -- the installed release -----------------------------------------------------------------------
+
+def metaflow_version():
+    """The installed Metaflow's version. Why: without package metadata (a code package on a
+    remote node) only metaflow_version.get_version knows it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("metaflow")
+    except PackageNotFoundError:
+        from metaflow.metaflow_version import get_version
+
+        return get_version()

@@ -1,0 +1,476 @@
+"""The contract with Metaflow: one test per Metaflow internal that internals.py reaches.
+
+Each test checks what internals.py relies on (a signature, an attribute, a constant, what a
+command accepts, what Metaflow's own code does with a value we set) against the installed
+Metaflow, and fails with "Metaflow X.Y.Z changed <symbol>: <what we rely on>". CI runs this file
+against the newest Metaflow of the supported range (the suite's venv) and the oldest (.ci/run),
+so it needs only metaflow, pytest and psutil (tests/conftest.py): no torch, no AWS.
+"""
+
+import inspect
+import os
+import types
+
+import pytest
+
+import metaflow
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import internals, launch
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.versions import \
+    TESTED_METAFLOW, metaflow_version_supported
+
+VERSION = internals.metaflow_version()
+
+
+def require(ok, symbol, relied_on):
+    assert ok, "Metaflow %s changed %s: %s" % (VERSION, symbol, relied_on)
+
+
+def params_of(function):
+    return list(inspect.signature(function).parameters)
+
+
+def source_of(obj):
+    return inspect.getsource(obj)
+
+
+def test_the_installed_metaflow_is_in_the_supported_range():
+    require(metaflow_version_supported(VERSION), "its version",
+            "the contract tests run against a release of the supported range %s" %
+            (TESTED_METAFLOW,))
+
+
+# -- current ------------------------------------------------------------------------------------
+
+def test_current_update_env():
+    from metaflow import current
+    from metaflow.metaflow_current import Current
+
+    require(params_of(Current._update_env) == ["self", "env"], "Current._update_env",
+            "it takes one dict of names to values")
+    internals.set_current("torch_distributed_contract_probe", 42)
+    try:
+        require(current.torch_distributed_contract_probe == 42, "Current._update_env",
+                "a value it sets is read back as current.<name>")
+    finally:
+        delattr(Current, "torch_distributed_contract_probe")
+
+
+def test_metaflow_current_parallel():
+    from metaflow import current
+    from metaflow.metaflow_current import Parallel
+    from metaflow.plugins.aws.batch import batch_decorator
+
+    require(Parallel._fields == ("main_ip", "num_nodes", "node_index", "control_task_id"),
+            "metaflow_current.Parallel", "its fields are main_ip, num_nodes, node_index, "
+            "control_task_id")
+    require("current.parallel" in source_of(batch_decorator.BatchDecorator.task_pre_step),
+            "BatchDecorator.task_pre_step", "it reads current.parallel (which we install)")
+    had = "parallel" in vars(type(current))
+    internals.install_current_parallel({"MF_PARALLEL_NUM_NODES": "3",
+                                        "MF_PARALLEL_NODE_INDEX": "2"})
+    try:
+        require((current.parallel.num_nodes, current.parallel.node_index) == (3, 2),
+                "current.parallel", "a property on current's class is read as current.parallel")
+    finally:
+        if not had:
+            delattr(type(current), "parallel")
+
+
+# -- the flow's graph and the task's role ----------------------------------------------------
+
+class ParallelFlow(metaflow.FlowSpec):
+    @metaflow.step
+    def start(self):
+        self.next(self.train, num_parallel=3)
+
+    @metaflow.step
+    def train(self):
+        self.next(self.join)
+
+    @metaflow.step
+    def join(self, inputs):
+        self.next(self.end)
+
+    @metaflow.step
+    def end(self):
+        pass
+
+
+def test_graph_node_parallel_foreach_and_num_parallel():
+    from metaflow.graph import FlowGraph
+
+    graph = FlowGraph(ParallelFlow)
+    require(getattr(graph["start"], "parallel_foreach", None) is True, "DAGNode.parallel_foreach",
+            "a step calling self.next(..., num_parallel=N) has parallel_foreach True")
+    require(getattr(graph["train"], "parallel_foreach", None) is False,
+            "DAGNode.parallel_foreach", "other steps have it False")
+    require(internals.num_parallel_parents(graph, "train") == [("start", 3)],
+            "DAGNode.num_parallel", "it holds N of self.next(..., num_parallel=N)")
+
+
+def test_unbounded_foreach_ubf_control():
+    from metaflow.unbounded_foreach import UBF_CONTROL, UBF_TASK
+
+    require(internals.is_ubf_control(UBF_CONTROL) and not internals.is_ubf_control(UBF_TASK)
+            and not internals.is_ubf_control(None), "unbounded_foreach.UBF_CONTROL",
+            "task_decorate's ubf_context equals it in an unbounded foreach's control task")
+
+
+# -- the command line of the running process -----------------------------------------------------
+
+def test_cli_args_step_kwargs():
+    from metaflow.cli_args import CLIArgs
+
+    require(isinstance(getattr(CLIArgs, "step_kwargs", None), property), "CLIArgs.step_kwargs",
+            "it holds the running step command's options (run_id, task_id, input_paths, ...)")
+    require(isinstance(internals.step_kwargs(), dict), "cli_args.step_kwargs", "it is a dict")
+
+
+def test_cli_args_options():
+    from metaflow.cli_args import cli_args
+
+    require(isinstance(getattr(type(cli_args), "top_kwargs", None), property),
+            "CLIArgs.top_kwargs", "it holds the flow's top-level options")
+    words = list(cli_args._options({"with": ["card", "retry"], "datastore": "local",
+                                    "quiet": True, "no_pylint": False, "metadata": None}))
+    require(words == ["--with", "card", "--with", "retry", "--datastore", "local", "--quiet"],
+            "CLIArgs._options", "it turns option values back into argv words (lists repeat, "
+            "True flags appear, False and None are left out); got %r" % words)
+
+
+def _spin_step():
+    from metaflow.cli_components import step_cmd
+
+    return step_cmd.spin_step
+
+
+def test_spin_step_command():
+    command = _spin_step()
+    require(command.name == "spin-step", "the spin-step command", "its name is spin-step")
+    opts = {opt: p.name for p in command.params for opt in [*p.opts, *p.secondary_opts]}
+    identity = launch.TaskIdentity(run_id="5", task_id="7", input_paths="5/start/1",
+                                   split_index=2, retry_count=1, max_user_code_retries=2,
+                                   namespace="user:me", orig_datastore="local@/tmp/mf")
+    words = launch.spin_step_options("train", identity, "7-gang-1")
+    for word in words:
+        if word.startswith("--"):
+            require(word in opts, "the spin-step command",
+                    "it accepts %s (launch.spin_step_options passes it)" % word)
+    # what batch.resolve_node reads from an agent's spin-step options
+    for name in ("run_id", "task_id", "input_paths", "split_index", "retry_count",
+                 "max_user_code_retries", "orig_flow_datastore"):
+        require(name in opts.values(), "the spin-step command",
+                "its option %s keeps that name in its click context" % name)
+
+
+def test_click_current_context_params():
+    from metaflow._vendor import click
+
+    @click.command()
+    @click.option("--run-id")
+    def command(run_id):
+        seen.append(internals.command_params())
+
+    seen = []
+    command.main(["--run-id", "5"], standalone_mode=False)
+    require(seen == [{"run_id": "5"}], "metaflow._vendor.click",
+            "get_current_context().params holds the running command's options")
+
+
+def test_root_context_saved_args():
+    """Metaflow's top-level group (the class of cli.py::start) keeps the words after the
+    top-level options as `saved_args` on its context before its callback runs step_init."""
+    from metaflow._vendor import click
+    from metaflow.cli_components.utils import LazyPluginCommandCollection
+
+    @click.group()
+    def deployer():
+        pass
+
+    @deployer.command()
+    def create():
+        pass
+
+    @click.group(invoke_without_command=True)
+    def plugins():
+        pass
+
+    plugins.add_command(deployer, "my-scheduler")
+
+    @click.command(cls=LazyPluginCommandCollection, sources=[plugins],
+                   invoke_without_command=True)
+    def start():
+        seen.append(internals.command_words())
+
+    seen = []
+    start.main(["my-scheduler", "create"], standalone_mode=False)
+    require(seen == [["my-scheduler", "create"]], "cli_components.utils (saved_args)",
+            "the root click context keeps the command's words as saved_args")
+    require(internals.command_words() == [], "click.get_current_context(silent=True)",
+            "outside a CLI there is no context")
+
+
+def test_plugins_deployer_impl_providers():
+    commands = internals.deployer_commands()
+    require({"step-functions", "argo-workflows"} <= set(commands),
+            "plugins.DEPLOYER_IMPL_PROVIDERS", "its providers' TYPE are the deploy commands; "
+            "got %r" % commands)
+
+
+def test_metaflow_config_spin_allowed_decorators():
+    from metaflow import metaflow_config
+
+    require(isinstance(internals.spin_allowed_decorators(), list),
+            "metaflow_config.SPIN_ALLOWED_DECORATORS", "it is a list of decorator names")
+    source = source_of(metaflow_config)
+    for name in ("SPIN_ALLOWED_DECORATORS", "DATASTORE_SYSROOT_SPIN"):
+        require(("from_conf(\n    \"%s\"" % name in source or 'from_conf("%s"' % name in source)
+                and internals.SPIN_ALLOWED_ENV.startswith("METAFLOW_"),
+                "metaflow_config.%s" % name, "it is read from METAFLOW_%s" % name)
+
+
+# -- datastore and artifacts ---------------------------------------------------------------------
+
+def test_flow_datastore_type_and_root(tmp_path):
+    from metaflow.datastore.flow_datastore import FlowDataStore
+    from metaflow.plugins.datastores.local_storage import LocalStorage
+
+    flow_datastore = FlowDataStore("ContractFlow", storage_impl=LocalStorage,
+                                   ds_root=str(tmp_path))
+    require(internals.orig_datastore(flow_datastore) == "local@%s" % tmp_path,
+            "FlowDataStore.TYPE and datastore_root", "they are the storage's type and root")
+
+
+def test_flow_datastore_get_task_datastore():
+    from metaflow.datastore.flow_datastore import FlowDataStore
+
+    names = params_of(FlowDataStore.get_task_datastore)
+    require(names[:4] == ["self", "run_id", "step_name", "task_id"]
+            and {"attempt", "mode", "allow_not_done"} <= set(names),
+            "FlowDataStore.get_task_datastore", "it takes (run_id, step_name, task_id, "
+            "attempt=, mode=, allow_not_done=); got %r" % names)
+
+
+def test_task_datastore_persist_walks_the_flow():
+    from metaflow.datastore.task_datastore import TaskDataStore
+
+    require("dir(flow)" in source_of(TaskDataStore.persist), "TaskDataStore.persist",
+            "it saves the flow instance's attributes (dir(flow)), so one deleted is not saved")
+    flow = types.SimpleNamespace(kept=1)
+    before = internals.artifact_names(flow)
+    flow.x, flow._private = 1, 2
+    internals.drop_artifacts(flow, internals.artifact_names(flow) - before)
+    assert vars(flow) == {"kept": 1, "_private": 2}
+
+
+# -- @card -------------------------------------------------------------------------------------
+
+def test_card_decorator_private_attributes():
+    from metaflow.plugins.cards.card_creator import CardCreator
+    from metaflow.plugins.cards.card_decorator import CardDecorator
+
+    deco = CardDecorator()
+    for name in ("_card_uuid", "_user_set_card_id", "_logger", "card_creator"):
+        require(hasattr(deco, name), "CardDecorator.%s" % name,
+                "@card keeps what rendering its cards needs in it")
+    for name in ("_is_runtime_card", "card_options"):
+        require("self.%s =" % name in source_of(CardDecorator), "CardDecorator.%s" % name,
+                "@card keeps what rendering its cards needs in it")
+    names = set(params_of(CardCreator.create))
+    wanted = {"card_uuid", "user_set_card_id", "runtime_card", "decorator_attributes",
+              "card_options", "logger", "mode", "final"}
+    require(wanted <= names, "CardCreator.create", "it takes %s" % sorted(wanted))
+    require(internals.render_failed_card(deco) is False, "CardDecorator._card_uuid",
+            "it is None until @card made a card")
+
+
+# -- AWS Batch and Step Functions ------------------------------------------------------------------
+
+def test_batch_create_job():
+    from metaflow.plugins.aws.batch.batch import Batch
+    from metaflow.plugins.aws.step_functions import step_functions
+
+    names = set(params_of(Batch.create_job))
+    wanted = {"step_name", "step_cli", "task_spec", "code_package_metadata", "code_package_url",
+              "queue", "env", "num_parallel", "offload_command_to_s3"}
+    require(wanted <= names, "Batch.create_job", "it takes %s" % sorted(wanted - names))
+    require(".create_job(\n" in source_of(step_functions.StepFunctions._batch),
+            "StepFunctions._batch", "it builds each step's job with Batch.create_job")
+
+
+def test_batch_create_job_is_wrapped_per_step(monkeypatch):
+    from metaflow.plugins.aws.batch.batch import Batch
+
+    def create_job(self, step_name, step_cli, task_spec, code_package_metadata,
+                   code_package_sha, code_package_url, code_package_ds, image, queue,
+                   num_parallel=0, **rest):
+        return ("metaflow's", step_name, num_parallel)
+
+    monkeypatch.setattr(Batch, "create_job", create_job)
+    internals.wrap_batch_create_job(
+        "train", lambda create, batch, args: ("ours", create(num_parallel=3), args["queue"]))
+    batch = object.__new__(Batch)
+    common = dict(step_cli="", task_spec={}, code_package_metadata=None, code_package_sha="",
+                  code_package_url="", code_package_ds="", image="i", queue="q")
+    assert Batch.create_job(batch, "other", **common) == ("metaflow's", "other", 0)
+    assert Batch.create_job(batch, "train", **common) == (
+        "ours", ("metaflow's", "train", 3), "q")
+
+
+def test_batch_launch_job_and_wait():
+    from metaflow.plugins.aws.batch.batch import Batch
+
+    require("step_name" in params_of(Batch.launch_job), "Batch.launch_job",
+            "it takes step_name")
+    require("self.job = " in source_of(Batch.launch_job), "Batch.launch_job",
+            "it keeps the submitted job as self.job")
+    require("self.num_parallel > 1" in source_of(Batch.wait), "Batch.wait",
+            "it shows the child nodes when self.num_parallel says there are some")
+
+
+def test_batch_client_fargate_refusal():
+    from metaflow.plugins.aws.batch import batch_client
+
+    require('BatchJobException("Fargate does not support multinode jobs.")'
+            in source_of(batch_client), "batch_client.BatchJobException",
+            "a multi-node job on Fargate is refused with a BatchJobException naming Fargate")
+    assert internals.is_fargate_refusal(
+        batch_client.BatchJobException("Fargate does not support multinode jobs."))
+    assert not internals.is_fargate_refusal(batch_client.BatchJobException("No IAM role"))
+
+
+def test_batch_command():
+    from metaflow.plugins.aws.batch.batch import Batch
+
+    names = params_of(Batch._command)
+    require(names == ["self", "environment", "code_package_metadata", "code_package_url",
+                      "step_name", "step_cmds", "task_spec", "offload_command_to_s3"],
+            "Batch._command", "it takes (environment, code_package_metadata, "
+            "code_package_url, step_name, step_cmds, task_spec, offload_command_to_s3); "
+            "got %r" % names)
+
+
+def test_batch_flow_datastore_and_environment():
+    from metaflow.plugins.aws.batch.batch import Batch
+
+    source = source_of(Batch.__init__)
+    for name in ("flow_datastore", "environment"):
+        require("self.%s = %s" % (name, name) in source, "Batch.%s" % name,
+                "a Batch object keeps the %s it was made with" % name)
+
+
+def test_batch_job_payload_and_num_parallel():
+    from metaflow.plugins.aws.batch.batch_client import BatchJob
+
+    job = BatchJob(client=None).job_name("j").command(["x"])
+    require(isinstance(internals.job_payload(job), dict), "BatchJob.payload",
+            "it holds the SubmitJob payload as a dict tree")
+    require('getattr(self, "num_parallel", 0) >= 1' in source_of(BatchJob.execute),
+            "BatchJob.execute", "it rewrites the node commands only when num_parallel >= 1")
+    internals.submit_as_built(job, {"jobName": "g"})
+    assert dict(job.payload) == {"jobName": "g"} and job.num_parallel == 0
+
+
+def test_batch_cli_step_context():
+    from metaflow import util
+    from metaflow.plugins.aws.batch import batch_cli
+
+    step = batch_cli.batch.commands["step"]
+    names = {p.name for p in step.params}
+    wanted = {"run_id", "task_id", "split_index", "retry_count", "max_user_code_retries",
+              "namespace", "executable", "input_paths"}
+    require(wanted <= names, "batch_cli.step", "its options include %s" % sorted(wanted - names))
+    source = source_of(step.callback)
+    for part in ("ctx.parent.parent.params", "ctx.obj.environment.executable(",
+                 "ctx.obj.flow_datastore"):
+        require(part in source, "batch_cli.step", "it reads %s as we do" % part)
+    require(list(util.dict_to_cli_options({"quiet": True, "datastore": "s3"})) ==
+            ["--quiet", "--datastore", "s3"], "util.dict_to_cli_options",
+            "it turns the top-level options back into argv words")
+
+
+def test_step_functions_state_batch(monkeypatch):
+    from metaflow.plugins.aws.batch.batch_client import BatchJob
+    from metaflow.plugins.aws.step_functions import step_functions
+    from metaflow.util import to_pascalcase
+
+    State = step_functions.State
+    monkeypatch.setattr(step_functions, "SFN_IAM_ROLE", "arn:aws:iam::1:role/sfn")
+    monkeypatch.setattr(State, "batch", State.batch)  # restored after the test
+    require(params_of(State.batch) == ["self", "job"], "State.batch", "it takes the BatchJob")
+
+    def job():
+        built = BatchJob(client=None).job_name("j").job_queue("q").command(["x"]).attempts(1)
+        built.payload["jobDefinition"] = "d"
+        return built
+
+    parameters = State("train").batch(job()).payload["Parameters"]
+    require(parameters.get("ContainerOverrides") == {"Command": ["x"]}, "State.batch",
+            "it writes the job's containerOverrides into the state's Parameters")
+    internals.wrap_state_machine_job(lambda payload: {"nodePropertyOverrides": []})
+    parameters = State("train").batch(job()).payload["Parameters"]
+    assert "ContainerOverrides" not in parameters
+    assert parameters["NodeOverrides"] == {"NodePropertyOverrides": []}
+    require(to_pascalcase({"targetNodes": "0:0", "containerOverrides": {"command": ["x"]}})
+            == {"TargetNodes": "0:0", "ContainerOverrides": {"Command": ["x"]}},
+            "util.to_pascalcase", "it turns the payload's keys into the state's PascalCase")
+
+
+# -- the installed release -----------------------------------------------------------------------
+
+def test_metaflow_version_get_version():
+    from metaflow.metaflow_version import get_version
+
+    require(callable(get_version) and VERSION, "metaflow_version.get_version",
+            "it names the installed release")
+
+
+def test_every_internal_has_a_contract_test():
+    """A function added to internals.py comes with its test here (named in CONTRACTS)."""
+    functions = {name for name, f in vars(internals).items()
+                 if inspect.isfunction(f) and f.__module__ == internals.__name__
+                 and not name.startswith("_")} | {"BatchStepCli"}
+    tests = {name for name in globals() if name.startswith("test_")}
+    missing = {f for f in functions if CONTRACTS.get(f) not in tests}
+    assert not missing, "internals.py functions without a contract test: %s" % sorted(missing)
+    for name in functions:
+        assert "Why:" in (getattr(internals, name).__doc__ or ""), \
+            "internals.%s does not say why we need it (\"Why: ...\")" % name
+
+
+# internals.py function -> its contract test
+CONTRACTS = {
+    "set_current": "test_current_update_env",
+    "install_current_parallel": "test_metaflow_current_parallel",
+    "num_parallel_parents": "test_graph_node_parallel_foreach_and_num_parallel",
+    "is_ubf_control": "test_unbounded_foreach_ubf_control",
+    "step_kwargs": "test_cli_args_step_kwargs",
+    "top_level_args": "test_cli_args_options",
+    "command_params": "test_click_current_context_params",
+    "command_words": "test_root_context_saved_args",
+    "deployer_commands": "test_plugins_deployer_impl_providers",
+    "spin_allowed_decorators": "test_metaflow_config_spin_allowed_decorators",
+    "orig_datastore": "test_flow_datastore_type_and_root",
+    "attempt_datastore": "test_flow_datastore_get_task_datastore",
+    "artifact_names": "test_task_datastore_persist_walks_the_flow",
+    "drop_artifacts": "test_task_datastore_persist_walks_the_flow",
+    "render_failed_card": "test_card_decorator_private_attributes",
+    "wrap_batch_create_job": "test_batch_create_job_is_wrapped_per_step",
+    "show_child_nodes": "test_batch_launch_job_and_wait",
+    "is_fargate_refusal": "test_batch_client_fargate_refusal",
+    "batch_command": "test_batch_command",
+    "batch_orig_datastore": "test_batch_flow_datastore_and_environment",
+    "job_payload": "test_batch_job_payload_and_num_parallel",
+    "submit_as_built": "test_batch_job_payload_and_num_parallel",
+    "BatchStepCli": "test_batch_cli_step_context",
+    "wrap_state_machine_job": "test_step_functions_state_batch",
+    "metaflow_version": "test_metaflow_version_get_version",
+}
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_environment(monkeypatch):
+    """The probes above must not depend on a user's METAFLOW_* settings."""
+    for name in list(os.environ):
+        if name.startswith("METAFLOW_SPIN"):
+            monkeypatch.delenv(name)
