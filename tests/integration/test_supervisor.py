@@ -22,9 +22,11 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs impor
     stop_members,
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor import (
+    AgentWatch,
+    LeaderWatch,
+    Phase,
     Place,
     Slot,
-    Supervisor,
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
 
@@ -79,7 +81,7 @@ def test_reports_the_first_failing_member_with_its_rank_and_node(gang, started):
     ]
     recorder = Recorder()
     begun = time.monotonic()
-    sup = Supervisor(slots, host, topo, on_failure=recorder).start()
+    sup = LeaderWatch(slots, host, topo, on_failure=recorder).start()
     assert sup.wait(10)
     assert time.monotonic() - begun < 1.4  # did not wait for ranks 3 and 4
     assert len(recorder.calls) == 1 and sup.failures == recorder.calls
@@ -96,7 +98,7 @@ def test_the_failure_carries_the_members_error_file(gang, started, tmp_path):
     error_file.write_text('{"message": {"message": "ValueError: lr", '
                           '"extraInfo": {"py_callstack": "Traceback: here"}}}')
     slot = Slot(member(started, 1, "sys.exit(1)"), 0, 1, 1, str(error_file))
-    sup = Supervisor([slot], host, Topology(1, 2)).start()
+    sup = LeaderWatch([slot], host, Topology(1, 2)).start()
     assert sup.wait(10)
     failure = sup.failures[0]
     assert (failure.kind, failure.message, failure.traceback) == \
@@ -121,7 +123,7 @@ def test_a_raise_is_reported_while_the_member_still_tears_down(tmp_path):
     try:
         slot = Slot(member, 0, 1, 1, error_file)
         raised_at = time.time()
-        sup = Supervisor([slot], None, Topology(1, 2), on_failure=Recorder()).start()
+        sup = LeaderWatch([slot], None, Topology(1, 2), on_failure=Recorder()).start()
         assert sup.wait(10)
         failure = sup.failures[0]
         assert member.poll() is None, "reported only once the process was gone"
@@ -143,7 +145,7 @@ def test_a_killed_member_is_reported_as_a_signal(gang, started):
     host, _, _ = gang
     slot = Slot(member(started, 1, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"),
                 0, 1, 1)
-    sup = Supervisor([slot], host, Topology(1, 2)).start()
+    sup = LeaderWatch([slot], host, Topology(1, 2)).start()
     assert sup.wait(10)
     assert sup.failures[0].describe() == "rank 1 (node 0, local rank 1) was killed by SIGKILL."
 
@@ -152,7 +154,7 @@ def test_finishes_when_every_member_exits_0(gang, started):
     host, _, _ = gang
     slots = [Slot(member(started, r, "time.sleep(%s)" % (0.1 * r)), 0, r, r) for r in (1, 2, 3)]
     recorder = Recorder()
-    sup = Supervisor(slots, host, Topology(1, 4), on_failure=recorder).start()
+    sup = LeaderWatch(slots, host, Topology(1, 4), on_failure=recorder).start()
     assert not sup.wait(0.1)  # rank 3 is still running
     assert sup.wait(10)
     assert not sup.failed() and recorder.calls == []
@@ -162,7 +164,7 @@ def test_finishes_when_every_member_exits_0(gang, started):
 def test_sees_a_failure_a_node_reports_through_the_control_plane(gang):
     host, node, _ = gang
     recorder = Recorder()
-    sup = Supervisor([], host, Topology(3, 2), watch_nodes=[1, 2], on_failure=recorder).start()
+    sup = LeaderWatch([], host, Topology(3, 2), watch_nodes=[1, 2], on_failure=recorder).start()
     assert not sup.wait(0.2)
     reported = Failure(3, 1, "exception", time.time(), 1, "RuntimeError: node one broke",
                        "Traceback ...", local_rank=1)
@@ -173,7 +175,7 @@ def test_sees_a_failure_a_node_reports_through_the_control_plane(gang):
 
 def test_waits_for_every_watched_node_to_finish(gang):
     host, node, _ = gang
-    sup = Supervisor([], host, Topology(3, 1), watch_nodes=[1, 2]).start()
+    sup = LeaderWatch([], host, Topology(3, 1), watch_nodes=[1, 2]).start()
     node.finish(1)
     assert not sup.wait(0.3)  # node 2 has not finished
     node.finish(2)
@@ -187,7 +189,7 @@ def test_a_node_that_never_joins_is_reported_missing_by_name(gang):
     joins = {naming.node_join_id(n): Place(n) for n in (1, 2)}
     node.join(naming.node_join_id(1))
     begun = time.monotonic()
-    sup = Supervisor([], host, topo, watch_nodes=[1, 2], expected_joins=joins,
+    sup = LeaderWatch([], host, topo, watch_nodes=[1, 2], expected_joins=joins,
                      join_timeout=1.0).start()
     assert sup.wait(10)
     elapsed = time.monotonic() - begun
@@ -204,7 +206,7 @@ def test_a_missing_exec_rank_is_named(gang, started):
     slots = [Slot(member(started, r, "time.sleep(60)"), 0, r, r) for r in (1, 2)]
     joins = {naming.rank_join_id(1): Place(0, 1, 1), naming.rank_join_id(2): Place(0, 2, 2)}
     node.join(naming.rank_join_id(2))
-    sup = Supervisor(slots, host, Topology(1, 3), expected_joins=joins, join_timeout=0.5).start()
+    sup = LeaderWatch(slots, host, Topology(1, 3), expected_joins=joins, join_timeout=0.5).start()
     assert sup.wait(10)
     failure = sup.failures[0]
     assert (failure.kind, failure.rank, failure.local_rank) == ("missing", 1, 1)
@@ -214,7 +216,7 @@ def test_a_missing_exec_rank_is_named(gang, started):
 def test_no_missing_node_once_every_node_joined(gang):
     host, node, _ = gang
     joins = {naming.node_join_id(1): Place(1)}
-    sup = Supervisor([], host, Topology(2, 1), watch_nodes=[1], expected_joins=joins,
+    sup = LeaderWatch([], host, Topology(2, 1), watch_nodes=[1], expected_joins=joins,
                      join_timeout=0.3).start()
     node.join(naming.node_join_id(1))
     assert not sup.wait(0.6)  # past the deadline, still watching: nothing is missing
@@ -227,29 +229,29 @@ def test_an_agent_stops_when_node_0_aborts(gang, started):
     host, node, _ = gang
     slot = Slot(member(started, 2, "time.sleep(60)"), 1, 2, 0)
     recorder = Recorder()
-    sup = Supervisor([slot], node, Topology(2, 2), watch_abort=True, on_failure=recorder).start()
+    sup = AgentWatch([slot], node, Topology(2, 2), 1, on_failure=recorder).start()
     assert not sup.wait(0.2)
     host.abort()
     assert sup.wait(10)
-    assert sup.aborted
+    assert sup.aborted and sup.phase is Phase.ABORTED
     assert [f.kind for f in recorder.calls] == ["aborted"]
     assert slot.member.poll() is None  # the agent stops its ranks itself
 
 
-def test_an_abort_is_ignored_without_watch_abort(gang, started):
+def test_node_0s_own_abort_does_not_end_its_watch(gang, started):
     host, _, _ = gang
     slot = Slot(member(started, 1, "time.sleep(0.4)"), 0, 1, 1)
     host.abort()
-    sup = Supervisor([slot], host, Topology(1, 2)).start()
+    sup = LeaderWatch([slot], host, Topology(1, 2)).start()
     assert sup.wait(10)
-    assert not sup.failed() and not sup.aborted
+    assert not sup.failed() and sup.phase is Phase.FINISHED
 
 
 def test_report_from_outside_calls_on_failure_once(gang, started):
     host, _, _ = gang
     slot = Slot(member(started, 1, "time.sleep(0.3); sys.exit(2)"), 0, 1, 1)
     recorder = Recorder()
-    sup = Supervisor([slot], host, Topology(1, 2), on_failure=recorder).start()
+    sup = LeaderWatch([slot], host, Topology(1, 2), on_failure=recorder).start()
     rank0 = Failure(0, 0, "exception", time.time(), message="ValueError: x", local_rank=0)
     sup.report(rank0)
     assert sup.wait(1)
@@ -360,12 +362,12 @@ def test_closing_the_listener_after_hosting_never_closes_someone_elses_fd(tmp_pa
 def test_an_agent_sends_heartbeats_and_node_0_sees_them(gang, started):
     host, node, _ = gang
     topo = Topology(2, 1)
-    agent = Supervisor([Slot(member(started, 1, "time.sleep(60)"), 1, 1, 0)], node, topo,
-                       heartbeat_node=1).start()
+    agent = AgentWatch([Slot(member(started, 1, "time.sleep(60)"), 1, 1, 0)], node, topo,
+                       1).start()
     try:
         time.sleep(2.5)
         assert host.beats(1) >= 2
-        watch = Supervisor([], host, topo, watch_nodes=[1], heartbeat_timeout=2).start()
+        watch = LeaderWatch([], host, topo, watch_nodes=[1], heartbeat_timeout=2).start()
         assert not watch.wait(3)  # beats keep coming: no failure
         watch.finished.set()
     finally:
@@ -378,7 +380,7 @@ def test_a_node_that_stops_beating_is_reported_lost_by_name(gang):
     node.beat(1)  # it started, then went silent
     recorder = Recorder()
     begun = time.monotonic()
-    sup = Supervisor([], host, topo, watch_nodes=[1], heartbeat_timeout=1.0,
+    sup = LeaderWatch([], host, topo, watch_nodes=[1], heartbeat_timeout=1.0,
                      on_failure=recorder).start()
     assert sup.wait(5)
     assert time.monotonic() - begun < 3
@@ -389,7 +391,7 @@ def test_a_node_that_stops_beating_is_reported_lost_by_name(gang):
 
 def test_a_node_that_never_beat_is_left_to_the_join_deadline(gang):
     host, _, _ = gang
-    sup = Supervisor([], host, Topology(2, 1), watch_nodes=[1], heartbeat_timeout=0.3).start()
+    sup = LeaderWatch([], host, Topology(2, 1), watch_nodes=[1], heartbeat_timeout=0.3).start()
     assert not sup.wait(1.0)
     sup.finished.set()
 
@@ -398,7 +400,7 @@ def test_unfinished_ranks_are_named_on_every_node(gang, started):
     host, node, _ = gang
     topo = Topology(2, 2)
     slots = [Slot(member(started, 1, "time.sleep(60)"), 0, 1, 1)]
-    sup = Supervisor(slots, host, topo, watch_nodes=[1])
+    sup = LeaderWatch(slots, host, topo, watch_nodes=[1])
     failure = sup.unfinished_failure(7.0)
     assert (failure.rank, failure.node, failure.kind) == (1, 0, "unfinished")
     assert "did not finish its step body within 7.0s after rank 0 finished its own (still " \
@@ -413,7 +415,7 @@ def test_an_agent_tells_node_0_which_of_its_ranks_finished(gang, started):
     host, node, _ = gang
     slots = [Slot(member(started, 2, "sys.exit(0)"), 1, 2, 0),
              Slot(member(started, 3, "time.sleep(60)"), 1, 3, 1)]
-    agent = Supervisor(slots, node, Topology(2, 2), heartbeat_node=1).start()
+    agent = AgentWatch(slots, node, Topology(2, 2), 1).start()
     try:
         wait_until(lambda: host.rank_is_done(2))
         assert not host.rank_is_done(3)
@@ -426,7 +428,7 @@ def test_rank_0_still_busy_long_after_every_other_rank_finished_is_failed(gang, 
     slots = [Slot(member(started, 1, "sys.exit(0)"), 0, 1, 1)]
     recorder = Recorder()
     begun = time.monotonic()
-    sup = Supervisor(slots, host, Topology(1, 2), leader_busy=lambda: True,
+    sup = LeaderWatch(slots, host, Topology(1, 2), leader_busy=lambda: True,
                      finish_timeout=0.5, on_failure=recorder).start()
     assert sup.wait(5)
     assert time.monotonic() - begun < 3
@@ -440,7 +442,7 @@ def test_rank_0_that_finishes_in_time_is_not_failed(gang, started):
     host, _, _ = gang
     busy = [True]
     slots = [Slot(member(started, 1, "sys.exit(0)"), 0, 1, 1)]
-    sup = Supervisor(slots, host, Topology(1, 2), leader_busy=lambda: busy[0],
+    sup = LeaderWatch(slots, host, Topology(1, 2), leader_busy=lambda: busy[0],
                      finish_timeout=5).start()
     assert not sup.wait(0.5)
     busy[0] = False
@@ -457,7 +459,7 @@ def wait_until(probe, timeout=5):
 def test_not_done_while_a_check_in_is_pending(gang, started):
     host, _, _ = gang
     slots = [Slot(member(started, 1, "sys.exit(0)"), 0, 1, 1)]
-    sup = Supervisor(slots, host, Topology(1, 2), join_timeout=30,
+    sup = LeaderWatch(slots, host, Topology(1, 2), join_timeout=30,
                      expected_joins={naming.rank_join_id(1): Place(0, 1, 1)}).start()
     assert not sup.wait(1.0)  # exited 0, but never checked in: not a finished gang
     host.join(naming.rank_join_id(1))
@@ -470,20 +472,22 @@ def test_a_symptom_waits_for_the_root_cause_from_another_node(gang):
 
     host, node, _ = gang
     recorder = Recorder()
-    sup = Supervisor([], host, Topology(3, 1), watch_nodes=[1, 2], on_failure=recorder).start()
+    sup = LeaderWatch([], host, Topology(3, 1), watch_nodes=[1, 2], on_failure=recorder).start()
     node.report_failure(1, Failure(1, 1, "exception", time.time(), local_rank=0,
                                    message="RuntimeError: Connection closed by peer",
                                    symptom=True))  # as its rank decided (failures.py)
     time.sleep(0.4)
     assert not recorder.calls  # only a symptom so far: still waiting for its cause
+    assert sup.phase is Phase.HOLDING
     node.report_failure(2, Failure(2, 2, "signal", time.time(), -9, local_rank=0))
     assert sup.wait(3)
     assert root_cause(sup.failures).rank == 2
+    assert sup.phase is Phase.FAILED
 
 
 def test_symptoms_alone_are_reported_after_the_wait(gang):
     host, node, _ = gang
-    sup = Supervisor([], host, Topology(2, 1), watch_nodes=[1]).start()
+    sup = LeaderWatch([], host, Topology(2, 1), watch_nodes=[1]).start()
     begun = time.monotonic()
     node.report_failure(1, Failure(1, 1, "exception", time.time(), local_rank=0,
                                    message="RuntimeError: Connection closed by peer",
@@ -502,7 +506,7 @@ def test_whoever_waits_sees_the_hung_rank_named_with_its_peers_timeouts(gang, st
     def slow_stop(failure):
         time.sleep(1.0)
 
-    sup = Supervisor(slots, host, Topology(1, 2), on_failure=slow_stop).start()
+    sup = LeaderWatch(slots, host, Topology(1, 2), on_failure=slow_stop).start()
     sup.report(Failure(0, 0, "exception", time.time(), local_rank=0,
                        message="DistStoreError: wait timeout after 10000ms, keys: /default_pg/0"))
     assert sup.wait(5)

@@ -137,6 +137,25 @@ def test_a_plain_runtime_error_counts_as_a_symptom_only_when_raised_inside_torch
     assert failures._raised_in(raised, __import__("os").path.dirname(inside))
 
 
+def test_a_collectives_native_error_raised_through_torch_is_a_symptom():
+    # DDP's reducer runs its all-reduce inside autograd: gloo's error surfaces in torch's
+    # autograd frames, not torch.distributed's; its native origin says it is gloo's
+    import os
+
+    import torch
+
+    autograd = os.path.join(os.path.dirname(torch.__file__), "autograd", "graph.py")
+    gloo = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+            "closed by peer [127.0.0.1]:24283")
+    assert communication_error(_raise_from(compile("raise RuntimeError(%r)" % gloo, autograd,
+                                                   "exec")))
+    # the same native words from a user's own frame, or another native origin, are causes
+    assert not communication_error(_raise(RuntimeError(gloo)))
+    shapes = "[/__w/pytorch/pytorch/aten/src/ATen/native/Linear.cpp:12] mat1 and mat2 shapes"
+    assert not communication_error(_raise_from(compile("raise RuntimeError(%r)" % shapes,
+                                                       autograd, "exec")))
+
+
 def _raise_from(code):
     try:
         exec(code, {})
@@ -364,6 +383,7 @@ def _leader_raising(outcome, member_exception):
 
     leader = Leader.__new__(Leader)  # only _raise_failure's fields: nothing is started
     leader.step_name = "train"
+    leader.rank0_exception = None
     with pytest.raises(BaseException) as raised:
         leader._raise_failure(outcome, member_exception)
     return raised.value

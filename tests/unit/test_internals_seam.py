@@ -4,7 +4,7 @@ The package's modules are read (ast), not imported. A module other than internal
 Metaflow's public API only: the names of the PUBLIC table below. It may not
 * import from another Metaflow module, or import a name starting with `_` from any;
 * read a private attribute (`x._name`, or getattr(x, "_name")) of anything but itself
-  (`self`, `cls`) or a module it imported from outside Metaflow (`os._exit`, torch's);
+  (`self`, `cls`, `super()`) or a module it imported from outside Metaflow (`os._exit`, torch's);
 * patch Metaflow: assign to an attribute of a Metaflow name (`Batch.create_job = ...`), set an
   attribute on a class (`setattr(type(current), ...)`), or walk or delete an object's attributes
   (`vars(flow)`, `delattr(flow, ...)`).
@@ -85,8 +85,10 @@ def violations(source, filename="<module>"):
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _private(node.attr):
             receiver = node.value
-            if not (isinstance(receiver, ast.Name)
-                    and (receiver.id in OWN or receiver.id in other_modules)):
+            own = (isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Name)
+                   and receiver.func.id == "super")  # its own class's, as with self
+            if not own and not (isinstance(receiver, ast.Name)
+                                and (receiver.id in OWN or receiver.id in other_modules)):
                 flag(node, "reads private attribute %s of %s" % (node.attr, ast.unparse(receiver)))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             func, args = node.func.id, node.args
@@ -171,6 +173,7 @@ def test_the_scan_catches(source):
     "from torch.distributed import rendezvous\nrendezvous._rendezvous_handlers",
     "from . import batch\nbatch._plain({})",
     "class A:\n    def f(self):\n        self._x = 1\n        return getattr(self, '_x')",
+    "class B(A):\n    def f(self):\n        return super()._f()",
 ])
 def test_the_scan_allows(source):
     assert violations(source) == []

@@ -131,7 +131,7 @@ class ControlPlane:
         return self._store.check([self._keys.rank_done(rank)])
 
     def beat(self, node):
-        """Tell node 0 that node `node` is alive (see Supervisor's heartbeat watch)."""
+        """Tell node 0 that node `node` is alive (see LeaderWatch._check_heartbeat)."""
         self._store.add(self._keys.beat(node), 1)
 
     def beats(self, node):

@@ -3,6 +3,7 @@
 import json
 import os
 import pickle
+import re
 import signal
 import sys
 from dataclasses import asdict, dataclass, field
@@ -126,8 +127,11 @@ def communication_error(ex):
     """True when `ex` is how a rank learns that a peer went away, judged by its type and where
     it was raised, never by its words: a torch.distributed error (DistError and its subclasses),
     the gang's own TorchDistributedAborted, or a RuntimeError raised inside torch.distributed's
-    code (how gloo's transport reports a closed connection). A user's own exception, whatever
-    it says (ValueError("NCCL not built")), is a cause."""
+    code (how gloo's transport reports a closed connection), or raised by torch's native code
+    from a gloo or c10d source file (a collective that DDP's reducer runs during backward: the
+    Python frame is autograd's, the C++ origin, which c10 puts first in the error, is
+    gloo's). A user's own exception, whatever it says (ValueError("NCCL not built")), is a
+    cause."""
     from .errors import TorchDistributedAborted
 
     if isinstance(ex, TorchDistributedAborted):
@@ -138,7 +142,22 @@ def communication_error(ex):
     if isinstance(ex, dist.DistError):
         return True
     # exactly RuntimeError: its subclasses (NotImplementedError, ...) report misuse, a cause
-    return type(ex) is RuntimeError and _raised_in(ex, os.path.dirname(dist.__file__))
+    if type(ex) is not RuntimeError:
+        return False
+    if _raised_in(ex, os.path.dirname(dist.__file__)):
+        return True
+    torch_dir = os.path.dirname(os.path.dirname(dist.__file__))
+    return _raised_in(ex, torch_dir) and _native_origin_is_collective(ex)
+
+
+# The source location c10 puts first in a native error: "[/path/to/file.cc:553] message".
+_NATIVE_ORIGIN = re.compile(r"\[([^\]\s]+):\d+\]")
+
+
+def _native_origin_is_collective(ex):
+    """True when the native code that raised `ex` is gloo's or torch's c10d (collectives)."""
+    found = _NATIVE_ORIGIN.match(str(ex))
+    return bool(found) and any(part in found.group(1) for part in ("/gloo/", "/c10d/"))
 
 
 def _raised_in(ex, directory):

@@ -29,7 +29,7 @@ from .interrupt import BodyInterrupt
 from .launch import GangSpec, member_command
 from .procs import OutputPump, fork_member, run_member_body, spawn_member, stop_members
 from .remote_logs import LogReceiver, LogShipper
-from .supervisor import Place, Slot, Supervisor
+from .supervisor import AgentWatch, LeaderWatch, Place, Slot
 
 # Seconds a stopped member gets between SIGTERM and SIGKILL.
 STOP_GRACE = 1.0
@@ -200,6 +200,8 @@ class Leader:
         supervise, and raise the gang's error if any rank failed."""
         self.on_body_start = on_body_start
         self.body_finished = False
+        self.rank0_exception = None
+        self.receiver = None
         listener = self._bind()
         work_dir = tempfile.mkdtemp(prefix="torch-distributed-")
         spec = GangSpec(**self.spec_fields, role="leader", node=0, work_dir=work_dir,
@@ -235,7 +237,7 @@ class Leader:
                     range(1, self.topology.nodes),
                     {1: runner.saved_fds[0], 2: runner.saved_fds[1]},
                     tee=self.recorder.remote_tails).start()
-            supervisor = Supervisor(
+            supervisor = LeaderWatch(
                 runner.slots, control, self.topology,
                 watch_nodes=range(1, self.topology.nodes),
                 expected_joins=self._expected_joins(spec),
@@ -353,7 +355,7 @@ class Leader:
         # Rank 0 is stuck in native code (a collective or the rendezvous) and cannot be
         # interrupted: end the task. The runtime sees a failed attempt (retry/catch apply).
         failure = root_cause(self.supervisor.failures)
-        if getattr(self, "receiver", None) is not None:
+        if self.receiver is not None:
             self.receiver.stop(REMOTE_DRAIN_TIMEOUT)
         self.runner.release()
         print("@torch_distributed on step *%s*: gang failed.\n%s\nRank 0 did not stop within "
@@ -394,7 +396,7 @@ class Leader:
 
     def _raise_failure(self, outcome, member_exception):
         failure = outcome.root_cause
-        own = (getattr(self, "rank0_exception", None) if failure.rank == 0
+        own = (self.rank0_exception if failure.rank == 0
                else member_exception)
         if failure.kind == "exception" and not failure.is_symptom() and own is not None:
             # Raise the user's own exception, so @catch and the task's error show its type. A
@@ -440,8 +442,8 @@ class Agent:
             if self.spec.backend != "local":
                 print("joined the gang of node 0 at %s:%d" % (self.spec.master_addr,
                                                              self.spec.master_port), flush=True)
-            supervisor = Supervisor(runner.slots, control, self.topology, watch_abort=True,
-                                    heartbeat_node=self.spec.node).start()
+            supervisor = AgentWatch(runner.slots, control, self.topology,
+                                    self.spec.node).start()
             supervisor.wait()
             self._send_record(runner, control, joined_at)
             if supervisor.aborted:

@@ -1,11 +1,26 @@
 """All-or-nothing supervision of one node's share of a gang.
 
-One thread polls every member process and the control plane. The first failure anywhere
-(a rank's uncaught exception as soon as it is recorded, a rank's non-zero exit or signal, a
-node's report, a node missing at the rendezvous deadline,
-an abort from node 0) ends the watch and calls `on_failure` once; the caller stops the rest.
+One thread polls every member process of this node and the control plane. Node 0 runs a
+`LeaderWatch` (it also watches the other nodes, their check-ins and heartbeats, and how long
+rank 0 and the others run on after one side finished); every other node runs an `AgentWatch`
+(it sends heartbeats, says which of its ranks finished, and stops when node 0 aborts).
+
+A watch moves through these phases (`Phase`), and only forward:
+
+    WATCHING --a cause (a rank's own error, exit, signal; a node lost or missing)--> FAILED
+    WATCHING --a symptom (a peer's communication error)--> HOLDING
+    HOLDING  --a cause, or the wait for one ended--> FAILED
+    WATCHING --every process and node finished--> FINISHED
+    WATCHING or HOLDING --node 0 aborted (agents only)--> ABORTED
+
+In HOLDING the symptoms are held for SYMPTOM_WAIT seconds so that the failure behind them, which
+may come from another node, is named as the cause; when every symptom is a timeout, nodes that
+have not said which of their ranks still run get up to TIMEOUT_SKEW_WAIT seconds more, and the
+rank still running without an error is named as hung. Entering FAILED or ABORTED records every
+failure of the outcome at once, then calls `on_failure` once; the caller stops the rest.
 """
 
+import enum
 import re
 import threading
 import time
@@ -26,6 +41,14 @@ _TIMEOUT_HINT = re.compile(r"time[sd]? ?out|timed out|Timeout", re.I)
 HEARTBEAT_INTERVAL = 1.0
 
 
+class Phase(enum.Enum):
+    WATCHING = "watching"  # nothing has failed
+    HOLDING = "holding"  # only symptoms are known: waiting for their cause
+    FAILED = "failed"  # settled: `failures` holds the outcome
+    FINISHED = "finished"  # every watched process and node finished
+    ABORTED = "aborted"  # (an agent) node 0 aborted the gang
+
+
 @dataclass
 class Slot:
     """A member process and where it sits in the gang. `rank` is None for a node agent."""
@@ -37,48 +60,35 @@ class Slot:
     error_file: Optional[str] = None
 
 
+@dataclass
+class Place:
+    """Where an expected check-in comes from: a node (rank None) or one rank."""
+
+    node: int
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+
+
 class GangAborted(Exception):
     """Node 0 aborted the gang (seen by a node agent)."""
 
 
-class Supervisor:
-    """Watches `slots` (this node's processes); on node 0 also `watch_nodes` (the other nodes,
-    through the control plane) and `expected_joins` ({join id: Slot-like place}) until the
-    join deadline, and, with `heartbeat_timeout`, that every watched node that started beating
-    keeps beating; on other nodes, with `watch_abort`, node 0's abort, and with `heartbeat_node`
-    this node sends heartbeats."""
+class Watch:
+    """What every node's watch does: poll this node's `slots`, settle a failure (holding
+    symptoms for their cause), and end in one phase. Subclasses add what their node watches."""
 
-    def __init__(self, slots, control, topology, watch_nodes=(), expected_joins=None,
-                 join_timeout=None, watch_abort=False, on_failure=None, clock=time.monotonic,
-                 heartbeat_node=None, heartbeat_timeout=None, leader_busy=None,
-                 finish_timeout=None):
+    def __init__(self, slots, control, topology, on_failure=None, clock=time.monotonic):
         self.slots = list(slots)
         self.control = control
         self.topology = topology
-        self.watch_abort = watch_abort
-        self.join_timeout = join_timeout
-        self.join_deadline = clock() + join_timeout if join_timeout is not None else None
         self.on_failure = on_failure
         self.clock = clock
+        self.phase = Phase.WATCHING
         self.failures = []
-        self.aborted = False
-        self.finished = threading.Event()
+        self.finished = threading.Event()  # set on leaving WATCHING/HOLDING
         self._lock = threading.Lock()
-        self._pending_joins = dict(expected_joins or {})
-        self._nodes_left = set(watch_nodes)
-        self._watched = set(watch_nodes)
-        self.heartbeat_node = heartbeat_node
-        self.heartbeat_timeout = heartbeat_timeout
-        self._next_beat = clock()
-        self._beats = {}  # node -> (heartbeats seen, when the count last changed)
-        # On node 0: rank 0's body still running (a callable), and how long it may run on
-        # once every other rank finished.
-        self.leader_busy = leader_busy
-        self.finish_timeout = finish_timeout
-        self._others_done_at = None
-        self._reported_done = set()
-        self._symptoms = []  # failures seen, held back while only symptoms are known
-        self._symptom_deadline = None
+        self._held = []  # symptoms seen while HOLDING
+        self._hold_until = None
         self._seen_slots = set()  # ids of slots whose failure is already recorded
         self._seen_nodes = set()  # nodes whose reported failure is already recorded
         self._thread = threading.Thread(target=self._run, name="torch-distributed-supervisor",
@@ -88,24 +98,9 @@ class Supervisor:
         self._thread.start()
         return self
 
-    def report(self, failure):
-        """Record a failure seen outside the thread (rank 0's exception in the main thread).
-        A symptom joins the thread's wait for a root cause while the thread runs."""
-        with self._lock:
-            held = (failure.is_symptom() and not self.failures and self._thread.is_alive()
-                    and not self.finished.is_set())
-            if held:
-                self._symptoms.append(failure)
-                if self._symptom_deadline is None:
-                    self._symptom_deadline = self.clock() + SYMPTOM_WAIT
-        if not held:
-            self._fail(failure)
-
-    def running_ranks(self):
-        """Ranks of this node's slots whose process is still running and has not failed (a
-        rank that raised may still be tearing down)."""
-        return [s.rank for s in self.slots if s.rank is not None and s.member.poll() is None
-                and id(s) not in self._seen_slots]
+    @property
+    def aborted(self):
+        return self.phase is Phase.ABORTED
 
     def failed(self):
         with self._lock:
@@ -114,155 +109,60 @@ class Supervisor:
     def wait(self, timeout=None):
         return self.finished.wait(timeout)
 
-    def _fail(self, *failures):
-        """Record `failures` together. The first call ends the watch, then calls `on_failure`
-        (which may take a while to stop members): whoever `wait`s sees every failure settled
-        with the first, such as the hung rank named beside its peers' timeouts, never a part."""
+    def report(self, failure):
+        """Record a failure seen outside the thread (rank 0's exception in the main thread).
+        A symptom joins the thread's wait for a root cause while the thread runs."""
         with self._lock:
-            first = not self.failures
-            self.failures.extend(failures)
-        if first:
-            self.finished.set()
-            if self.on_failure:
-                self.on_failure(failures[0])
+            held = (failure.is_symptom() and not self.failures and self._thread.is_alive()
+                    and not self.finished.is_set())
+            if held:
+                self._hold(failure)
+        if not held:
+            self._fail(failure)
+
+    def running_ranks(self):
+        """Ranks of this node whose process still runs and has not failed (a rank that raised
+        may still be tearing down)."""
+        return [s.rank for s in self._running_slots() if id(s) not in self._seen_slots]
+
+    def _running_slots(self):
+        """This node's rank slots whose process still runs."""
+        return [s for s in self.slots if s.rank is not None and s.member.poll() is None]
+
+    # -- the thread ----------------------------------------------------------------------------
 
     def _run(self):
         try:
             while not self.finished.is_set():
+                self._tick()
                 failure = self._check()
                 if failure is not None and self._settle(failure):
                     return
-                if self._symptom_deadline is not None and self.clock() >= self._symptom_deadline:
+                if self.phase is Phase.HOLDING and self.clock() >= self._hold_until:
                     if not self._waiting_for_timeouts():
                         self._flush()  # no root cause came: report the symptoms
                         return
-                if self._all_done():
-                    if not (self.leader_busy and self.leader_busy()):
-                        self.finished.set()
-                        return
-                    failure = self._check_leader_finishes()
-                    if failure is not None:
-                        self._fail(failure)
-                        return
+                if self._all_done() and self._finish():
+                    return
                 time.sleep(POLL_INTERVAL)
         except GangAborted:
-            self.aborted = True
-            self._fail(F.Failure(None, -1, "aborted", time.time(), message="gang aborted by node 0"))
+            self._fail(F.Failure(None, -1, "aborted", time.time(), message="gang aborted by node 0"),
+                       phase=Phase.ABORTED)
         except Exception as ex:  # the store is gone: node 0 died or the network broke
             self._fail(F.Failure(None, -1, "control", time.time(),
                                  message="lost the gang's control plane: %s" % ex))
 
-    def _settle(self, failure):
-        """Record `failure`; True once the gang's failure is settled and reported. A rank that
-        failed because a peer went away (a communication error) is a symptom: keep watching for
-        SYMPTOM_WAIT seconds, so that the peer's own failure, which may come from another node
-        through its agent, is there to be named as the root cause."""
-        with self._lock:
-            self._symptoms.append(failure)
-            if failure.is_symptom() and self._symptom_deadline is None:
-                self._symptom_deadline = self.clock() + SYMPTOM_WAIT
-        if failure.is_symptom():
-            if self.heartbeat_node is not None:  # an agent: tell node 0 at once who still runs
-                self.control.report_running(self.heartbeat_node, self.running_ranks())
-            return False
-        self._flush()
+    def _tick(self):
+        """What this node does on every poll besides watching (an agent's heartbeat)."""
+
+    def _finish(self):
+        """Every watched process and node finished: True once the watch ended."""
+        self._end(Phase.FINISHED)
         return True
 
-    def _flush(self):
-        with self._lock:
-            seen = list(self._symptoms)
-        if seen and all(f.is_symptom() for f in seen):
-            hung = self._hung_rank(seen)
-            if hung is not None:
-                seen.append(hung)
-        self._fail(*seen)
-
-    def _waiting_for_timeouts(self):
-        """Ranks that wait for a hung peer time out one by one, as they started (other nodes
-        start later): while only timeouts are known, give nodes that have not said which of
-        their ranks still run up to TIMEOUT_SKEW_WAIT more seconds to say it."""
-        with self._lock:
-            symptoms = list(self._symptoms)
-        if not symptoms or not all(_TIMEOUT_HINT.search(f.message) for f in symptoms):
-            return False
-        if self.clock() >= self._symptom_deadline + TIMEOUT_SKEW_WAIT:
-            return False
-        return bool(self._silent_nodes())
-
-    def _silent_nodes(self):
-        """Unfinished nodes that neither reported a failure nor said which ranks still run."""
-        nodes = {s.node for s in self.slots if s.rank is None} | self._watched
-        return [n for n in sorted(nodes) if (n in self._nodes_left or n not in self._watched)
-                and not self.control.running(n) and self.control.failure(n) is None]
-
-    def _hung_rank(self, symptoms):
-        """When every failure so far is a peer's timeout, the rank still running without an
-        error is the one the others waited for: name it (None if there is no such rank)."""
-        if not all(_TIMEOUT_HINT.search(f.message) for f in symptoms):
-            return None
-        failed = {f.rank for f in symptoms}
-        running = [(s.rank, s.node, s.local_rank) for s in self.slots
-                   if s.rank is not None and s.member.poll() is None]
-        if self.leader_busy and self.leader_busy():
-            running.insert(0, (0, 0, 0))
-        silent = self._silent_nodes()
-        for node in sorted({s.node for s in self.slots if s.rank is None} | self._watched):
-            running += [(r, node, self.topology.locate(r)[1]) for r in self.control.running(node)]
-        for node in silent:  # no word from these: any of their ranks may be the one
-            running += [(r, node, self.topology.locate(r)[1]) for r in self.topology.ranks_of(node)]
-        running = [r for r in running if r[0] not in failed]
-        if not running:
-            return None
-        rank, node, local_rank = running[0]
-        return F.Failure(
-            rank, node, "hung", time.time(), local_rank=local_rank,
-            message="hung: it neither failed nor finished while the other ranks timed out "
-            "waiting for it (%s). Its [rank %d] lines show where it was; see the debugging "
-            "guide to dump its stack next time" % (symptoms[0].where(), rank))
-
-    def _check_leader_finishes(self):
-        if self._others_done_at is None:
-            self._others_done_at = self.clock()
-        if self.clock() - self._others_done_at < self.finish_timeout:
-            return None
-        return F.Failure(
-            0, 0, "unfinished", time.time(), local_rank=0,
-            message="did not finish its step body within %ss after every other rank finished "
-            "its own. Rank 0 is the Metaflow task: a rank 0 that hangs (e.g. in a collective the "
-            "others never join, or in code only rank 0 runs) is stopped; raise "
-            "finish_timeout if it legitimately runs longer" % self.finish_timeout)
-
-    def unfinished_failure(self, waited):
-        """The failure to report when rank 0 finished its body `waited` seconds ago and some
-        ranks or nodes still have not finished theirs. Ranks of other nodes are named from
-        what their agents reported done."""
-        places = [s for s in self.slots if s.rank is not None and s.member.poll() is None]
-        nodes = sorted({s.node for s in self.slots if s.rank is None and s.member.poll() is None}
-                       | self._nodes_left)
-        for node in nodes:
-            places += [Place(node, r, self.topology.locate(r)[1])
-                       for r in self.topology.ranks_of(node)
-                       if not self.control.rank_is_done(r)] or [Place(node)]
-        places = places or [Place(0)]
-        first = places[0]
-        return F.Failure(
-            first.rank, first.node, "unfinished", time.time(), local_rank=first.local_rank,
-            message="did not finish its step body within %ss after rank 0 finished its own "
-            "(still running: %s). A rank that hangs (e.g. in a collective the others never "
-            "join, or in code only some ranks run) is stopped; raise finish_timeout if "
-            "ranks legitimately finish later than rank 0"
-            % (waited, "; ".join(_member_name(p, self.topology) for p in places)))
-
     def _check(self):
+        """The next failure of this node's processes, or None."""
         now = time.time()
-        if self.heartbeat_node is not None:  # an agent: tell node 0 which ranks are done
-            for slot in self.slots:
-                if slot.rank not in self._reported_done and slot.member.poll() == 0:
-                    self.control.rank_finished(slot.rank)
-                    self._reported_done.add(slot.rank)
-        if self.heartbeat_node is not None and self.clock() >= self._next_beat:
-            self.control.beat(self.heartbeat_node)
-            self._next_beat = self.clock() + HEARTBEAT_INTERVAL
         for slot in self.slots:
             if id(slot) in self._seen_slots:
                 continue
@@ -284,6 +184,165 @@ class Supervisor:
                     None, slot.node, "agent", now, code,
                     message="node agent exited with code %d before reporting a cause" % code)
             return F.from_exit(slot.rank, slot.node, slot.local_rank, code, now, slot.error_file)
+        return None
+
+    def _all_done(self):
+        return all(s.member.poll() == 0 for s in self.slots)
+
+    # -- settling a failure --------------------------------------------------------------------
+
+    def _settle(self, failure):
+        """Record `failure`; True once the gang's failure is settled and reported. A rank that
+        failed because a peer went away (a communication error) is a symptom: hold it for
+        SYMPTOM_WAIT seconds, so that the peer's own failure, which may come from another node
+        through its agent, is there to be named as the root cause."""
+        with self._lock:
+            self._hold(failure)
+        if failure.is_symptom():
+            self._holding(failure)
+            return False
+        self._flush()
+        return True
+
+    def _hold(self, failure):
+        """(Under the lock.) Keep `failure` for the settled outcome; a symptom starts HOLDING."""
+        self._held.append(failure)
+        if failure.is_symptom() and self.phase is Phase.WATCHING:
+            self.phase = Phase.HOLDING
+            self._hold_until = self.clock() + SYMPTOM_WAIT
+
+    def _holding(self, symptom):
+        """Called when a symptom of this node is held (an agent tells node 0 who still runs)."""
+
+    def _flush(self):
+        with self._lock:
+            seen = list(self._held)
+        if seen and all(f.is_symptom() for f in seen):
+            hung = self._hung_rank(seen)
+            if hung is not None:
+                seen.append(hung)
+        self._fail(*seen)
+
+    def _fail(self, *failures, phase=Phase.FAILED):
+        """Record `failures` together. The first call ends the watch in `phase`, then calls
+        `on_failure` (which may take a while to stop members): whoever `wait`s sees every
+        failure settled with the first, such as the hung rank named beside its peers'
+        timeouts, never a part."""
+        with self._lock:
+            first = not self.failures
+            self.failures.extend(failures)
+            if first:
+                self.phase = phase
+        if first:
+            self.finished.set()
+            if self.on_failure:
+                self.on_failure(failures[0])
+
+    def _end(self, phase):
+        with self._lock:
+            self.phase = phase
+        self.finished.set()
+
+    def _waiting_for_timeouts(self):
+        """Ranks that wait for a hung peer time out one by one, as they started (other nodes
+        start later): while only timeouts are known, give nodes that have not said which of
+        their ranks still run up to TIMEOUT_SKEW_WAIT more seconds to say it."""
+        with self._lock:
+            symptoms = list(self._held)
+        if not symptoms or not all(_TIMEOUT_HINT.search(f.message) for f in symptoms):
+            return False
+        if self.clock() >= self._hold_until + TIMEOUT_SKEW_WAIT:
+            return False
+        return bool(self._silent_nodes())
+
+    def _silent_nodes(self):
+        """Unfinished nodes that neither reported a failure nor said which ranks still run."""
+        return []
+
+    def _remote_running(self):
+        """[(rank, node, local rank)] of other nodes' ranks that may still run."""
+        return []
+
+    def _hung_rank(self, symptoms):
+        """When every failure so far is a peer's timeout, the rank still running without an
+        error is the one the others waited for: name it (None if there is no such rank)."""
+        if not all(_TIMEOUT_HINT.search(f.message) for f in symptoms):
+            return None
+        failed = {f.rank for f in symptoms}
+        running = [(s.rank, s.node, s.local_rank) for s in self._running_slots()]
+        running = self._leader_running() + running + self._remote_running()
+        running = [r for r in running if r[0] not in failed]
+        if not running:
+            return None
+        rank, node, local_rank = running[0]
+        return F.Failure(
+            rank, node, "hung", time.time(), local_rank=local_rank,
+            message="hung: it neither failed nor finished while the other ranks timed out "
+            "waiting for it (%s). Its [rank %d] lines show where it was; see the debugging "
+            "guide to dump its stack next time" % (symptoms[0].where(), rank))
+
+    def _leader_running(self):
+        """[(0, 0, 0)] while rank 0 runs its body in this process (node 0), else []."""
+        return []
+
+
+class LeaderWatch(Watch):
+    """Node 0's watch: its own members (and, locally, the other nodes' agents) in `slots`; the
+    other nodes `watch_nodes` through the control plane; the check-ins `expected_joins`
+    ({join id: Place}) until `join_timeout` s; with `heartbeat_timeout`, that every node that
+    started beating keeps beating; with `leader_busy` (rank 0's body still runs), that rank 0
+    and the others do not run on more than `finish_timeout` s after the other side finished."""
+
+    def __init__(self, slots, control, topology, watch_nodes=(), expected_joins=None,
+                 join_timeout=None, heartbeat_timeout=None, leader_busy=None,
+                 finish_timeout=None, on_failure=None, clock=time.monotonic):
+        super().__init__(slots, control, topology, on_failure, clock)
+        self.join_timeout = join_timeout
+        self.join_deadline = clock() + join_timeout if join_timeout is not None else None
+        self.heartbeat_timeout = heartbeat_timeout
+        self.leader_busy = leader_busy
+        self.finish_timeout = finish_timeout
+        self._pending_joins = dict(expected_joins or {})
+        self._nodes_left = set(watch_nodes)
+        self._watched = set(watch_nodes)
+        self._beats = {}  # node -> (heartbeats seen, when the count last changed)
+        self._others_done_at = None
+
+    def unfinished_failure(self, waited):
+        """The failure to report when rank 0 finished its body `waited` seconds ago and some
+        ranks or nodes still have not finished theirs. Ranks of other nodes are named from
+        what their agents reported done."""
+        places = self._running_slots()
+        nodes = sorted({s.node for s in self.slots if s.rank is None and s.member.poll() is None}
+                       | self._nodes_left)
+        for node in nodes:
+            places += [Place(node, r, self.topology.locate(r)[1])
+                       for r in self.topology.ranks_of(node)
+                       if not self.control.rank_is_done(r)] or [Place(node)]
+        places = places or [Place(0)]
+        first = places[0]
+        return F.Failure(
+            first.rank, first.node, "unfinished", time.time(), local_rank=first.local_rank,
+            message="did not finish its step body within %ss after rank 0 finished its own "
+            "(still running: %s). A rank that hangs (e.g. in a collective the others never "
+            "join, or in code only some ranks run) is stopped; raise finish_timeout if "
+            "ranks legitimately finish later than rank 0"
+            % (waited, "; ".join(_member_name(p, self.topology) for p in places)))
+
+    def _finish(self):
+        if not (self.leader_busy and self.leader_busy()):
+            return super()._finish()
+        failure = self._check_leader_finishes()
+        if failure is None:
+            return False
+        self._fail(failure)
+        return True
+
+    def _check(self):
+        failure = super()._check()
+        if failure is not None:
+            return failure
+        now = time.time()
         for node in list(self._nodes_left):
             reported = None if node in self._seen_nodes else self.control.failure(node)
             if reported is not None:
@@ -295,9 +354,22 @@ class Supervisor:
                 lost = self._check_heartbeat(node, now)
                 if lost is not None:
                     return lost
-        if self.watch_abort and self.control.aborted():
-            raise GangAborted()
         return self._check_joins(now)
+
+    def _all_done(self):
+        return not self._nodes_left and not self._pending_joins and super()._all_done()
+
+    def _check_leader_finishes(self):
+        if self._others_done_at is None:
+            self._others_done_at = self.clock()
+        if self.clock() - self._others_done_at < self.finish_timeout:
+            return None
+        return F.Failure(
+            0, 0, "unfinished", time.time(), local_rank=0,
+            message="did not finish its step body within %ss after every other rank finished "
+            "its own. Rank 0 is the Metaflow task: a rank 0 that hangs (e.g. in a collective the "
+            "others never join, or in code only rank 0 runs) is stopped; raise "
+            "finish_timeout if it legitimately runs longer" % self.finish_timeout)
 
     def _check_joins(self, now):
         if not self._pending_joins:
@@ -330,18 +402,55 @@ class Supervisor:
             "cannot reach node 0 any more. Its own log (and the instance's) tells why."
             % (self.heartbeat_timeout, _member_name(Place(node), self.topology)))
 
-    def _all_done(self):
-        return (not self._nodes_left and not self._pending_joins
-                and all(s.member.poll() == 0 for s in self.slots))
+    def _other_nodes(self):
+        """Every other node: the ones watched through the store, and local agents."""
+        return sorted({s.node for s in self.slots if s.rank is None} | self._watched)
+
+    def _silent_nodes(self):
+        return [n for n in self._other_nodes()
+                if (n in self._nodes_left or n not in self._watched)
+                and not self.control.running(n) and self.control.failure(n) is None]
+
+    def _remote_running(self):
+        running = []
+        for node in self._other_nodes():
+            running += [(r, node, self.topology.locate(r)[1]) for r in self.control.running(node)]
+        for node in self._silent_nodes():  # no word from these: any of their ranks may be it
+            running += [(r, node, self.topology.locate(r)[1])
+                        for r in self.topology.ranks_of(node)]
+        return running
+
+    def _leader_running(self):
+        return [(0, 0, 0)] if self.leader_busy and self.leader_busy() else []
 
 
-@dataclass
-class Place:
-    """Where an expected check-in comes from: a node (rank None) or one rank."""
+class AgentWatch(Watch):
+    """The watch of node `node` (not node 0): it beats, tells node 0 which of its ranks
+    finished and, on a symptom, which still run, and ends when node 0 aborts the gang."""
 
-    node: int
-    rank: Optional[int] = None
-    local_rank: Optional[int] = None
+    def __init__(self, slots, control, topology, node, on_failure=None, clock=time.monotonic):
+        super().__init__(slots, control, topology, on_failure, clock)
+        self.node = node
+        self._next_beat = clock()
+        self._reported_done = set()
+
+    def _tick(self):
+        for slot in self.slots:
+            if slot.rank not in self._reported_done and slot.member.poll() == 0:
+                self.control.rank_finished(slot.rank)
+                self._reported_done.add(slot.rank)
+        if self.clock() >= self._next_beat:
+            self.control.beat(self.node)
+            self._next_beat = self.clock() + HEARTBEAT_INTERVAL
+
+    def _check(self):
+        failure = super()._check()
+        if failure is None and self.control.aborted():
+            raise GangAborted()
+        return failure
+
+    def _holding(self, symptom):
+        self.control.report_running(self.node, self.running_ranks())
 
 
 def _member_name(slot, topology):
