@@ -161,6 +161,8 @@ def test_spin_step_command():
                  "max_user_code_retries", "orig_flow_datastore"):
         require(name in opts.values(), "the spin-step command",
                 "its option %s keeps that name in its click context" % name)
+    require(opts.get("--namespace") == "opt_namespace", "the spin-step command",
+            "its --namespace option is opt_namespace in its click context")
 
 
 def test_click_current_context_params():

@@ -93,7 +93,7 @@ def test_an_agent_takes_its_task_from_its_spin_step_and_meets_node_0():
         group_check_default="error"), "salt")
     params = {"run_id": "sfn-x", "task_id": "0f1e-node-1", "input_paths": "sfn-x/start/a",
               "retry_count": 1, "max_user_code_retries": 2, "split_index": 3,
-              "namespace": None, "orig_flow_datastore": "s3@s3://b/mf"}
+              "opt_namespace": "user:ana", "orig_flow_datastore": "s3@s3://b/mf"}
     env = {batch.NODE_INDEX: "1", batch.MAIN_NODE_ADDRESS: "10.0.0.5"}
     got = batch.resolve_node(spec, env, params, [])
     # what node 0 computes from its own task (decorator._leader_step)
@@ -101,6 +101,7 @@ def test_an_agent_takes_its_task_from_its_spin_step_and_meets_node_0():
     assert got.master_port == naming.remote_port("sfn-x", "train", "0f1e", 1)
     assert got.restart_count == 1
     assert got.task["task_id"] == "0f1e" and got.task["split_index"] == 3
+    assert got.task["namespace"] == "user:ana"  # exec'd members get the run's namespace
     # the attempt's secret, derived from the job's salt as node 0 derives it: another attempt
     # (a Batch retry of the same job) gets another one
     assert got.secret == naming.attempt_secret("salt", got.gang_id)

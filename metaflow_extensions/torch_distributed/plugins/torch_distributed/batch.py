@@ -155,7 +155,8 @@ def resolve_node(spec, environ, params, top_args):
         task.update(run_id=str(params["run_id"]), task_id=task_id[:-len(suffix)],
                     split_index=params.get("split_index"), retry_count=retry,
                     max_user_code_retries=int(params.get("max_user_code_retries") or 0),
-                    namespace=params.get("namespace"),
+                    # spin-step's click name for --namespace
+                    namespace=params.get("opt_namespace"),
                     orig_datastore=params["orig_flow_datastore"])
         gang_id = naming.gang_id(task["run_id"], spec.step_name, task["task_id"], retry)
         fields = dict(
