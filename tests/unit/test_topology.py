@@ -3,8 +3,8 @@
 import metaflow  # noqa: F401 - metaflow must load the extension before its modules are imported
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.decorator import (
-    _requested_gpus,
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.devices import (
+    requested_gpus,
     visible_gpu_ids,
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import (
@@ -176,11 +176,11 @@ class _Deco:
     ([_Deco("catch", gpu=8)], (None, None)),
 ])
 def test_requested_gpus_from_step_decorators(decos, expected):
-    assert _requested_gpus(decos) == expected
+    assert requested_gpus(decos) == expected
 
 
 def test_requested_gpus_feed_plan_topology():
-    gpus, source = _requested_gpus([_Deco("resources", gpu=8)])
+    gpus, source = requested_gpus([_Deco("resources", gpu=8)])
     topo = plan_topology(world_size=16, gpus=gpus, gpu_source=source)
     assert (topo.nodes, topo.nproc_per_node, topo.source) == (2, 8, "@resources(gpu=8)")
 

@@ -15,7 +15,6 @@ submission and given to every node in its job environment (naming.Keys).
 """
 
 import copy
-import errno
 import json
 import os
 import re
@@ -167,18 +166,6 @@ def resolve_node(spec, environ, params, top_args):
             restart_count=retry)
     return replace(spec, node=node, master_addr=master_addr, task=task, top_args=top_args,
                    work_dir=tempfile.mkdtemp(prefix="torch-distributed-"), **fields)
-
-
-def port_in_use_error(step_name, port):
-    return TorchDistributedEnvironmentError(
-        step_name, "port %d on node 0, where the gang's rendezvous store listens, is taken by "
-        "another process on this instance. The port is derived from the run, step, task and "
-        "attempt: a @retry moves to another one. If instances are shared between jobs, keep "
-        "ports %d-%d free for gangs." % ((port,) + naming.REMOTE_PORT_RANGE))
-
-
-def is_port_in_use(ex):
-    return isinstance(ex, OSError) and ex.errno == errno.EADDRINUSE
 
 
 # -- the trampoline: wrapping Metaflow's job construction ---------------------------------------

@@ -4,12 +4,16 @@ Ranks use it as their rendezvous store (TORCHELASTIC_USE_AGENT_STORE=True, as un
 node agents use it to check in, report failures and learn that the gang is aborting.
 """
 
+import errno
 import json
 import os
+import pickle
 import socket
 import time
 from datetime import timedelta
 
+from . import naming
+from .errors import TorchDistributedEnvironmentError
 from .failures import Failure
 from .naming import PUBLIC_GANG_KEY, Keys
 
@@ -30,6 +34,19 @@ def bind_listener(host="0.0.0.0", port=0):
         sock.close()
         raise
     return sock
+
+
+def port_in_use_error(step_name, port):
+    return TorchDistributedEnvironmentError(
+        step_name, "port %d on node 0, where the gang's rendezvous store listens, is taken by "
+        "another process on this instance. The port is derived from the run, step, task and "
+        "attempt: a @retry moves to another one. If instances are shared between jobs, keep "
+        "ports %d-%d free for gangs." % ((port,) + naming.REMOTE_PORT_RANGE))
+
+
+def is_port_in_use(ex):
+    """True when binding failed because the port is taken."""
+    return isinstance(ex, OSError) and ex.errno == errno.EADDRINUSE
 
 
 class ControlPlane:
@@ -93,6 +110,38 @@ class ControlPlane:
         connection are served in order), so whoever looks next sees the value."""
         self._store.set(key, value)
         self._store.check([key])
+
+    @classmethod
+    def client(cls, addr, port, secret, timeout):
+        """A client of node 0's store for a rank's own use (current.torch_distributed): a rank
+        runs inside its gang, so the store is up and is its gang's. `timeout` a timedelta."""
+        from torch.distributed import TCPStore
+
+        return cls(TCPStore(addr, port, None, False, timeout), None, secret)
+
+    def put_gathered(self, seq, rank, obj):
+        """Rank `rank`'s value for the `seq`-th gather (current.torch_distributed.gather)."""
+        self._store.set(self._keys.gather(seq, rank), pickle.dumps(obj))
+
+    def take_gathered(self, seq, ranks, timeout, poll_s):
+        """Every rank's value of the `seq`-th gather, in rank order, once all are there; the
+        keys are deleted. Waits by polling in Python (store.wait would block in C++, and log a
+        warning each time a shorter wait ran out), so that the gang's abort, a signal handled
+        in Python, stops rank 0 at once instead of after the abort grace."""
+        from torch.distributed import DistStoreError
+
+        keys = [self._keys.gather(seq, r) for r in ranks]
+        deadline = time.monotonic() + timeout.total_seconds()
+        while not self._store.check(keys):
+            if time.monotonic() >= deadline:
+                raise DistStoreError(
+                    "gather: ranks %s did not send their value within %s"
+                    % ([r for r, k in zip(ranks, keys) if not self._store.check([k])], timeout))
+            time.sleep(poll_s)
+        values = [pickle.loads(self._store.get(k)) for k in keys]
+        for k in keys:
+            self._store.delete_key(k)
+        return values
 
     def join(self, join_id):
         self._set(self._keys.joined(join_id), "1")

@@ -1,10 +1,8 @@
 """`current.torch_distributed`: where this process sits in the gang, and `gather`."""
 
-import pickle
 from datetime import timedelta
 
 from .errors import NotInTorchDistributedStep, TorchDistributedConfigError
-from .naming import Keys
 
 # How long rank 0 waits in gather() for the slowest rank. A rank that dies instead is seen by
 # the supervisor, which stops the gang long before this.
@@ -28,8 +26,8 @@ class TorchDistributedInfo:
         self._master_addr = master_addr
         self._master_port = master_port
         self._accelerator = accelerator
-        self._keys = Keys(secret)  # gather's keys lie under the gang's secret
-        self._store = None
+        self._secret = secret  # gather's keys lie under the gang's secret
+        self._control = None
         self._gather_seq = 0
 
     @property
@@ -93,18 +91,13 @@ class TorchDistributedInfo:
         list of all ranks' values, indexed by rank; the other ranks get None. It goes through
         the gang's rendezvous store, so it works before, after or without init_process_group.
         """
-        store = self._connect()
+        control = self._connect()
         seq = self._gather_seq
         self._gather_seq += 1
-        store.set(self._keys.gather(seq, self.rank), pickle.dumps(obj))
+        control.put_gathered(seq, self.rank, obj)
         if not self.is_main:
             return None
-        keys = [self._keys.gather(seq, r) for r in range(self.world_size)]
-        _wait_interruptibly(store, keys, GATHER_TIMEOUT)
-        values = [pickle.loads(store.get(k)) for k in keys]
-        for k in keys:
-            store.delete_key(k)
-        return values
+        return control.take_gathered(seq, range(self.world_size), GATHER_TIMEOUT, GATHER_POLL)
 
     def save_sharded(self, path, **options):
         """Save a sharded checkpoint: every rank must call it, each with the directory its
@@ -139,33 +132,16 @@ class TorchDistributedInfo:
             log.record(name, value)
 
     def _connect(self):
-        if self._store is None:
-            from torch.distributed import TCPStore
+        if self._control is None:
+            from .control import ControlPlane
 
-            self._store = TCPStore(self._master_addr, self._master_port, None, False,
-                                   GATHER_TIMEOUT)
-        return self._store
+            self._control = ControlPlane.client(self._master_addr, self._master_port,
+                                                self._secret, GATHER_TIMEOUT)
+        return self._control
 
     def __repr__(self):
         return "TorchDistributedInfo(rank=%d, local_rank=%d, world_size=%d, node_rank=%d)" % (
             self.rank, self.local_rank, self.world_size, self.node_rank)
-
-
-def _wait_interruptibly(store, keys, timeout):
-    """Wait for `keys` by polling in Python (store.wait would block in C++, and log a warning
-    each time a shorter wait ran out), so that the gang's abort, a signal handled in Python,
-    stops rank 0 at once instead of after the abort grace."""
-    import time
-
-    from torch.distributed import DistStoreError
-
-    deadline = time.monotonic() + timeout.total_seconds()
-    while not store.check(keys):
-        if time.monotonic() >= deadline:
-            raise DistStoreError("gather: ranks %s did not send their value within %s"
-                                 % ([k.rsplit("/", 1)[-1] for k in keys if not store.check([k])],
-                                    timeout))
-        time.sleep(GATHER_POLL)
 
 
 class _Unavailable:

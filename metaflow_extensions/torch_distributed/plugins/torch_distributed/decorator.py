@@ -5,7 +5,7 @@ import sys
 
 from metaflow.decorators import StepDecorator
 
-from . import batch, checkpoints
+from . import batch, checkpoints, devices
 from . import current as current_mod
 from . import frameworks, internals
 from . import schedulers, settings, stepfunctions
@@ -15,8 +15,6 @@ from .topology import Topology, plan_line, plan_topology
 from .usertimer import PausedTimer
 from .versions import check_metaflow_version
 
-# Decorators that may say how many GPUs each node has, in the order Metaflow honours them.
-_GPU_DECORATORS = ("resources", "batch", "kubernetes")
 
 
 class TorchDistributedDecorator(StepDecorator):
@@ -91,9 +89,9 @@ class TorchDistributedDecorator(StepDecorator):
         self.has_catch = any(d.name == "catch" for d in decorators)
         # @batch's task_pre_step reads current.parallel on every node of a multi-node job
         internals.install_current_parallel(os.environ)
-        gpus, source = _requested_gpus(decorators)
+        gpus, source = devices.requested_gpus(decorators)
         if gpus is None:
-            visible = len(visible_gpu_ids())
+            visible = len(devices.visible_gpu_ids())
             gpus, source = (visible, "%d visible GPUs" % visible) if visible else (None, None)
         try:
             self.topology = plan_topology(
@@ -188,7 +186,7 @@ class TorchDistributedDecorator(StepDecorator):
             secret=secret,
             restart_count=retry_count,
             accelerator=accelerator,
-            start_method=_resolve_start_method(self.settings.start_method),
+            start_method=devices.resolve_start_method(self.settings.start_method),
             task=identity.__dict__,
             top_args=internals.top_level_args(),
             backend=backend,
@@ -252,53 +250,22 @@ class TorchDistributedDecorator(StepDecorator):
         spec = batch.resolve_node(spec, os.environ, internals.command_params(),
                                   internals.top_level_args())
         return GangSpec(**{**spec.__dict__, "accelerator": self._node_devices(),
-                           "start_method": _resolve_start_method(spec.start_method),
+                           "start_method": devices.resolve_start_method(spec.start_method),
                            "checkpoint": checkpoints.from_leader(spec)})
 
     def _local_devices(self):
         """(accelerator, CUDA_VISIBLE_DEVICES per node) for a gang whose nodes share this host."""
-        from .envcontract import node_gpu_block
-
-        accelerator = self._accelerator(self.topology.world_size, "this machine")
-        visible = visible_gpu_ids()
-        if accelerator == "cpu":
-            # A CPU gang on a GPU machine (a rehearsal): hide the GPUs, or torch would pick
-            # NCCL for init_process_group() with no backend.
-            return "cpu", ({n: "" for n in range(self.topology.nodes)} if visible else {})
-        return "cuda", {n: node_gpu_block(n, self.topology.nproc_per_node, visible,
-                                          self.topology.nodes)
-                        for n in range(self.topology.nodes)}
+        return devices.local_devices(self.step_name, self.topology, devices.visible_gpu_ids(),
+                                     _rehearsal(), self.gpus_requested)
 
     def _node_devices(self):
         """The accelerator of one node of a gang whose nodes are separate machines."""
-        accelerator = self._accelerator(self.topology.nproc_per_node, "this node")
-        if accelerator == "cpu" and visible_gpu_ids():
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # as in _local_devices
+        accelerator, hide_gpus = devices.node_devices(
+            self.step_name, self.topology, devices.visible_gpu_ids(), _rehearsal(),
+            self.gpus_requested)
+        if hide_gpus:  # a CPU gang on a GPU node: torch would pick NCCL without a backend
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
         return accelerator
-
-    def _accelerator(self, needed, where):
-        visible = visible_gpu_ids()
-        if _rehearsal():
-            return "cpu"
-        if len(visible) >= needed and visible:
-            return "cuda"
-        if self.gpus_requested:
-            raise TorchDistributedEnvironmentError(
-                self.step_name,
-                "the gang needs %d GPUs on %s (%s, from %s) but it shows %d. Run it where "
-                "the GPUs are (e.g. --with batch), or rehearse it on CPU with gloo: "
-                "METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1 python flow.py run"
-                % (needed, where, self.topology.describe(), self.gpus_requested, len(visible)))
-        if visible:
-            raise TorchDistributedEnvironmentError(
-                self.step_name,
-                "%s shows %d GPUs, fewer than the %d ranks it would run (%s), so they cannot "
-                "have one GPU each. Ask for at most %d processes per GPU machine (e.g. "
-                "nproc_per_node=%d, or @resources(gpu=%d) and nodes), or run the gang on CPU "
-                "on purpose: METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1."
-                % (where, len(visible), needed, self.topology.describe(), len(visible),
-                   len(visible), len(visible)))
-        return "cpu"
 
 
 def _member_step(spec, step_func, decorator_name):
@@ -319,32 +286,6 @@ def _member_step(spec, step_func, decorator_name):
         os._exit(code)
 
     return member_step
-
-
-def visible_gpu_ids(environ=None, proc_root="/proc/driver/nvidia/gpus"):
-    """GPU ids this process may use, found without initialising CUDA (so forking stays safe)."""
-    from .envcontract import parse_visible_devices
-
-    environ = os.environ if environ is None else environ
-    try:
-        count = len(os.listdir(proc_root))
-    except OSError:
-        count = 0
-    if count == 0:
-        return []
-    return parse_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), count)
-
-
-def _requested_gpus(decorators):
-    best, source = None, None
-    for deco in decorators:
-        if deco.name in _GPU_DECORATORS:
-            value = deco.attributes.get("gpu")
-            if value not in (None, 0, "0", ""):
-                gpus = int(float(value))
-                if best is None or gpus > best:
-                    best, source = gpus, "@%s(gpu=%d)" % (deco.name, gpus)
-    return best, source
 
 
 def _require_torch(step_name):
@@ -401,17 +342,6 @@ def _configured_settings():
             "HEARTBEAT_TIMEOUT": TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT,
             "ABORT_GRACE": TORCH_DISTRIBUTED_ABORT_GRACE,
             "START_METHOD": TORCH_DISTRIBUTED_START_METHOD}
-
-
-def _resolve_start_method(method):
-    if method != "auto":
-        return method
-    if not sys.platform.startswith("linux"):
-        return "exec"
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "exec"  # a forked child cannot use a CUDA context its parent created
-    return "fork"
 
 
 def _rehearsal():

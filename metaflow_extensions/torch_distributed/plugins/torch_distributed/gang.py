@@ -18,11 +18,11 @@ import traceback
 
 from . import current as current_mod
 from . import events, frameworks, naming
-from .control import ControlPlane, GangMismatch, bind_listener
+from .control import ControlPlane, GangMismatch, bind_listener, is_port_in_use, \
+    port_in_use_error
 from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
 from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
     TorchDistributedRendezvousTimeout
-from .batch import is_port_in_use, port_in_use_error
 from .failures import (Failure, communication_error, from_exit, gang_outcome, load_exception,
                        root_cause)
 from .interrupt import BodyInterrupt
