@@ -64,6 +64,10 @@ class NodeRunner:
         self.spawned = {}  # rank -> when its process was started
         self.stop_started = None
         self.stopped = []
+        # The watch's thread, a watchdog and the main thread may each stop and release: the
+        # first does it, the others wait for it (stop) or find it done (release).
+        self._stop_lock = threading.Lock()
+        self._release_lock = threading.Lock()
 
     def rendezvous(self):
         return Rendezvous(self.spec.master_addr, self.spec.master_port, self.spec.gang_id,
@@ -133,7 +137,9 @@ class NodeRunner:
 
     def release(self):
         """Give this process its own stdout and stderr back and let the pump copy what is left."""
-        if self.saved_fds is None:
+        with self._release_lock:
+            saved, self.saved_fds = self.saved_fds, None
+        if saved is None:
             return
         self.pump.parent_done()
         for stream in (sys.stdout, sys.stderr):
@@ -141,19 +147,19 @@ class NodeRunner:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os.dup2(self.saved_fds[0], 1)
-        os.dup2(self.saved_fds[1], 2)
-        for fd in self.saved_fds:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
             os.close(fd)
-        self.saved_fds = None
         self.pump.drain(DRAIN_TIMEOUT)
 
     def stop(self):
         """Stop the members still running. Returns (when the first stop began, the labels of
         every member stopped so far): the watch may have stopped some before the main thread."""
-        if self.stop_started is None:
-            self.stop_started = time.time()
-        self.stopped += stop_members([s.member for s in self.slots], STOP_GRACE)
+        with self._stop_lock:
+            if self.stop_started is None:
+                self.stop_started = time.time()
+            self.stopped += stop_members([s.member for s in self.slots], STOP_GRACE)
         return self.stop_started, list(self.stopped)
 
     def node_record(self, joined_at, work_dir=None):
