@@ -82,14 +82,16 @@ def _merged_env(entries, extra):
     return list(merged.values())
 
 
-def agent_shell_command(entrypoint, top_args, step_name, identity, input_path_vars):
+def agent_shell_command(entrypoint, top_args, step_name, identity, input_path_vars,
+                        hidden_pattern=_AGENT_TASK_ID):
     """The shell text that starts the node agent on nodes 1..N-1: a hidden spin-step of the
-    task, under the id `<task id>-node-<node index>`, reading the task's inputs from the same
+    task, under the id `hidden_pattern % <task id>` (`<task id>-node-<node index>`, the index
+    a shell expansion on the node), reading the task's inputs from the same
     METAFLOW_INPUT_PATHS_<i> variables the task's own command reads."""
     if not _SAFE_ID.match(identity.task_id):
         raise ValueError("unexpected task id %r" % identity.task_id)
     inputs = "".join("${%s}" % name for name in input_path_vars)
-    hidden = _AGENT_TASK_ID % identity.task_id
+    hidden = hidden_pattern % identity.task_id
     words = spin_step_options(step_name, replace(identity, input_paths=inputs), hidden)
     # bash expands these two words on the node; every other word is quoted
     quoted = [w if w in (inputs, hidden) else shlex.quote(w) for w in words]
@@ -226,11 +228,10 @@ def create_gang_job(create_job, batch, kwargs, step_name, nodes):
         raise
 
 
-def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name):
-    from metaflow._vendor import click
-    from metaflow import util
-
-    ctx = click.get_current_context()
+def trampoline_agent_spec(ctx, step_name, spec_fields, backend):
+    """(TaskIdentity, agent GangSpec) of the task a `batch step` or `kubernetes step` process
+    (click context `ctx`) submits; the agent's node and master address are filled in on its
+    node. The store's port is fixed by run, step, task and attempt."""
     params = ctx.params
     retry_count = int(params.get("retry_count") or 0)
     identity = TaskIdentity(
@@ -249,11 +250,27 @@ def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name)
                     gang_id=naming.gang_id(identity.run_id, step_name, identity.task_id,
                                            retry_count),
                     restart_count=retry_count, work_dir="", task=identity.__dict__,
-                    top_args=[], backend="batch")
-    executable = ctx.obj.environment.executable(step_name, params.get("executable"))
+                    top_args=[], backend=backend)
+    return identity, spec
+
+
+def trampoline_entrypoint(ctx, step_name):
+    """(entrypoint, top-level options) of the step's command in its container, as Metaflow's
+    `batch step` and `kubernetes step` build them."""
+    from metaflow import util
+
+    executable = ctx.obj.environment.executable(step_name, ctx.params.get("executable"))
     entrypoint = "%s -u %s" % (executable, os.path.basename(sys.argv[0]))
-    top_args = list(util.dict_to_cli_options(ctx.parent.parent.params))
-    agent_cli = agent_shell_command(entrypoint, top_args, step_name, identity,
+    return entrypoint, list(util.dict_to_cli_options(ctx.parent.parent.params))
+
+
+def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name):
+    from metaflow._vendor import click
+
+    ctx = click.get_current_context()
+    identity, spec = trampoline_agent_spec(ctx, step_name, spec_fields, "batch")
+    port = spec.master_port
+    agent_cli = agent_shell_command(*trampoline_entrypoint(ctx, step_name), step_name, identity,
                                     input_path_vars(a["env"]))
     agent_task_spec = dict(a["task_spec"], task_id=_AGENT_TASK_ID % identity.task_id)
     agent_command = batch._command(batch.environment, a["code_package_metadata"],

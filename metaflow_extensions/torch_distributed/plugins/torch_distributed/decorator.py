@@ -5,7 +5,7 @@ import sys
 
 from metaflow.decorators import StepDecorator
 
-from . import batch, checkpoints
+from . import batch, checkpoints, kubernetes
 from . import current as current_mod
 from . import frameworks
 from . import schedulers, stepfunctions
@@ -101,7 +101,7 @@ class TorchDistributedDecorator(StepDecorator):
         self.start_method = _start_method(step_name, self.attributes["start_method"])
         frameworks.check_mode(step_name, os.environ)  # a bad value fails before the run
         self.on_batch = any(d.name == "batch" for d in decorators)
-        _check_backend(step_name, self.topology, decorators)
+        self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
         target = schedulers.check_deploy(step_name, self.topology)
         if self.topology.nodes > 1 and target == "step-functions":
             # This process compiles the state machine: the step's job gets N nodes.
@@ -111,13 +111,21 @@ class TorchDistributedDecorator(StepDecorator):
             # This process submits the step's AWS Batch job (`batch step`): make it N nodes.
             batch.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
                                      self.name)
+        if self.topology.nodes > 1 and os.environ.get(kubernetes.TRAMPOLINE_ENV) == step_name:
+            # This process creates the step's Kubernetes JobSet (`kubernetes step`): N pods.
+            kubernetes.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
+                                          self.name)
 
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
-        # @batch sends the step to AWS Batch for every attempt but @catch's local fallback;
-        # tell that step's `batch step` process to submit a multi-node job.
-        if (self.active and self.on_batch and self.topology.nodes > 1
+        # @batch and @kubernetes send the step away for every attempt but @catch's local
+        # fallback; tell that step's `batch step` (`kubernetes step`) process to submit a
+        # multi-node job (a JobSet).
+        if (self.active and self.topology.nodes > 1
                 and retry_count <= max_user_code_retries):
-            cli_args.env[batch.TRAMPOLINE_ENV] = self.step_name
+            if self.on_batch:
+                cli_args.env[batch.TRAMPOLINE_ENV] = self.step_name
+            elif self.on_kubernetes:
+                cli_args.env[kubernetes.TRAMPOLINE_ENV] = self.step_name
 
     def _common_fields(self):
         """GangSpec fields that are the same for every node of every attempt."""
@@ -147,8 +155,8 @@ class TorchDistributedDecorator(StepDecorator):
         with PausedTimer():  # torch's import is ours, not the body's: keep it out of @timeout
             _require_torch(self.step_name)
         if spec is not None:  # this process is a member started by a gang
-            if spec.backend == "batch" and spec.role == "agent":
-                spec = self._place_batch_agent(spec)
+            if spec.backend in ("batch", "kubernetes") and spec.role == "agent":
+                spec = self._place_remote_agent(spec)
             return _member_step(spec, step_func, self.name)
         if retry_count > max_user_code_retries:
             return step_func  # @catch's fallback attempt runs alone, as on any step
@@ -165,7 +173,13 @@ class TorchDistributedDecorator(StepDecorator):
         identity = current_task_identity(cli_args, self.step_name, retry_count,
                                          max_user_code_retries, self.flow_datastore)
         remote = batch.main_node_plan(os.environ, self.step_name)
-        if remote is None:  # every node on this host
+        on_kubernetes = kubernetes.main_node_plan(os.environ, self.step_name)
+        if on_kubernetes is not None:  # node 0, the control pod of a Kubernetes JobSet
+            accelerator, blocks = self._node_devices(), {}
+            port, backend = on_kubernetes[1], "kubernetes"
+            master_addr = kubernetes.resolve_master(self.step_name, 0, os.environ,
+                                                    self.rendezvous_timeout)
+        elif remote is None:  # every node on this host
             schedulers.check_single_host(self.step_name, self.topology, os.environ,
                                          _rehearsal())
             accelerator, blocks = self._local_devices()
@@ -192,7 +206,7 @@ class TorchDistributedDecorator(StepDecorator):
         )
         leader = Leader(self.step_name, self.topology, fields, float(TORCH_DISTRIBUTED_ABORT_GRACE),
                         self.name, blocks, port=port)
-        plan = plan_line(self.step_name, self.topology, accelerator, emulated=remote is None)
+        plan = plan_line(self.step_name, self.topology, accelerator, emulated=backend == "local")
 
         caught = self.has_catch and retry_count >= max_user_code_retries
 
@@ -244,14 +258,15 @@ class TorchDistributedDecorator(StepDecorator):
 
             card.render_failed(self.step_decorators)
 
-    def _place_batch_agent(self, spec):
-        """Complete the GangSpec of a node agent on its AWS Batch node."""
+    def _place_remote_agent(self, spec):
+        """Complete the GangSpec of a node agent on its AWS Batch node or Kubernetes pod."""
         from metaflow._vendor import click
         from metaflow.cli_args import cli_args
 
         # spin-step keeps its options in its click context only (not in cli_args)
         params = click.get_current_context().params
-        spec = batch.resolve_node(spec, os.environ, params, top_level_args(cli_args))
+        backend = batch if spec.backend == "batch" else kubernetes
+        spec = backend.resolve_node(spec, os.environ, params, top_level_args(cli_args))
         return GangSpec(**{**spec.__dict__, "accelerator": self._node_devices(),
                            "start_method": _resolve_start_method(spec.start_method),
                            "checkpoint": checkpoints.from_leader(spec)})
@@ -372,15 +387,6 @@ def _install_current_parallel():
         node_index=int(os.environ.get("MF_PARALLEL_NODE_INDEX", "0")),
         control_task_id=os.environ.get("MF_PARALLEL_CONTROL_TASK_ID"),
     )))
-
-
-def _check_backend(step_name, topology, decorators):
-    if topology.nodes > 1 and any(d.name == "kubernetes" for d in decorators):
-        raise TorchDistributedConfigError(
-            step_name, "a gang of %d nodes (%s) cannot run on Kubernetes yet: multi-node "
-            "gangs run on this machine or on AWS Batch (--with batch). On Kubernetes use one "
-            "node with several GPUs (nodes=1, e.g. nproc_per_node=8 with @kubernetes(gpu=8))."
-            % (topology.nodes, topology.describe()))
 
 
 def _parallel_step(step_name, graph, decorators):

@@ -1,0 +1,157 @@
+"""Kubernetes: a gang of N > 1 nodes runs as one JobSet (`--with kubernetes`, `@kubernetes`).
+
+Metaflow's Kubernetes path stays in charge (image, resources, code package, log tailing,
+metadata sync, retries); its `@parallel` already builds JobSets. In the process that submits
+the step (`kubernetes step`, the trampoline) we make `Kubernetes.launch_job` build the JobSet
+Metaflow builds for `@parallel` with N nodes (replicated jobs `control` x 1 and `worker` x N-1),
+then keep the control pod's command, the task's own and unchanged (its task id and split
+index, also inside a foreach), and give the worker pods the node agent's command, a hidden
+`spin-step` of the same task, built from data (see batch.py for the shared parts).
+
+On the pods: node 0 is the Metaflow task and hosts the gang's store on a port fixed by run,
+step, task and attempt (`naming.remote_port`). A worker's node is its job index + 1; the
+master address is the control pod's stable DNS name (`MF_MASTER_ADDR`), resolved with retries:
+a worker may start before node 0, whose name resolves only once its pod runs.
+"""
+
+import json
+import os
+import socket
+import tempfile
+import time
+from dataclasses import replace
+
+from . import batch
+from .errors import TorchDistributedEnvironmentError
+from .launch import spin_env_additions
+
+# Set by the decorator's runtime_step_cli on the trampoline of a multi-node step (the step's name).
+TRAMPOLINE_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_STEP"
+# In the control pod's environment: {"step": .., "nodes": N, "master_port": P}.
+MAIN_NODE_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_MAIN"
+
+# Set by Metaflow on every pod of its JobSets (Kubernetes.create_jobset).
+WORKER_INDEX = "MF_WORKER_REPLICA_INDEX"  # downward API: the worker Job's index, 0..N-2
+MASTER_ADDR = "MF_MASTER_ADDR"  # the control pod's FQDN
+NUM_NODES = "MF_WORLD_SIZE"  # replicas of control + worker
+# The agent's hidden task id: bash computes the node index on the worker pod.
+_AGENT_TASK_ID = "%s-node-$((" + WORKER_INDEX + "+1))"
+# Seconds between two lookups of a name that does not resolve yet.
+RESOLVE_RETRY_S = 1.0
+
+
+# -- pure parts: what the JobSet's pods know ----------------------------------------------------
+
+def main_node_plan(environ, step_name):
+    """(nodes, port) when this process is node 0 (the control pod) of this step's JobSet,
+    else None."""
+    raw = environ.get(MAIN_NODE_ENV)
+    if raw is None:
+        return None
+    plan = json.loads(raw)
+    if plan["step"] != step_name:
+        return None
+    found = environ.get(NUM_NODES)
+    if found != str(plan["nodes"]):
+        raise TorchDistributedEnvironmentError(
+            step_name, "the gang needs %d nodes but this Kubernetes JobSet has %s (%s=%r). The "
+            "JobSet was not created by this version of @torch_distributed; rerun the step."
+            % (plan["nodes"], found, NUM_NODES, found))
+    return plan["nodes"], plan["master_port"]
+
+
+def resolve_master(step_name, node, environ, timeout, resolve=socket.gethostbyname,
+                   clock=time.monotonic, sleep=time.sleep):
+    """The IP address of the control pod's DNS name. The name resolves once the control pod
+    runs (and, with a JobSet queued by Kueue, only after admission): retry until `timeout`."""
+    name = environ.get(MASTER_ADDR)
+    if not name:
+        raise TorchDistributedEnvironmentError(
+            step_name, "node %d runs outside a Kubernetes JobSet of Metaflow (%s is not set)."
+            % (node, MASTER_ADDR))
+    deadline = clock() + timeout
+    while True:
+        try:
+            return resolve(name)
+        except OSError as ex:
+            if clock() >= deadline:
+                raise TorchDistributedEnvironmentError(
+                    step_name, "node %d could not resolve node 0's address %s in %d s (%s). "
+                    "Node 0's pod never ran, or the cluster's DNS does not serve the JobSet's "
+                    "headless service; see docs/kubernetes.md, \"Cluster needs\"."
+                    % (node, name, timeout, ex)) from ex
+        sleep(RESOLVE_RETRY_S)
+
+
+def worker_node(step_name, environ):
+    """A worker pod's node index: its Job's index in the `worker` replicated job, plus one."""
+    try:
+        return int(environ[WORKER_INDEX]) + 1
+    except (KeyError, ValueError):
+        raise TorchDistributedEnvironmentError(
+            step_name, "this node agent runs outside a Kubernetes JobSet of Metaflow (%s=%r)."
+            % (WORKER_INDEX, environ.get(WORKER_INDEX)))
+
+
+def resolve_node(spec, environ, params, top_args, resolve=socket.gethostbyname):
+    """An agent's GangSpec as created (the same for every worker pod) completed on its pod.
+    `params` are its spin-step's options."""
+    node = worker_node(spec.step_name, environ)
+    master_addr = resolve_master(spec.step_name, node, environ, spec.rendezvous_timeout, resolve)
+    task = dict(spec.task, input_paths=params.get("input_paths") or "")
+    return replace(spec, node=node, master_addr=master_addr, task=task, top_args=top_args,
+                   work_dir=tempfile.mkdtemp(prefix="torch-distributed-"))
+
+
+# -- Metaflow internals: the one place this backend touches them ---------------------------------
+# Kubernetes.launch_job: called by `kubernetes step` with num_parallel=None for our step; we pass
+#   N so it builds a JobSet (its @parallel path) instead of a single Job.
+# Kubernetes.create_jobset: returns the KubernetesJobSet before it is submitted: where we give
+#   the worker pods the agent's command and both replicated jobs our variables.
+# Kubernetes._command: wraps a step command in Metaflow's pod entrypoint (code package, mflog).
+# KubernetesJobSet.worker / .control (JobSetSpec.command, .environment_variable): the two
+#   replicated jobs' pod specs.
+# tests/unit/test_kubernetes_internals.py pins every one of them.
+
+def install_trampoline(step_name, nodes, spec_fields, decorator_name):
+    """In the `kubernetes step` process of this step: make Kubernetes create one JobSet of
+    `nodes` pods whose workers run the node agent."""
+    from metaflow.plugins.kubernetes.kubernetes import Kubernetes
+
+    launch_job = Kubernetes.launch_job
+    create_jobset = Kubernetes.create_jobset
+
+    def gang_launch_job(self, **kwargs):
+        if kwargs.get("step_name") == step_name:
+            kwargs["num_parallel"] = nodes
+        return launch_job(self, **kwargs)
+
+    def gang_create_jobset(self, **kwargs):
+        jobset = create_jobset(self, **kwargs)
+        if kwargs.get("step_name") == step_name:
+            _make_gang_jobset(self, jobset, kwargs, step_name, nodes, spec_fields,
+                              decorator_name)
+        return jobset
+
+    Kubernetes.launch_job = gang_launch_job
+    Kubernetes.create_jobset = gang_create_jobset
+
+
+def _make_gang_jobset(kube, jobset, kw, step_name, nodes, spec_fields, decorator_name):
+    from metaflow._vendor import click
+
+    ctx = click.get_current_context()
+    identity, spec = batch.trampoline_agent_spec(ctx, step_name, spec_fields, "kubernetes")
+    agent_cli = batch.agent_shell_command(
+        *batch.trampoline_entrypoint(ctx, step_name), step_name, identity,
+        batch.input_path_vars(kw["env"]), hidden_pattern=_AGENT_TASK_ID)
+    agent_command = kube._command(
+        flow_name=kw["flow_name"], run_id=kw["run_id"], step_name=step_name,
+        task_id=_AGENT_TASK_ID % identity.task_id, attempt=kw["attempt"],
+        code_package_metadata=kw["code_package_metadata"],
+        code_package_url=kw["code_package_url"], step_cmds=[agent_cli])
+    jobset.worker.command(agent_command)
+    for name, value in spin_env_additions(os.environ, spec, decorator_name).items():
+        jobset.worker.environment_variable(name, value)
+    jobset.control.environment_variable(MAIN_NODE_ENV, json.dumps(
+        {"step": step_name, "nodes": nodes, "master_port": spec.master_port}))
