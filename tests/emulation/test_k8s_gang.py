@@ -1,0 +1,174 @@
+"""`python flow.py run --with kubernetes`: each gang is one JobSet (Kubernetes emulated: a
+loopback API and JobSet controller, tests/emulation/k8s_api.py, with moto for S3)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .jobset_controller import validate_jobset
+from .k8s_api import KubernetesEmulator
+from .mfrun import isolated_env, metaflow
+
+FLOWS = Path(__file__).parent / "flows"
+MAIN_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_MAIN"
+FLOW_NAMES = {"k8s_gang_flow.py": "KubernetesGangFlow"}
+
+
+class KubernetesRun:
+    """A flow copied into its own directory and run with `--with kubernetes` on the emulation."""
+
+    def __init__(self, aws, kubernetes, tmp_path, flow):
+        self.kubernetes = kubernetes
+        self.flow = flow
+        self.workdir = tmp_path / "flow"
+        self.workdir.mkdir()
+        shutil.copy(FLOWS / flow, self.workdir)
+        home = tmp_path / "metaflow-home"
+        home.mkdir()
+        self.env = isolated_env(aws.env, kubernetes.env,
+                                {"METAFLOW_KUBERNETES_NAMESPACE": "default"}, home=home)
+        self.run_id = None
+
+    def run(self, timeout_s=180, **td):
+        env = dict(self.env, **{k: str(v) for k, v in td.items()})
+        started = time.monotonic()
+        res = metaflow(self.flow, ["run", "--with", "kubernetes", "--run-id-file", "run-id"],
+                       self.workdir, env, timeout_s=timeout_s)
+        res.elapsed = time.monotonic() - started
+        res.output = res.stdout + res.stderr
+        id_file = self.workdir / "run-id"
+        self.run_id = id_file.read_text().strip() if id_file.exists() else None
+        return res
+
+    def cli(self, *args):
+        return metaflow(self.flow, list(args), self.workdir, self.env)
+
+    def client(self, expr):
+        """Evaluates `expr` with `run` bound to this run in the Metaflow client; JSON back."""
+        code = ("import json\nfrom metaflow import Run, namespace\nnamespace(None)\n"
+                "run = Run('%s/%s')\nprint(json.dumps(%s))\n"
+                % (FLOW_NAMES[self.flow], self.run_id, expr))
+        res = subprocess.run([sys.executable, "-c", code], cwd=self.workdir, env=self.env,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return json.loads(res.stdout.strip().splitlines()[-1])
+
+    def jobsets_of(self, step):
+        """The JobSets created for `step`, in order (annotation metaflow/step_name)."""
+        return [js for js in self.kubernetes.created
+                if js["metadata"]["annotations"].get("metaflow/step_name") == step]
+
+
+def replicated(jobset, name):
+    [rjob] = [r for r in jobset["spec"]["replicatedJobs"] if r["name"] == name]
+    return rjob
+
+
+def container(jobset, name):
+    return replicated(jobset, name)["template"]["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(jobset, name):
+    return {e["name"]: e.get("value") for e in container(jobset, name)["env"]}
+
+
+@pytest.fixture(scope="module")
+def shared(aws, tmp_path_factory):
+    """One 2 x 2 run that succeeds, checked by several tests."""
+    tmp = tmp_path_factory.mktemp("k8s-shared")
+    with KubernetesEmulator(image_env=aws.container_env, workdir=tmp / "k8s") as kubernetes:
+        gang = KubernetesRun(aws, kubernetes, tmp, "k8s_gang_flow.py")
+        res = gang.run()
+        yield gang, res
+
+
+def test_two_nodes_of_two_processes_are_one_jobset_and_one_task(shared):
+    gang, res = shared
+    assert res.returncode == 0, res.output
+    [jobset] = gang.jobsets_of("train")
+    validate_jobset(jobset)  # as created, against the JobSet CRD's published schema
+    assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+    assert [(r["name"], r["replicas"]) for r in jobset["spec"]["replicatedJobs"]] == [
+        ("control", 1), ("worker", 1)]
+    # the control pod runs the task's own step command; the worker pod, the node agent
+    control = container(jobset, "control")["command"][-1]
+    worker = container(jobset, "worker")["command"][-1]
+    assert " step train " in control and "spin-step" not in control
+    assert " spin-step train " in worker and " step train " not in worker
+    assert "-node-$((MF_WORKER_REPLICA_INDEX+1))" in worker
+    assert json.loads(env_of(jobset, "control")[MAIN_ENV])["nodes"] == 2
+    assert MAIN_ENV not in env_of(jobset, "worker")
+    # start and end are plain steps: plain Jobs, not JobSets
+    assert len(gang.kubernetes.created) == 1
+
+    places = gang.client("run['train'].task['places'].data")
+    assert [p["rank"] for p in places] == [0, 1, 2, 3]
+    assert [p["node_rank"] for p in places] == [0, 0, 1, 1]
+    pods = [p["pod"] for p in places]
+    assert pods[0] == pods[1] and pods[2] == pods[3] and pods[0] != pods[2]
+    assert "-control-0-0-" in pods[0] and "-worker-0-0-" in pods[2]
+    assert {p["jobset"] for p in places} == {jobset["metadata"]["name"]}
+    assert {p["world_size"] for p in places} == {4}
+    # every rank reached node 0 at the control pod's address (resolved from its DNS name)
+    assert len({tuple(p["master"]) for p in places}) == 1
+    assert gang.client("run['train'].task['total'].data") == 10.0
+    # one task for the gang: the agent's hidden task never reaches the metadata
+    task_id = jobset["metadata"]["annotations"]["metaflow/control-task-id"]
+    assert gang.client("[t.id for t in run['train']]") == [task_id]
+
+
+def test_every_rank_of_every_pod_is_in_the_task_log(shared):
+    gang, res = shared
+    assert res.returncode == 0, res.output
+    for rank in range(4):  # tailed while the JobSet runs ...
+        assert "[rank %d] rank %d says hello" % (rank, rank) in res.output
+    assert "[node 1 agent] joined the gang of node 0" in res.output
+    out = gang.cli("logs", "--stdout", "%s/train" % gang.run_id)
+    err = gang.cli("logs", "--stderr", "%s/train" % gang.run_id)
+    assert out.returncode == 0 and err.returncode == 0, out.stderr + err.stderr
+    for rank in range(4):  # ... and kept in the task's own log, stdout and stderr apart
+        assert "[rank %d] rank %d says hello from pod" % (rank, rank) in out.stdout
+        assert "[rank %d] rank %d writes to stderr" % (rank, rank) in err.stdout
+    assert "writes to stderr" not in out.stdout
+
+
+def test_a_failing_rank_on_the_worker_pod_fails_the_jobset_and_retry_creates_a_new_one(
+        aws, kubernetes, tmp_path):
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    res = gang.run(TD_FAIL_RANK=2, TD_FAIL_ATTEMPT=0, TD_RETRIES=1)
+    assert res.returncode == 0, res.output
+    # attempt 0 failed with the worker's root cause, traceback and last words in the task log
+    assert "rank 2 (node 1, local rank 0) raised ValueError: injected failure on rank 2" \
+        in res.output
+    assert "[rank 2] last words of rank 2" in res.output
+    assert 'raise ValueError("injected failure on rank %d" % rank)' in res.output
+    # the retry was a new JobSet of two pods, under a new store port
+    first, second = gang.jobsets_of("train")
+    assert first["metadata"]["name"] != second["metadata"]["name"]
+    assert [js["metadata"]["annotations"]["metaflow/attempt"] for js in (first, second)] == [
+        "0", "1"]
+    ports = [json.loads(env_of(js, "control")[MAIN_ENV])["master_port"] for js in (first, second)]
+    assert ports[0] != ports[1]
+    assert gang.client("run['train'].task['attempt'].data") == 1
+    assert gang.client("run['train'].task['total'].data") == 10.0
+
+
+def test_a_worker_pod_that_never_starts_fails_the_step_at_the_rendezvous_timeout(
+        aws, start_kubernetes, tmp_path):
+    kubernetes = start_kubernetes(hold_pods=[("worker", 0)])
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    res = gang.run(TD_RENDEZVOUS_TIMEOUT=8)
+    assert res.returncode != 0
+    assert "did not join the gang within the rendezvous timeout of 8.0s" in res.output
+    assert "Missing: node 1 (ranks 2-3)" in res.output
+    [jobset] = gang.jobsets_of("train")
+    [worker] = [p for p in kubernetes.pods(jobset["metadata"]["name"])
+                if p.replicated_job == "worker"]
+    assert worker.process is None  # it never ran; the failed JobSet took it down
