@@ -142,9 +142,18 @@ def _make_gang_jobset(kube, jobset, kw, step_name, nodes, spec_fields, decorator
 
     ctx = click.get_current_context()
     identity, spec = batch.trampoline_agent_spec(ctx, step_name, spec_fields, "kubernetes")
-    agent_cli = batch.agent_shell_command(
-        *batch.trampoline_entrypoint(ctx, step_name), step_name, identity,
-        batch.input_path_vars(kw["env"]), hidden_pattern=_AGENT_TASK_ID)
+    entrypoint, top_args = batch.trampoline_entrypoint(ctx, step_name)
+    gang_jobset(kube, jobset, kw, identity, spec, entrypoint, top_args, nodes, decorator_name)
+
+
+def gang_jobset(kube, jobset, kw, identity, spec, entrypoint, top_args, nodes, decorator_name):
+    """Make the JobSet Metaflow built for the task (`Kubernetes.create_jobset(**kw)` with
+    num_parallel=nodes) the gang's: the worker pods run the node agent of `spec`, the control
+    pod keeps the task's command and learns the gang's plan."""
+    step_name = kw["step_name"]
+    agent_cli = batch.agent_shell_command(entrypoint, top_args, step_name, identity,
+                                          batch.input_path_vars(kw["env"]),
+                                          hidden_pattern=_AGENT_TASK_ID)
     agent_command = kube._command(
         flow_name=kw["flow_name"], run_id=kw["run_id"], step_name=step_name,
         task_id=_AGENT_TASK_ID % identity.task_id, attempt=kw["attempt"],
