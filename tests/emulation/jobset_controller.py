@@ -51,6 +51,7 @@ REPLICATED_JOB_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
 JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 JOB_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
 RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 class InvalidJobSet(Exception):
@@ -183,7 +184,7 @@ class JobSet:
     pods: list[Pod] = field(default_factory=list)
     conditions: list[dict] = field(default_factory=list)
     terminal: str | None = None
-    stop_at: float | None = None
+    admit_at: float | None = None  # when the emulated queue resumes it
 
     @property
     def name(self) -> str:
@@ -264,12 +265,16 @@ class JobSetController:
     hold_pods : (replicated job, job index) pairs whose pods stay Pending forever (a pod
         that cannot be scheduled, an image that never pulls).
     stop_grace_s : SIGTERM to SIGKILL delay when pods are stopped (Kubernetes' default is 30).
+    queue_admission_s : with a number, a stand-in for Kueue: a JobSet labelled with a queue
+        (QUEUE_LABEL) is created suspended, as Kueue's webhook makes it, and admitted (resumed)
+        that many seconds later. Plain Jobs are not queued.
     """
 
     def __init__(self, start_pod: Callable, *, hold_pods: Collection[tuple[str, int]] = (),
-                 stop_grace_s: float = 2.0) -> None:
+                 stop_grace_s: float = 2.0, queue_admission_s: float | None = None) -> None:
         self._start_pod = start_pod
         self._hold = frozenset(hold_pods)
+        self._queue_admission_s = queue_admission_s
         self._stop_grace_s = stop_grace_s
         self._lock = threading.RLock()
         self.jobsets: dict[tuple[str, str], JobSet] = {}
@@ -294,6 +299,10 @@ class JobSetController:
                                        "uid": str(uuid.uuid4()), "resourceVersion": "1",
                                        "creationTimestamp": now_iso()}}
             jobset = JobSet(obj)
+            queued = QUEUE_LABEL in obj["metadata"].get("labels", {})
+            if queued and self._queue_admission_s is not None:
+                obj["spec"]["suspend"] = True
+                jobset.admit_at = time.monotonic() + self._queue_admission_s
             self.jobsets[(namespace, name)] = jobset
             return jobset.to_dict()
 
@@ -389,6 +398,8 @@ class JobSetController:
     def _advance(self, jobset: JobSet, now: float) -> None:
         for pod in jobset.pods:
             self._poll(pod, now)
+        if jobset.admit_at is not None and now >= jobset.admit_at:
+            jobset.obj["spec"]["suspend"], jobset.admit_at = False, None
         if jobset.terminal is None:
             if not jobset.suspended:
                 self._create_pods(jobset)

@@ -108,17 +108,21 @@ class KubernetesEmulator:
     workdir : where pod directories, logs, the kubeconfig and DNS records go.
     stop_grace_s : SIGTERM to SIGKILL delay when pods are stopped.
     poll_s : how often the controller advances JobSets and polls pod processes.
+    queue_admission_s : queue JobSets that carry Kueue's queue label this long (see
+        JobSetController).
     """
 
     def __init__(self, *, image_env: dict[str, str] | None = None,
                  hold_pods: Collection[tuple[str, int]] = (), workdir: Path | None = None,
-                 stop_grace_s: float = 2.0, poll_s: float = 0.05) -> None:
+                 stop_grace_s: float = 2.0, poll_s: float = 0.05,
+                 queue_admission_s: float | None = None) -> None:
         self._image_env = dict(image_env or {})
         self._owns_root = workdir is None
         self._root = Path(workdir) if workdir is not None else None
         self._poll_s = poll_s
         self.controller = JobSetController(self._start_pod, hold_pods=hold_pods,
-                                           stop_grace_s=stop_grace_s)
+                                           stop_grace_s=stop_grace_s,
+                                           queue_admission_s=queue_admission_s)
         self._stop_grace_s = stop_grace_s
         self._server: _Server | None = None
         self._threads: list[threading.Thread] = []

@@ -18,7 +18,9 @@ from .mfrun import isolated_env, metaflow
 
 FLOWS = Path(__file__).parent / "flows"
 MAIN_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_MAIN"
-FLOW_NAMES = {"k8s_gang_flow.py": "KubernetesGangFlow"}
+FLOW_NAMES = {"k8s_gang_flow.py": "KubernetesGangFlow",
+              "k8s_foreach_flow.py": "KubernetesForeachFlow"}
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 class KubernetesRun:
@@ -172,3 +174,34 @@ def test_a_worker_pod_that_never_starts_fails_the_step_at_the_rendezvous_timeout
     [worker] = [p for p in kubernetes.pods(jobset["metadata"]["name"])
                 if p.replicated_job == "worker"]
     assert worker.process is None  # it never ran; the failed JobSet took it down
+
+
+def test_a_foreach_of_two_queued_gangs_is_two_jobsets_that_start_late_without_timing_out(
+        aws, start_kubernetes, tmp_path):
+    # Kueue keeps each JobSet suspended for longer than the rendezvous timeout: the timeout
+    # counts from when node 0's pod runs, not while the JobSet waits in the queue.
+    kubernetes = start_kubernetes(queue_admission_s=25)
+    run = KubernetesRun(aws, kubernetes, tmp_path, "k8s_foreach_flow.py")
+    run.env["METAFLOW_KUBERNETES_LABELS"] = "%s=team-a" % QUEUE_LABEL
+    res = run.run(timeout_s=240, TD_RENDEZVOUS_TIMEOUT=20)
+    assert res.returncode == 0, res.output
+    jobsets = run.jobsets_of("train")
+    assert len(jobsets) == 2
+    for jobset in jobsets:
+        validate_jobset(jobset)
+        assert jobset["metadata"]["labels"][QUEUE_LABEL] == "team-a"  # passed through
+    assert "Jobset is waiting to be unsuspended" in res.output  # the run says it is queued
+    # the control pod of each JobSet runs the task's own command, with its own split index
+    controls = [container(js, "control")["command"][-1] for js in jobsets]
+    assert sorted("--split-index 0" in c for c in controls) == [False, True]
+    assert sorted("--split-index 1" in c for c in controls) == [False, True]
+    results = run.client("run['join'].task['results'].data")
+    assert [(lr, total) for lr, total, _ in results] == [(0.1, pytest.approx(0.2)),
+                                                         (0.2, pytest.approx(0.4))]
+    for lr, _, seen in results:
+        assert [s[0] for s in seen] == [lr, lr]  # both ranks of a gang got its input
+        assert len({s[2] for s in seen}) == 1  # both nodes in one JobSet
+    assert len({s[2] for _, _, seen in results for s in seen}) == 2
+    assert len({s[1] for _, _, seen in results for s in seen}) == 2  # a port per gang
+    # the join got one input per gang: the worker pods are not tasks
+    assert len(run.client("[t.id for t in run['train']]")) == 2
