@@ -228,8 +228,12 @@ class KubernetesEmulator:
         """Every JobSet accepted (pruned of nulls and valid against the CRD), in order."""
         return self.controller.created
 
+    def pod_dir(self, pod_name: str) -> Path:
+        """The pod's directory: `log` is its container's output, `work/` its working directory."""
+        return self._root / "pods" / pod_name
+
     def pod_log(self, pod_name: str) -> str:
-        return (self._root / "pods" / pod_name / "log").read_text(errors="replace")
+        return (self.pod_dir(pod_name) / "log").read_text(errors="replace")
 
     def pods(self, jobset_name: str) -> list[Pod]:
         return [p for js in list(self.controller.jobsets.values()) if js.name == jobset_name
@@ -284,7 +288,7 @@ class KubernetesEmulator:
     # -- pods ------------------------------------------------------------------------------
 
     def _start_pod(self, pod: Pod, argv: list[str], env: dict[str, str]) -> NodeProcess:
-        pod_dir = self._root / "pods" / pod.name
+        pod_dir = self.pod_dir(pod.name)
         work = pod_dir / "work"
         work.mkdir(parents=True)
         # The test's interpreter stands in for the image's: its bin dir comes first on PATH.

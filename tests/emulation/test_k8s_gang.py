@@ -15,6 +15,7 @@ import pytest
 from .jobset_controller import validate_jobset
 from .k8s_api import KubernetesEmulator
 from .mfrun import isolated_env, metaflow
+from .probes import wait_for
 
 FLOWS = Path(__file__).parent / "flows"
 MAIN_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_MAIN"
@@ -205,3 +206,41 @@ def test_a_foreach_of_two_queued_gangs_is_two_jobsets_that_start_late_without_ti
     assert len({s[1] for _, _, seen in results for s in seen}) == 2  # a port per gang
     # the join got one input per gang: the worker pods are not tasks
     assert len(run.client("[t.id for t in run['train']]")) == 2
+
+
+def test_a_worker_pod_that_freezes_is_caught_by_its_heartbeat(aws, kubernetes, tmp_path):
+    import threading
+
+    import psutil
+
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(
+        res=gang.run(TD_BUSY=120, METAFLOW_TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT=3)))
+    runner.start()
+    worker = wait_for(lambda: next((p for js in list(kubernetes.controller.jobsets.values())
+                                    for p in js.pods if p.replicated_job == "worker"
+                                    and p.process is not None), None), 120, "the worker pod")
+    log = kubernetes.pod_dir(worker.name) / "log"
+    wait_for(lambda: "[node 1 agent] joined the gang of node 0" in _read(log) and
+             "[rank 3] rank 3 says hello" in _read(log), 120, "node 1 to join and start")
+    pod_dir = str(kubernetes.pod_dir(worker.name))
+    frozen = [p for p in psutil.process_iter(["cwd"]) if (p.info["cwd"] or "").startswith(pod_dir)]
+    assert frozen
+    stopped_at = time.monotonic()
+    for p in frozen:  # the pod hangs as a whole: no exit, no report, no heartbeat
+        p.suspend()
+    try:
+        runner.join(150)
+    finally:
+        for p in frozen:
+            if p.is_running():
+                p.kill()
+    res = outcome["res"]
+    assert res.returncode != 0
+    assert "node 1 stopped sending heartbeats 3.0s ago" in res.output, res.output
+    assert time.monotonic() - stopped_at < 60
+
+
+def _read(path):
+    return path.read_text(errors="replace") if path.exists() else ""
