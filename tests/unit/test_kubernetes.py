@@ -247,3 +247,25 @@ def test_the_jobset_exposes_control_and_worker_specs():
     spec.environment_variable("A", "1")
     assert spec._kwargs["command"] == ["bash", "-c", "x"]
     assert spec._kwargs["environment_variables"] == {"A": "1"}
+
+
+def test_a_gpu_gang_without_enough_shared_memory_is_warned():
+    warning = kubernetes.shared_memory_warning("train", None)
+    assert warning.startswith("@torch_distributed on step train: its GPU gang runs in pods "
+                              "with the default 64 MiB of shared memory")
+    assert "@kubernetes(shared_memory=1024)" in warning
+    assert "256 MiB" in kubernetes.shared_memory_warning("train", 256)
+    assert kubernetes.shared_memory_warning("train", 1024) is None
+    assert kubernetes.shared_memory_warning("train", "16000") is None
+
+
+def test_kubernetes_gpus_set_the_processes_per_node():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.decorator import \
+        _requested_gpus
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import \
+        plan_topology
+
+    gpus, source = _requested_gpus([SimpleNamespace(name="kubernetes", attributes={"gpu": 8})])
+    assert (gpus, source) == (8, "@kubernetes(gpu=8)")
+    topology = plan_topology(None, 2, None, gpus, source)
+    assert (topology.nodes, topology.nproc_per_node, topology.world_size) == (2, 8, 16)

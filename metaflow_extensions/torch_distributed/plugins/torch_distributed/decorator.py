@@ -103,6 +103,13 @@ class TorchDistributedDecorator(StepDecorator):
         self.on_batch = any(d.name == "batch" for d in decorators)
         self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
         target = schedulers.check_deploy(step_name, self.topology)
+        if self.on_kubernetes and self.gpus_requested and schedulers.cli_words()[:1] in (
+                ["run"], ["resume"]):
+            # Said once, by the run that starts the flow (not again by each task and pod).
+            warning = kubernetes.shared_memory_warning(step_name, _attribute(
+                decorators, "kubernetes", "shared_memory"))
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
         if self.topology.nodes > 1 and target == "step-functions":
             # This process compiles the state machine: the step's job gets N nodes.
             stepfunctions.install(step_name, graph, self.topology.nodes, self._common_fields(),
@@ -361,6 +368,14 @@ def _requested_gpus(decorators):
                 if best is None or gpus > best:
                     best, source = gpus, "@%s(gpu=%d)" % (deco.name, gpus)
     return best, source
+
+
+def _attribute(decorators, name, attribute):
+    """The attribute of the step's decorator `name` (None without that decorator)."""
+    for deco in decorators:
+        if deco.name == name:
+            return deco.attributes.get(attribute)
+    return None
 
 
 def _require_torch(step_name):

@@ -38,6 +38,9 @@ NUM_NODES = "MF_WORLD_SIZE"  # replicas of control + worker
 _AGENT_TASK_ID = "%s-node-$((" + WORKER_INDEX + "+1))"
 # Seconds between two lookups of a name that does not resolve yet.
 RESOLVE_RETRY_S = 1.0
+# NCCL keeps its buffers in /dev/shm, which a pod gets at the container runtime's default size
+# (64 MiB) unless @kubernetes(shared_memory=...) mounts more (MiB): below this, warn.
+MIN_SHARED_MEMORY_MIB = 1024
 
 
 # -- pure parts: what the JobSet's pods know ----------------------------------------------------
@@ -81,6 +84,19 @@ def resolve_master(step_name, node, environ, timeout, resolve=socket.gethostbyna
                     "headless service; see docs/kubernetes.md, \"Cluster needs\"."
                     % (node, name, timeout, ex)) from ex
         sleep(RESOLVE_RETRY_S)
+
+
+def shared_memory_warning(step_name, shared_memory):
+    """The warning for a GPU gang whose pods get less shared memory than NCCL needs, or None.
+    `shared_memory` is @kubernetes' attribute (MiB, None for the runtime's default)."""
+    mib = None if shared_memory in (None, "") else int(float(shared_memory))
+    if mib is not None and mib >= MIN_SHARED_MEMORY_MIB:
+        return None
+    return ("@torch_distributed on step %s: its GPU gang runs in pods with %s of shared memory "
+            "(/dev/shm), and NCCL may fail or hang with that little. Give the pods more with "
+            "@kubernetes(shared_memory=%d) (MiB) or more."
+            % (step_name, "the default 64 MiB" if mib is None else "%d MiB" % mib,
+               MIN_SHARED_MEMORY_MIB))
 
 
 def worker_node(step_name, environ):
