@@ -15,8 +15,9 @@ What it keeps from the real controller (kubernetes-sigs/jobset) and the kubelet:
 * the container's environment: `env` values and downward-API `fieldRef`s (pod name,
   namespace, uid, annotations, labels, service account, host and pod IP);
 * restartPolicy Never and backoffLimit 0: a pod that exits non-zero fails its Job; any failed
-  Job fails the JobSet (default failure policy), whose other pods are then stopped (SIGTERM,
-  grace, SIGKILL); all Jobs succeeded completes it (default success policy);
+  Job fails the JobSet (default failure policy), whose other pods are then stopped (SIGTERM to
+  the container's main process, then SIGKILL to all of it after the grace period); all Jobs
+  succeeded completes it (default success policy);
 * status as the controller writes it: replicatedJobsStatus, conditions, terminalState.
 
 What differs (documented in docs/kubernetes.md): every pod runs on this host with IP
@@ -469,7 +470,9 @@ class JobSetController:
             return
         if pod.phase in ("Running", "Pending") and pod.process is not None:
             pod.reason = pod.reason or reason
-            pod.process.request_stop(time.monotonic(), self._stop_grace_s)
+            # The kubelet signals the container's main process (PID 1) only; the others get
+            # SIGKILL when the grace period ends.
+            pod.process.request_stop(time.monotonic(), self._stop_grace_s, whole_group=False)
 
     def _conclude(self, jobset: JobSet) -> None:
         failed = [p for p in jobset.pods if p.phase == "Failed"]

@@ -60,11 +60,18 @@ class NodeProcess:
         returncode = self._popen.poll()
         return None if returncode is None else docker_exit_code(returncode)
 
-    def request_stop(self, now: float, grace_s: float) -> None:
-        """Like `docker stop`: SIGTERM now, SIGKILL once `grace_s` has passed (see `enforce`)."""
+    def request_stop(self, now: float, grace_s: float, whole_group: bool = True) -> None:
+        """Like `docker stop`: SIGTERM now, SIGKILL once `grace_s` has passed (see `enforce`).
+        `whole_group=False` is the kubelet's way: SIGTERM to the container's main process only,
+        which as PID 1 ignores it unless it installed a handler; every process of the container
+        gets the SIGKILL."""
         if self._kill_at is None:
             self._kill_at = now + grace_s
-            self._signal(signal.SIGTERM)
+            if whole_group:
+                self._signal(signal.SIGTERM)
+            elif not self._torn_down and _catches(self._popen.pid, signal.SIGTERM):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._popen.pid, signal.SIGTERM)
 
     def enforce(self, now: float) -> None:
         if self._kill_at is not None and now >= self._kill_at and not self._killed:
@@ -91,3 +98,14 @@ class NodeProcess:
         # ProcessLookupError: the whole group has already exited.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._popen.pid, signum)
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (SigCgt in /proc/<pid>/status): PID 1
+    of a container gets only the signals it handles."""
+    try:
+        with open("/proc/%d/status" % pid, encoding="ascii") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) & (1 << (signum - 1)))

@@ -242,5 +242,30 @@ def test_a_worker_pod_that_freezes_is_caught_by_its_heartbeat(aws, kubernetes, t
     assert time.monotonic() - stopped_at < 60
 
 
+def test_an_evicted_worker_pod_fails_the_jobset_and_the_step(aws, kubernetes, tmp_path):
+    import threading
+
+    from kubernetes import client, config
+
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(res=gang.run(TD_BUSY=120)))
+    runner.start()
+    worker = wait_for(lambda: next((p for js in list(kubernetes.controller.jobsets.values())
+                                    for p in js.pods if p.replicated_job == "worker"
+                                    and p.process is not None), None), 120, "the worker pod")
+    wait_for(lambda: "joined the gang of node 0" in _read(kubernetes.pod_dir(worker.name) / "log"),
+             120, "node 1 to join")
+    api = client.CoreV1Api(config.new_client_from_config(str(kubernetes.kubeconfig)))
+    api.delete_namespaced_pod(worker.name, "default")  # as an eviction or preemption does
+    runner.join(150)
+    res = outcome["res"]
+    assert res.returncode != 0
+    [jobset] = gang.jobsets_of("train")
+    status = kubernetes.controller.get("default", jobset["metadata"]["name"])["status"]
+    assert status["terminalState"] == "Failed"
+    assert worker.reason == "Evicted" and worker.phase == "Failed"
+
+
 def _read(path):
     return path.read_text(errors="replace") if path.exists() else ""
