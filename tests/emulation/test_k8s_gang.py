@@ -142,6 +142,18 @@ def test_every_rank_of_every_pod_is_in_the_task_log(shared):
     assert "writes to stderr" not in out.stdout
 
 
+def test_a_one_node_gang_stays_one_pod(aws, kubernetes, tmp_path):
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    res = gang.run(TD_NODES=1, TD_NPROC=2)
+    assert res.returncode == 0, res.output
+    assert kubernetes.created == []  # no JobSet: the step is an ordinary Job of one pod
+    assert sum(r.startswith("POST /apis/batch/v1/") for r in kubernetes.requests) == 3
+    places = gang.client("run['train'].task['places'].data")
+    assert [(p["rank"], p["node_rank"]) for p in places] == [(0, 0), (1, 0)]
+    assert len({p["pod"] for p in places}) == 1 and places[0]["jobset"] is None
+    assert gang.client("run['train'].task['total'].data") == 3.0
+
+
 def test_a_failing_rank_on_the_worker_pod_fails_the_jobset_and_retry_creates_a_new_one(
         aws, kubernetes, tmp_path):
     gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
