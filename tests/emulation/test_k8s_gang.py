@@ -127,6 +127,20 @@ def test_two_nodes_of_two_processes_are_one_jobset_and_one_task(shared):
     assert gang.client("[t.id for t in run['train']]") == [task_id]
 
 
+def test_the_gangs_card_shows_the_jobset_and_its_pods(shared):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import card
+
+    gang, res = shared
+    assert res.returncode == 0, res.output
+    # (Metaflow's @card cannot render inside this emulation, as with AWS Batch: the card's data
+    # is built here from the record the task kept.)
+    record = gang.client("run['train'].task['_torch_distributed_gang'].data")
+    data = card.card_data(record, [])
+    assert ["Nodes run", "as one Kubernetes JobSet"] in data["topology"]
+    pods = gang.client("[p['pod'] for p in run['train'].task['places'].data]")
+    assert [row[4] for row in data["nodes"]] == ["pod %s" % pods[0], "pod %s" % pods[2]]
+
+
 def test_every_rank_of_every_pod_is_in_the_task_log(shared):
     gang, res = shared
     assert res.returncode == 0, res.output
