@@ -39,10 +39,10 @@ class KubernetesRun:
                                 {"METAFLOW_KUBERNETES_NAMESPACE": "default"}, home=home)
         self.run_id = None
 
-    def run(self, timeout_s=180, **td):
+    def run(self, timeout_s=180, command="run", **td):
         env = dict(self.env, **{k: str(v) for k, v in td.items()})
         started = time.monotonic()
-        res = metaflow(self.flow, ["run", "--with", "kubernetes", "--run-id-file", "run-id"],
+        res = metaflow(self.flow, [command, "--with", "kubernetes", "--run-id-file", "run-id"],
                        self.workdir, env, timeout_s=timeout_s)
         res.elapsed = time.monotonic() - started
         res.output = res.stdout + res.stderr
@@ -268,7 +268,8 @@ def test_a_worker_pod_that_freezes_is_caught_by_its_heartbeat(aws, kubernetes, t
     assert time.monotonic() - stopped_at < 60
 
 
-def test_an_evicted_worker_pod_fails_the_jobset_and_the_step(aws, kubernetes, tmp_path):
+def test_an_evicted_worker_pod_fails_the_step_and_resume_reruns_the_gang(aws, kubernetes,
+                                                                         tmp_path):
     import threading
 
     from kubernetes import client, config
@@ -291,6 +292,14 @@ def test_an_evicted_worker_pod_fails_the_jobset_and_the_step(aws, kubernetes, tm
     status = kubernetes.controller.get("default", jobset["metadata"]["name"])["status"]
     assert status["terminalState"] == "Failed"
     assert worker.reason == "Evicted" and worker.phase == "Failed"
+
+    failed_run = gang.run_id
+    res = gang.run(command="resume")  # start is cloned; train runs as a new JobSet
+    assert res.returncode == 0, res.output
+    assert gang.run_id != failed_run
+    assert len(gang.jobsets_of("train")) == 2
+    assert gang.client("run['train'].task['total'].data") == 10.0
+    assert len(gang.client("[t.id for t in run['train']]")) == 1
 
 
 def _read(path):
