@@ -11,7 +11,7 @@ What it keeps from the real controller (kubernetes-sigs/jobset) and the kubelet:
   JobSet's subdomain;
 * `startupPolicyOrder: InOrder`: a replicated job's pods are created once every pod of the one
   before it runs;
-* `spec.suspend: true` (a queue such as Kueue holds it): no pods until `resume`;
+* `spec.suspend: true` (a queue such as Kueue holds it): no pods until it is admitted;
 * the container's environment: `env` values and downward-API `fieldRef`s (pod name,
   namespace, uid, annotations, labels, service account, host and pod IP);
 * restartPolicy Never and backoffLimit 0: a pod that exits non-zero fails its Job; any failed
@@ -209,13 +209,12 @@ class JobSet:
         statuses = []
         for rjob in self.replicated_jobs():
             pods = self.pods_of(rjob["name"])
-            count = lambda phase: sum(p.phase == phase for p in pods)  # noqa: E731
             statuses.append({
                 "name": rjob["name"],
-                "ready": count("Running"),
-                "active": count("Running") + count("Pending"),
-                "succeeded": count("Succeeded"),
-                "failed": count("Failed"),
+                "ready": _count(pods, "Running"),
+                "active": _count(pods, "Running", "Pending"),
+                "succeeded": _count(pods, "Succeeded"),
+                "failed": _count(pods, "Failed"),
                 "suspended": rjob.get("replicas", 1) if self.suspended else 0,
             })
         status = {"replicatedJobsStatus": statuses, "restarts": 0}
@@ -246,9 +245,10 @@ class Job:
         return self.obj["metadata"]["namespace"]
 
     def status(self) -> dict:
-        count = lambda phase: sum(p.phase == phase for p in self.pods)  # noqa: E731
-        status = {"active": count("Running") + count("Pending"), "succeeded": count("Succeeded"),
-                  "failed": count("Failed"), "startTime": self.obj["metadata"]["creationTimestamp"]}
+        status = {"active": _count(self.pods, "Running", "Pending"),
+                  "succeeded": _count(self.pods, "Succeeded"),
+                  "failed": _count(self.pods, "Failed"),
+                  "startTime": self.obj["metadata"]["creationTimestamp"]}
         if self.terminal:
             status["conditions"] = [_condition(self.terminal, "Job" + self.terminal, "")]
         return status
@@ -365,11 +365,6 @@ class JobSetController:
                     self._stop(pod, "Evicted")
                     return pod.to_dict()
         return None
-
-    def resume(self, namespace: str, name: str) -> None:
-        """What Kueue does on admission: spec.suspend false."""
-        with self._lock:
-            self.jobsets[(namespace, name)].obj["spec"]["suspend"] = False
 
     # -- the control loop --------------------------------------------------------------------
 
@@ -491,6 +486,10 @@ class JobSetController:
             jobset.conditions.append(_condition("Completed", "AllJobsCompleted",
                                                 "jobset completed successfully"))
             jobset.terminal = "Completed"
+
+
+def _count(pods: list[Pod], *phases: str) -> int:
+    return sum(p.phase in phases for p in pods)
 
 
 def _condition(kind: str, reason: str, message: str) -> dict:
