@@ -144,6 +144,9 @@ def kubeconfig(tmp_path, monkeypatch):
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
     monkeypatch.setenv("KUBECONFIG", str(path))
+    # the client reads KUBECONFIG when it is first imported, which may have happened already
+    from kubernetes.config import kube_config
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
 
 
 def gang_jobset_dict(nodes=2):
