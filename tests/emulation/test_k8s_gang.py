@@ -39,10 +39,10 @@ class KubernetesRun:
                                 {"METAFLOW_KUBERNETES_NAMESPACE": "default"}, home=home)
         self.run_id = None
 
-    def run(self, timeout_s=180, command="run", **td):
+    def run(self, timeout_s=180, command="run", with_kubernetes="kubernetes", **td):
         env = dict(self.env, **{k: str(v) for k, v in td.items()})
         started = time.monotonic()
-        res = metaflow(self.flow, [command, "--with", "kubernetes", "--run-id-file", "run-id"],
+        res = metaflow(self.flow, [command, "--with", with_kubernetes, "--run-id-file", "run-id"],
                        self.workdir, env, timeout_s=timeout_s)
         res.elapsed = time.monotonic() - started
         res.output = res.stdout + res.stderr
@@ -166,6 +166,21 @@ def test_a_one_node_gang_stays_one_pod(aws, kubernetes, tmp_path):
     assert [(p["rank"], p["node_rank"]) for p in places] == [(0, 0), (1, 0)]
     assert len({p["pod"] for p in places}) == 1 and places[0]["jobset"] is None
     assert gang.client("run['train'].task['total'].data") == 3.0
+
+
+def test_a_gpu_gang_is_warned_about_shared_memory_and_needs_its_gpus_on_each_pod(
+        aws, kubernetes, tmp_path):
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    res = gang.run(with_kubernetes="kubernetes:gpu=2")  # the flow's 2 processes per node
+    assert res.returncode != 0
+    # said once, by the run, before anything starts
+    assert res.output.count("its GPU gang runs in pods with the default 64 MiB of shared "
+                            "memory") == 1
+    # one process per GPU on each of the 2 pods; the emulated pods show no GPU
+    assert "the gang needs 2 GPUs on this node (2 nodes x 2 processes per node = world size " \
+           "4, from @kubernetes(gpu=2)) but it shows 0" in res.output
+    [jobset] = gang.jobsets_of("train")
+    assert [r["replicas"] for r in jobset["spec"]["replicatedJobs"]] == [1, 1]
 
 
 def test_a_failing_rank_on_the_worker_pod_fails_the_jobset_and_retry_creates_a_new_one(

@@ -272,3 +272,21 @@ def test_kubernetes_gpus_set_the_processes_per_node():
     assert (gpus, source) == (8, "@kubernetes(gpu=8)")
     topology = plan_topology(None, 2, None, gpus, source)
     assert (topology.nodes, topology.nproc_per_node, topology.world_size) == (2, 8, 16)
+
+
+def test_a_worker_that_cannot_take_its_place_says_why_and_leaves_the_verdict_to_node_0():
+    import subprocess
+    import sys
+
+    code = ("from metaflow_extensions.torch_distributed.plugins.torch_distributed import "
+            "kubernetes\n"
+            "from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import "
+            "TorchDistributedEnvironmentError\n"
+            "kubernetes.leave_to_node_0(TorchDistributedEnvironmentError('train', 'no GPU here'))"
+            "\nraise SystemExit(5)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    # exit 0: a failed worker Job would fail the JobSet before node 0 says why
+    assert res.returncode == 0, res.stderr
+    assert "@torch_distributed cannot run here" in res.stderr
+    assert "no GPU here" in res.stderr

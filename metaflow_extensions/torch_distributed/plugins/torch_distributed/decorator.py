@@ -163,7 +163,12 @@ class TorchDistributedDecorator(StepDecorator):
             _require_torch(self.step_name)
         if spec is not None:  # this process is a member started by a gang
             if spec.backend in ("batch", "kubernetes") and spec.role == "agent":
-                spec = self._place_remote_agent(spec)
+                try:
+                    spec = self._place_remote_agent(spec)
+                except TorchDistributedEnvironmentError as ex:
+                    if spec.backend != "kubernetes":
+                        raise
+                    kubernetes.leave_to_node_0(ex)
             return _member_step(spec, step_func, self.name)
         if retry_count > max_user_code_retries:
             return step_func  # @catch's fallback attempt runs alone, as on any step

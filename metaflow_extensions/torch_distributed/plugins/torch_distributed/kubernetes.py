@@ -17,6 +17,7 @@ a worker may start before node 0, whose name resolves only once its pod runs.
 import json
 import os
 import socket
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -117,6 +118,16 @@ def resolve_node(spec, environ, params, top_args, resolve=socket.gethostbyname):
     task = dict(spec.task, input_paths=params.get("input_paths") or "")
     return replace(spec, node=node, master_addr=master_addr, task=task, top_args=top_args,
                    work_dir=tempfile.mkdtemp(prefix="torch-distributed-"))
+
+
+def leave_to_node_0(error):
+    """A worker pod that cannot take its place in the gang says why and exits 0: a failed
+    worker Job fails the whole JobSet at once, and its controller then stops the control pod
+    before node 0 has written the task's error. Node 0 decides: it fails with its own error
+    or, missing this node, at the rendezvous timeout naming it."""
+    print("%s\n%s" % (error.headline, error), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(0)
 
 
 # -- Metaflow internals: the one place this backend touches them ---------------------------------
