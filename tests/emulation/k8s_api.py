@@ -303,9 +303,12 @@ class KubernetesEmulator:
             "no_proxy": "%s,localhost" % LOOPBACK, "NO_PROXY": "%s,localhost" % LOOPBACK,
             "PYTHONPATH": str(DNS_SHIM),
             "K8S_EMULATOR_DNS_RECORDS": str(self.dns_records),
+            # marks every process of the pod, as its cgroup would (see NodeProcess.teardown)
+            "K8S_EMULATOR_POD": str(pod_dir),
             **env,
         }
-        return NodeProcess.start(argv, work, full_env, pod_dir / "log")
+        return NodeProcess.start(argv, work, full_env, pod_dir / "log",
+                                 marker=("K8S_EMULATOR_POD", str(pod_dir)))
 
 
 def _not_found(kind: str, name: str) -> tuple[int, dict]:

@@ -13,6 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
+
 
 def docker_exit_code(returncode: int) -> int:
     """Docker reports a container killed by signal N as exit code 128 + N."""
@@ -20,16 +22,22 @@ def docker_exit_code(returncode: int) -> int:
 
 
 class NodeProcess:
-    def __init__(self, popen: subprocess.Popen, log_file) -> None:
+    def __init__(self, popen: subprocess.Popen, log_file,
+                 marker: tuple[str, str] | None = None) -> None:
         self._popen = popen
         self._log_file = log_file
+        self._marker = marker
         self._kill_at: float | None = None
         self._killed = False
         self._torn_down = False
 
     @classmethod
-    def start(cls, argv: list[str], cwd: Path, env: dict[str, str], log_path: Path) -> NodeProcess:
-        """Raises OSError when the command cannot be executed (AWS: CannotStartContainerError)."""
+    def start(cls, argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
+              marker: tuple[str, str] | None = None) -> NodeProcess:
+        """Raises OSError when the command cannot be executed (AWS: CannotStartContainerError).
+        With `marker`, a variable (name, value) in `env`, teardown also kills every process
+        that carries it, as a container's cgroup takes all of its processes with it (those in
+        process groups of their own included)."""
         log_file = open(log_path, "ab")
         try:
             popen = subprocess.Popen(
@@ -45,7 +53,7 @@ class NodeProcess:
         except OSError:
             log_file.close()
             raise
-        return cls(popen, log_file)
+        return cls(popen, log_file, marker)
 
     @property
     def pid(self) -> int:
@@ -83,6 +91,12 @@ class NodeProcess:
         if self._torn_down:
             return
         self._signal(signal.SIGKILL)
+        if self._marker is not None:
+            from .probes import processes_with
+
+            for process in processes_with(*self._marker):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
         self._torn_down = True
         self._log_file.close()
 
