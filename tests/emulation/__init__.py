@@ -10,4 +10,9 @@ jobs (including multi-node parallel jobs) as local process groups.
 Modules: aws (moto and Metaflow settings), batch_emulator (HTTP front and lifecycle),
 batch_api (Batch operations), batch_jobs (job/node state machine), batch_describe
 (DescribeJobs/ListJobs shapes), batch_spec (pure request rules), node_process (process groups).
+
+Kubernetes: k8s_api (a loopback Kubernetes API for `--with kubernetes`, reached through the
+kubeconfig in `emulator.env`), jobset_controller (JobSets and Jobs whose pods are local process
+groups; JobSets validated against schemas/jobset.x-k8s.io_jobsets.yaml), k8s_dns (cluster DNS
+inside the emulated pods).
 """

@@ -6,7 +6,8 @@ import pytest
 
 from .aws import AwsEmulation, moto_aws
 from .batch_emulator import BatchEmulator, EmulatorError
-from .probes import processes_of
+from .k8s_api import EmulatorError as KubernetesEmulatorError, KubernetesEmulator
+from .probes import processes_of, processes_with
 
 
 @pytest.fixture(scope="module")
@@ -47,3 +48,36 @@ def start_emulator(aws, tmp_path) -> Iterator[Callable[..., BatchEmulator]]:
 @pytest.fixture
 def batch(start_emulator) -> BatchEmulator:
     return start_emulator()
+
+
+@pytest.fixture
+def start_kubernetes(aws, tmp_path) -> Iterator[Callable[..., KubernetesEmulator]]:
+    """Starts Kubernetes emulators (API + JobSet controller) on the module's moto; closes them
+    and checks that no pod process is left."""
+    started: list[KubernetesEmulator] = []
+
+    def start(**options) -> KubernetesEmulator:
+        emulator = KubernetesEmulator(image_env=aws.container_env,
+                                      workdir=tmp_path / ("k8s-%d" % len(started)), **options)
+        emulator.start()
+        started.append(emulator)
+        return emulator
+
+    yield start
+    failures = []
+    for emulator in started:
+        try:
+            emulator.close()  # raises on an emulator error or a request it does not emulate
+        except KubernetesEmulatorError as error:
+            failures.append(error)
+    # every process of a pod (ranks included) inherits the pod's DNS records variable
+    leftovers = [process for emulator in started
+                 for process in processes_with("K8S_EMULATOR_DNS_RECORDS",
+                                               str(emulator.dns_records))]
+    assert not leftovers, "emulator left processes behind: %s" % leftovers
+    assert not failures, failures
+
+
+@pytest.fixture
+def kubernetes(start_kubernetes) -> KubernetesEmulator:
+    return start_kubernetes()

@@ -13,6 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
+
 
 def docker_exit_code(returncode: int) -> int:
     """Docker reports a container killed by signal N as exit code 128 + N."""
@@ -20,16 +22,22 @@ def docker_exit_code(returncode: int) -> int:
 
 
 class NodeProcess:
-    def __init__(self, popen: subprocess.Popen, log_file) -> None:
+    def __init__(self, popen: subprocess.Popen, log_file,
+                 marker: tuple[str, str] | None = None) -> None:
         self._popen = popen
         self._log_file = log_file
+        self._marker = marker
         self._kill_at: float | None = None
         self._killed = False
         self._torn_down = False
 
     @classmethod
-    def start(cls, argv: list[str], cwd: Path, env: dict[str, str], log_path: Path) -> NodeProcess:
-        """Raises OSError when the command cannot be executed (AWS: CannotStartContainerError)."""
+    def start(cls, argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
+              marker: tuple[str, str] | None = None) -> NodeProcess:
+        """Raises OSError when the command cannot be executed (AWS: CannotStartContainerError).
+        With `marker`, a variable (name, value) in `env`, teardown also kills every process
+        that carries it, as a container's cgroup takes all of its processes with it (those in
+        process groups of their own included)."""
         log_file = open(log_path, "ab")
         try:
             popen = subprocess.Popen(
@@ -45,7 +53,7 @@ class NodeProcess:
         except OSError:
             log_file.close()
             raise
-        return cls(popen, log_file)
+        return cls(popen, log_file, marker)
 
     @property
     def pid(self) -> int:
@@ -60,11 +68,18 @@ class NodeProcess:
         returncode = self._popen.poll()
         return None if returncode is None else docker_exit_code(returncode)
 
-    def request_stop(self, now: float, grace_s: float) -> None:
-        """Like `docker stop`: SIGTERM now, SIGKILL once `grace_s` has passed (see `enforce`)."""
+    def request_stop(self, now: float, grace_s: float, whole_group: bool = True) -> None:
+        """Like `docker stop`: SIGTERM now, SIGKILL once `grace_s` has passed (see `enforce`).
+        `whole_group=False` is the kubelet's way: SIGTERM to the container's main process only,
+        which as PID 1 ignores it unless it installed a handler; every process of the container
+        gets the SIGKILL."""
         if self._kill_at is None:
             self._kill_at = now + grace_s
-            self._signal(signal.SIGTERM)
+            if whole_group:
+                self._signal(signal.SIGTERM)
+            elif not self._torn_down and _catches(self._popen.pid, signal.SIGTERM):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._popen.pid, signal.SIGTERM)
 
     def enforce(self, now: float) -> None:
         if self._kill_at is not None and now >= self._kill_at and not self._killed:
@@ -76,6 +91,12 @@ class NodeProcess:
         if self._torn_down:
             return
         self._signal(signal.SIGKILL)
+        if self._marker is not None:
+            from .probes import processes_with
+
+            for process in processes_with(*self._marker):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
         self._torn_down = True
         self._log_file.close()
 
@@ -91,3 +112,14 @@ class NodeProcess:
         # ProcessLookupError: the whole group has already exited.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._popen.pid, signum)
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (SigCgt in /proc/<pid>/status): PID 1
+    of a container gets only the signals it handles."""
+    try:
+        with open("/proc/%d/status" % pid, encoding="ascii") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) & (1 << (signum - 1)))

@@ -23,10 +23,15 @@ def wait_for(probe: Callable[[], object], timeout_s: float = 10.0, what: str = "
 
 def processes_of(emulator_url: str) -> list[psutil.Process]:
     """Live processes started by the emulator at `emulator_url` (marked by their env)."""
+    return processes_with("AWS_ENDPOINT_URL_BATCH", emulator_url)
+
+
+def processes_with(name: str, value: str) -> list[psutil.Process]:
+    """Live processes whose environment has `name` set to `value`."""
     found = []
     for process in psutil.process_iter(["environ", "status"]):
         environ = process.info["environ"] or {}
         alive = process.info["status"] != psutil.STATUS_ZOMBIE
-        if alive and environ.get("AWS_ENDPOINT_URL_BATCH") == emulator_url:
+        if alive and environ.get(name) == value:
             found.append(process)
     return found

@@ -69,7 +69,7 @@ def test_a_multi_node_gang_is_refused_before_anything_is_deployed(aws, deploy, t
     assert res.returncode != 0, output
     assert ("@torch_distributed on step train: a gang of 2 nodes (2 nodes x 2 processes per "
             "node = world size 4) cannot be deployed to %s" % TARGETS[command]) in output, output
-    assert "nodes=1" in output and "--with batch" in output
+    assert "nodes=1" in output and "--with batch" in output and "--with kubernetes" in output
     # nothing compiled, uploaded or deployed
     assert _bucket_keys(aws) == stored, "a code package was uploaded"
     assert not (tmp_path / "dag.py").exists()

@@ -185,20 +185,3 @@ def test_the_metaflow_internals_we_wrap_have_the_shape_we_rely_on():
     assert "num_parallel" in inspect.signature(Batch.launch_job).parameters
     assert isinstance(BatchJob(client=None).payload, dict)
     json.dumps(metaflow_payload())
-
-
-def test_multi_node_gangs_on_kubernetes_are_refused_clearly():
-    from types import SimpleNamespace
-
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.decorator import \
-        _check_backend
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
-        TorchDistributedConfigError
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import \
-        Topology
-
-    kubernetes = [SimpleNamespace(name="kubernetes")]
-    with pytest.raises(TorchDistributedConfigError, match="cannot run on Kubernetes yet"):
-        _check_backend("train", Topology(2, 8), kubernetes)
-    _check_backend("train", Topology(1, 8), kubernetes)  # one node: fine
-    _check_backend("train", Topology(2, 8), [SimpleNamespace(name="batch")])

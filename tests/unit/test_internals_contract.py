@@ -427,11 +427,65 @@ def test_metaflow_version_get_version():
             "it names the installed release")
 
 
+def _kubernetes():
+    from metaflow.plugins.kubernetes.kubernetes import Kubernetes
+    from metaflow.plugins.kubernetes.kubernetes_jobsets import JobSetSpec, KubernetesJobSet
+
+    return Kubernetes, JobSetSpec, KubernetesJobSet
+
+
+# -- Kubernetes ------------------------------------------------------------------------------------
+
+def test_kubernetes_launch_job_builds_a_jobset_when_num_parallel_is_given():
+    """internals.wrap_kubernetes_jobset passes num_parallel to Kubernetes.launch_job, which must
+    then create (and execute) a JobSet through Kubernetes.create_jobset."""
+    Kubernetes, _, _ = _kubernetes()
+    seen = {}
+
+    class Probe(Kubernetes):
+        def create_jobset(self, **kwargs):
+            seen.update(kwargs)
+            return types.SimpleNamespace(execute=lambda: "running")
+
+    kube = Probe(None, None, None)
+    kube.launch_job(step_name="train", num_parallel=2)
+    assert seen == {"step_name": "train", "num_parallel": 2}, (
+        "Metaflow's Kubernetes.launch_job no longer routes num_parallel to create_jobset")
+
+
+def test_kubernetes_create_jobset_takes_what_we_read():
+    Kubernetes, _, _ = _kubernetes()
+    params = inspect.signature(Kubernetes.create_jobset).parameters
+    for name in ("flow_name", "run_id", "step_name", "task_id", "attempt",
+                 "code_package_metadata", "code_package_url", "step_cli", "env",
+                 "num_parallel", "labels"):
+        assert name in params, "Kubernetes.create_jobset lost its %r parameter" % name
+
+
+def test_kubernetes_command_has_the_signature_we_call():
+    Kubernetes, _, _ = _kubernetes()
+    params = list(inspect.signature(Kubernetes._command).parameters)
+    assert params == ["self", "flow_name", "run_id", "step_name", "task_id", "attempt",
+                      "code_package_metadata", "code_package_url", "step_cmds"], (
+        "Metaflow's Kubernetes._command changed: %s" % params)
+
+
+def test_the_jobset_exposes_control_and_worker_specs():
+    _, JobSetSpec, KubernetesJobSet = _kubernetes()
+    assert isinstance(KubernetesJobSet.worker, property)
+    assert isinstance(KubernetesJobSet.control, property)
+    spec = JobSetSpec(None, "worker")
+    assert spec.command(["bash", "-c", "x"]) is spec
+    spec.environment_variable("A", "1")
+    assert spec._kwargs["command"] == ["bash", "-c", "x"]
+    assert spec._kwargs["environment_variables"] == {"A": "1"}
+
+
 def test_every_internal_has_a_contract_test():
     """A function added to internals.py comes with its test here (named in CONTRACTS)."""
     functions = {name for name, f in vars(internals).items()
                  if inspect.isfunction(f) and f.__module__ == internals.__name__
-                 and not name.startswith("_")} | {"BatchStepCli"}
+                 and not name.startswith("_")} | {"TrampolineCli"}
     tests = {name for name in globals() if name.startswith("test_")}
     missing = {f for f in functions if CONTRACTS.get(f) not in tests}
     assert not missing, "internals.py functions without a contract test: %s" % sorted(missing)
@@ -464,8 +518,11 @@ CONTRACTS = {
     "batch_orig_datastore": "test_batch_flow_datastore_and_environment",
     "job_payload": "test_batch_job_payload_and_num_parallel",
     "submit_as_built": "test_batch_job_payload_and_num_parallel",
-    "BatchStepCli": "test_batch_cli_step_context",
+    "TrampolineCli": "test_batch_cli_step_context",
     "wrap_state_machine_job": "test_step_functions_state_batch",
+    "wrap_kubernetes_jobset": "test_kubernetes_launch_job_builds_a_jobset_when_num_parallel_is_given",
+    "kubernetes_command": "test_kubernetes_command_has_the_signature_we_call",
+    "jobset_pods": "test_the_jobset_exposes_control_and_worker_specs",
     "metaflow_version": "test_metaflow_version_get_version",
 }
 

@@ -83,14 +83,16 @@ def _merged_env(entries, extra):
     return list(merged.values())
 
 
-def agent_shell_command(entrypoint, top_args, step_name, identity, input_path_vars):
+def agent_shell_command(entrypoint, top_args, step_name, identity, input_path_vars,
+                        hidden_pattern=_AGENT_TASK_ID):
     """The shell text that starts the node agent on nodes 1..N-1: a hidden spin-step of the
-    task, under the id `<task id>-node-<node index>`, reading the task's inputs from the same
+    task, under the id `hidden_pattern % <task id>` (`<task id>-node-<node index>`, the index
+    a shell expansion on the node), reading the task's inputs from the same
     METAFLOW_INPUT_PATHS_<i> variables the task's own command reads."""
     if not _SAFE_ID.match(identity.task_id):
         raise ValueError("unexpected task id %r" % identity.task_id)
     inputs = "".join("${%s}" % name for name in input_path_vars)
-    hidden = _AGENT_TASK_ID % identity.task_id
+    hidden = hidden_pattern % identity.task_id
     words = spin_step_options(step_name, replace(identity, input_paths=inputs), hidden)
     # bash expands these two words on the node; every other word is quoted
     quoted = [w if w in (inputs, hidden) else shlex.quote(w) for w in words]
@@ -199,8 +201,12 @@ def create_gang_job(create, step_name, nodes, queue):
             "QUEUE), or nodes=1." % (nodes, queue)) from ex
 
 
-def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name):
-    cli = internals.BatchStepCli(step_name)
+def trampoline_agent_spec(cli, step_name, spec_fields, backend):
+    """(TaskIdentity, agent GangSpec) of the task a `batch step` or `kubernetes step` process
+    (`cli`, internals.TrampolineCli) submits; the agent's node and master address are filled
+    in on its node. The store's port is fixed by run, step, task and attempt; the attempt's
+    secret is drawn here and reaches the nodes in their job's environment only, never through
+    the store."""
     params = cli.params
     retry_count = int(params.get("retry_count") or 0)
     identity = TaskIdentity(
@@ -214,21 +220,30 @@ def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name)
         orig_datastore=cli.orig_datastore,
     )
     port = naming.remote_port(identity.run_id, step_name, identity.task_id, retry_count)
-    # The attempt's store secret, for node 0 and the agents alike: it reaches the nodes in the
-    # job's environment only, never through the store.
-    secret = naming.new_secret()
     spec = GangSpec(**spec_fields, role="agent", node=-1, master_addr="", master_port=port,
                     gang_id=naming.gang_id(identity.run_id, step_name, identity.task_id,
-                                           retry_count), secret=secret,
+                                           retry_count), secret=naming.new_secret(),
                     restart_count=retry_count, work_dir="", task=identity.__dict__,
-                    top_args=[], backend="batch")
-    entrypoint = "%s -u %s" % (cli.executable, os.path.basename(sys.argv[0]))
-    agent_cli = agent_shell_command(entrypoint, cli.top_args, step_name, identity,
+                    top_args=[], backend=backend)
+    return identity, spec
+
+
+def trampoline_entrypoint(cli, step_name):
+    """(entrypoint, top-level options) of the step's command in its container, as Metaflow's
+    `batch step` and `kubernetes step` build them."""
+    return "%s -u %s" % (cli.executable, os.path.basename(sys.argv[0])), cli.top_args
+
+
+def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name):
+    cli = internals.TrampolineCli(step_name)
+    identity, spec = trampoline_agent_spec(cli, step_name, spec_fields, "batch")
+    port = spec.master_port
+    agent_cli = agent_shell_command(*trampoline_entrypoint(cli, step_name), step_name, identity,
                                     input_path_vars(a["env"]))
     agent_task_spec = dict(a["task_spec"], task_id=_AGENT_TASK_ID % identity.task_id)
     agent_command = internals.batch_command(batch, a, step_name, agent_cli, agent_task_spec)
     main_env = {MAIN_NODE_ENV: json.dumps({"step": step_name, "nodes": nodes,
-                                           "master_port": port, "secret": secret})}
+                                           "master_port": port, "secret": spec.secret})}
     agent_env = spin_env_additions(os.environ, spec, decorator_name)
     built = gang_payload(_plain(internals.job_payload(job)), nodes, main_env, agent_command,
                          agent_env)

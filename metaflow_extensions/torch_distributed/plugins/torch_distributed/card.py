@@ -148,6 +148,7 @@ def _topology_rows(record):
         ["Accelerator / backend", "%s / %s" % (record["accelerator"], record["backend"])],
         ["Nodes run", "on this machine" if record["scheduler"] == "local"
          else "as AWS Batch multi-node job" if record["scheduler"] == "batch"
+         else "as one Kubernetes JobSet" if record["scheduler"] == "kubernetes"
          else record["scheduler"]],
         ["Start method", record["start_method"]],
         ["Rendezvous (MASTER_ADDR:MASTER_PORT)", "%s:%s" % (record["master_addr"],

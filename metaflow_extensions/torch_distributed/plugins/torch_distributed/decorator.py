@@ -5,7 +5,7 @@ import sys
 
 from metaflow.decorators import StepDecorator
 
-from . import batch, checkpoints, devices
+from . import batch, checkpoints, devices, kubernetes
 from . import current as current_mod
 from . import frameworks, internals
 from . import schedulers, settings, stepfunctions
@@ -103,8 +103,15 @@ class TorchDistributedDecorator(StepDecorator):
         self.settings = settings.resolve(step_name, self.attributes, _configured_settings())
         frameworks.check_mode(step_name, os.environ)  # a bad value fails before the run
         self.on_batch = any(d.name == "batch" for d in decorators)
-        _check_backend(step_name, self.topology, decorators)
+        self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
         target = schedulers.check_deploy(step_name, self.topology)
+        if self.on_kubernetes and self.gpus_requested and schedulers.cli_words()[:1] in (
+                ["run"], ["resume"]):
+            # Said once, by the run that starts the flow (not again by each task and pod).
+            warning = kubernetes.shared_memory_warning(step_name, _attribute(
+                decorators, "kubernetes", "shared_memory"))
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
         if self.topology.nodes > 1 and target == "step-functions":
             # This process compiles the state machine: the step's job gets N nodes.
             stepfunctions.install(step_name, graph, self.topology.nodes, self._common_fields(),
@@ -113,13 +120,21 @@ class TorchDistributedDecorator(StepDecorator):
             # This process submits the step's AWS Batch job (`batch step`): make it N nodes.
             batch.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
                                      self.name)
+        if self.topology.nodes > 1 and os.environ.get(kubernetes.TRAMPOLINE_ENV) == step_name:
+            # This process creates the step's Kubernetes JobSet (`kubernetes step`): N pods.
+            kubernetes.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
+                                          self.name)
 
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
-        # @batch sends the step to AWS Batch for every attempt but @catch's local fallback;
-        # tell that step's `batch step` process to submit a multi-node job.
-        if (self.active and self.on_batch and self.topology.nodes > 1
+        # @batch and @kubernetes send the step away for every attempt but @catch's local
+        # fallback; tell that step's `batch step` (`kubernetes step`) process to submit a
+        # multi-node job (a JobSet).
+        if (self.active and self.topology.nodes > 1
                 and retry_count <= max_user_code_retries):
-            cli_args.env[batch.TRAMPOLINE_ENV] = self.step_name
+            if self.on_batch:
+                cli_args.env[batch.TRAMPOLINE_ENV] = self.step_name
+            elif self.on_kubernetes:
+                cli_args.env[kubernetes.TRAMPOLINE_ENV] = self.step_name
 
     def _common_fields(self):
         """GangSpec fields that are the same for every node of every attempt."""
@@ -146,8 +161,13 @@ class TorchDistributedDecorator(StepDecorator):
         with PausedTimer():  # torch's import is ours, not the body's: keep it out of @timeout
             _require_torch(self.step_name)
         if spec is not None:  # this process is a member started by a gang
-            if spec.backend == "batch" and spec.role == "agent":
-                spec = self._place_batch_agent(spec)
+            if spec.backend in ("batch", "kubernetes") and spec.role == "agent":
+                try:
+                    spec = self._place_remote_agent(spec)
+                except TorchDistributedEnvironmentError as ex:
+                    if spec.backend != "kubernetes":
+                        raise
+                    kubernetes.leave_to_node_0(ex)
             return _member_step(spec, step_func, self.name)
         if retry_count > max_user_code_retries:
             return step_func  # @catch's fallback attempt runs alone, as on any step
@@ -163,7 +183,14 @@ class TorchDistributedDecorator(StepDecorator):
                                          max_user_code_retries,
                                          internals.orig_datastore(self.flow_datastore))
         remote = batch.main_node_plan(os.environ, self.step_name)
-        if remote is None:  # every node on this host
+        on_kubernetes = kubernetes.main_node_plan(os.environ, self.step_name)
+        if on_kubernetes is not None:  # node 0, the control pod of a Kubernetes JobSet
+            accelerator, blocks = self._node_devices(), {}
+            # the port and secret the worker pods got from the same submission
+            port, secret, backend = on_kubernetes[1], on_kubernetes[2], "kubernetes"
+            master_addr = kubernetes.resolve_master(self.step_name, 0, os.environ,
+                                                    self.settings.rendezvous_timeout_s)
+        elif remote is None:  # every node on this host
             schedulers.check_single_host(self.step_name, self.topology, os.environ,
                                          _rehearsal())
             accelerator, blocks = self._local_devices()
@@ -194,7 +221,7 @@ class TorchDistributedDecorator(StepDecorator):
         )
         leader = Leader(self.step_name, self.topology, fields, self.settings.abort_grace_s,
                         self.name, blocks, port=port)
-        plan = plan_line(self.step_name, self.topology, accelerator, emulated=remote is None)
+        plan = plan_line(self.step_name, self.topology, accelerator, emulated=backend == "local")
 
         caught = self.has_catch and retry_count >= max_user_code_retries
 
@@ -244,11 +271,12 @@ class TorchDistributedDecorator(StepDecorator):
 
             card.render_failed(self.step_decorators)
 
-    def _place_batch_agent(self, spec):
-        """Complete the GangSpec of a node agent on its AWS Batch node."""
+    def _place_remote_agent(self, spec):
+        """Complete the GangSpec of a node agent on its AWS Batch node or Kubernetes pod."""
         # spin-step keeps its options in its click context only (not in cli_args)
-        spec = batch.resolve_node(spec, os.environ, internals.command_params(),
-                                  internals.top_level_args())
+        backend = batch if spec.backend == "batch" else kubernetes
+        spec = backend.resolve_node(spec, os.environ, internals.command_params(),
+                                    internals.top_level_args())
         return GangSpec(**{**spec.__dict__, "accelerator": self._node_devices(),
                            "start_method": devices.resolve_start_method(spec.start_method),
                            "checkpoint": checkpoints.from_leader(spec)})
@@ -288,6 +316,14 @@ def _member_step(spec, step_func, decorator_name):
     return member_step
 
 
+def _attribute(decorators, name, attribute):
+    """The attribute of the step's decorator `name` (None without that decorator)."""
+    for deco in decorators:
+        if deco.name == name:
+            return deco.attributes.get(attribute)
+    return None
+
+
 def _require_torch(step_name):
     try:
         import torch.distributed  # noqa: F401
@@ -298,13 +334,6 @@ def _require_torch(step_name):
             "you run the flow with." % ex)
 
 
-def _check_backend(step_name, topology, decorators):
-    if topology.nodes > 1 and any(d.name == "kubernetes" for d in decorators):
-        raise TorchDistributedConfigError(
-            step_name, "a gang of %d nodes (%s) cannot run on Kubernetes yet: multi-node "
-            "gangs run on this machine or on AWS Batch (--with batch). On Kubernetes use one "
-            "node with several GPUs (nodes=1, e.g. nproc_per_node=8 with @kubernetes(gpu=8))."
-            % (topology.nodes, topology.describe()))
 
 
 def _parallel_step(step_name, graph, decorators):

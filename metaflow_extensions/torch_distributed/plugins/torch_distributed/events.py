@@ -127,7 +127,9 @@ def node_info(node, master_addr, environ):
     if environ.get("AWS_BATCH_JOB_ID"):
         info["batch_job"] = environ.get("AWS_BATCH_JOB_ID")
         info["batch_node_index"] = environ.get("AWS_BATCH_JOB_NODE_INDEX")
-    if environ.get("KUBERNETES_SERVICE_HOST"):
+    if environ.get("METAFLOW_KUBERNETES_POD_NAME"):  # set by Metaflow's @kubernetes
+        info["pod"] = environ["METAFLOW_KUBERNETES_POD_NAME"]
+    elif environ.get("KUBERNETES_SERVICE_HOST"):
         info["pod"] = environ.get("HOSTNAME")
     return info
 

@@ -454,18 +454,26 @@ class Agent:
             self._send_record(runner, control, joined_at)
             if supervisor.aborted:
                 print("node 0 aborted the gang; stopping this node's ranks", file=sys.stderr)
-                return 3
+                return self._exit_code(3, told_node_0=True)
             if supervisor.failed():
                 # which ranks were still running: a hung one among them may be the cause
                 _quietly(control.report_running, self.spec.node, supervisor.running_ranks())
-                _quietly(control.report_failure, self.spec.node, root_cause(supervisor.failures))
-                return 1
+                told = _ask(control.report_failure, self.spec.node,
+                            root_cause(supervisor.failures)) is not False
+                return self._exit_code(1, told)
             control.finish(self.spec.node)
             return 0
         finally:
             runner.stop()
             runner.release()
             signal.signal(signal.SIGTERM, old_handler)
+
+    def _exit_code(self, code, told_node_0):
+        """The exit status of a node that failed or was aborted. On Kubernetes a failed worker
+        Job fails the whole JobSet at once, and its controller then stops the control pod
+        before node 0 has written the task's root cause and logs: a worker pod that node 0
+        knows about leaves the verdict to node 0's Job (docs/kubernetes.md, "Semantics")."""
+        return 0 if self.spec.backend == "kubernetes" and told_node_0 else code
 
     def _send_record(self, runner, control, joined_at):
         """Give node 0 this node's share of the gang's record: through the store from another

@@ -245,9 +245,10 @@ def submit_as_built(job, payload):
     job.num_parallel = 0
 
 
-class BatchStepCli:
-    """What the `batch step` trampoline was asked to run, from Metaflow's CLI. Why: Metaflow
-    passes it to its own batch_cli.step only, through click's context."""
+class TrampolineCli:
+    """What the `batch step` or `kubernetes step` trampoline was asked to run, from Metaflow's
+    CLI. Why: Metaflow passes it to its own batch_cli.step and kubernetes_cli.step only,
+    through click's context."""
 
     def __init__(self, step_name):
         from metaflow import util
@@ -259,6 +260,57 @@ class BatchStepCli:
         self.executable = ctx.obj.environment.executable(step_name, ctx.params.get("executable"))
         # the flow's top-level options, as batch_cli.step passes them on to the task
         self.top_args = list(util.dict_to_cli_options(ctx.parent.parent.params))
+
+
+# -- Kubernetes: the JobSet of a gang --------------------------------------------------------------
+
+def wrap_kubernetes_jobset(step_name, nodes, build):
+    """In this process (`kubernetes step`), Metaflow builds the task of `step_name` as the
+    JobSet of its @parallel with `nodes` pods (replicated jobs control x 1, worker x N-1), and
+    `build(kube, jobset, create_args)` makes it the gang's before it is submitted. Why:
+    Kubernetes.launch_job builds a JobSet only when given num_parallel, which `kubernetes step`
+    passes for @parallel alone, and Kubernetes.create_jobset returns the KubernetesJobSet
+    unsubmitted: the one place to give the worker pods another command."""
+    from metaflow.plugins.kubernetes.kubernetes import Kubernetes
+
+    launch_job = Kubernetes.launch_job
+    create_jobset = Kubernetes.create_jobset
+
+    def gang_launch_job(self, **kwargs):
+        if kwargs.get("step_name") == step_name:
+            kwargs["num_parallel"] = nodes
+        return launch_job(self, **kwargs)
+
+    def gang_create_jobset(self, **kwargs):
+        jobset = create_jobset(self, **kwargs)
+        if kwargs.get("step_name") == step_name:
+            build(self, jobset, kwargs)
+        return jobset
+
+    Kubernetes.launch_job = gang_launch_job
+    Kubernetes.create_jobset = gang_create_jobset
+
+
+def kubernetes_command(kube, create_args, task_id, step_cmds):
+    """Metaflow's pod command (code package download, log capture) around `step_cmds`, for
+    the task `task_id` of the task `create_args` (Kubernetes.create_jobset's) describe. Why:
+    Kubernetes._command is private; it is how every Metaflow pod starts."""
+    return kube._command(
+        flow_name=create_args["flow_name"], run_id=create_args["run_id"],
+        step_name=create_args["step_name"], task_id=task_id, attempt=create_args["attempt"],
+        code_package_metadata=create_args["code_package_metadata"],
+        code_package_url=create_args["code_package_url"], step_cmds=step_cmds)
+
+
+def jobset_pods(jobset, worker_command, worker_env, control_env):
+    """Give the JobSet's worker pods `worker_command` and `worker_env`, and its control pod
+    `control_env`. Why: KubernetesJobSet.worker and .control (JobSetSpec) are the only handles
+    on the replicated jobs' pod specs before the JobSet is submitted."""
+    jobset.worker.command(worker_command)
+    for name, value in worker_env.items():
+        jobset.worker.environment_variable(name, value)
+    for name, value in control_env.items():
+        jobset.control.environment_variable(name, value)
 
 
 def wrap_state_machine_job(node_overrides):

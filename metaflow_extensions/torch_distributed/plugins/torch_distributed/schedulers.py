@@ -1,9 +1,9 @@
 """Who gives a gang its nodes: the deploy-time and run-time guards for multi-node gangs.
 
 A gang of N > 1 nodes needs a backend that starts N machines for one task. `python flow.py run`
-emulates the nodes on the user's own machine (on purpose), and `--with batch` submits one AWS
-Batch multi-node job (batch.py). Everywhere else the nodes would silently share one machine,
-so:
+emulates the nodes on the user's own machine (on purpose), `--with batch` submits one AWS
+Batch multi-node job (batch.py) and `--with kubernetes` creates one JobSet (kubernetes.py).
+Everywhere else the nodes would silently share one machine, so:
 
 * at deploy time, a command that compiles the flow for another scheduler (`argo-workflows
   create`, `airflow create`, any deployer's `create`) refuses such a gang before anything is
@@ -64,7 +64,8 @@ def check_deploy_target(step_name, target, topology):
         step_name, "a gang of %d nodes (%s) cannot be deployed to %s: it runs each task on one "
         "machine, so every node would share it. Deploy with nodes=1 (several processes on one "
         "machine, e.g. nproc_per_node=8 with gpu=8), or run the gang with "
-        "`python flow.py run --with batch` or deploy it with `step-functions create`."
+        "`python flow.py run --with batch` (or `--with kubernetes`) or deploy it with "
+        "`step-functions create`."
         % (topology.nodes, topology.describe(), COMPILERS.get(target, "`%s`" % target)))
 
 
@@ -86,7 +87,7 @@ def check_single_host(step_name, topology, environ, rehearsal):
     raise TorchDistributedEnvironmentError(
         step_name, "a gang of %d nodes (%s) runs here in one task on %s, which did not give it "
         "%d machines; its nodes would share this one. Run multi-node gangs with `python flow.py "
-        "run --with batch`; elsewhere use nodes=1. To emulate the nodes on this machine on "
+        "run --with batch` or `--with kubernetes`; elsewhere use nodes=1. To emulate the nodes on this machine on "
         "purpose, set METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1."
         % (topology.nodes, topology.describe(), backend, topology.nodes))
 

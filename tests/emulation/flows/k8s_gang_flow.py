@@ -1,0 +1,72 @@
+"""A gang of 2 nodes x 2 processes for `run --with kubernetes` against the emulated Kubernetes.
+
+The launching environment's TD_* variables choose the topology and failures; @environment
+carries them into the JobSet, so every pod imports this file with the same values.
+TD_FAIL_RANK raises on that rank (in attempt TD_FAIL_ATTEMPT only, if set); TD_BUSY keeps every
+rank in all-reduces for that many seconds (a test stops a node meanwhile)."""
+
+import os
+import sys
+import time
+
+from metaflow import FlowSpec, current, environment, retry, step, torch_distributed
+
+TD = {k: v for k, v in os.environ.items()
+      if k.startswith("TD_") or k == "METAFLOW_TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT"}
+NODES = int(TD.get("TD_NODES", "2"))
+NPROC = int(TD.get("TD_NPROC", "2"))
+RETRIES = int(TD.get("TD_RETRIES", "0"))
+TIMEOUT = int(TD.get("TD_RENDEZVOUS_TIMEOUT", "60"))
+
+
+def failing(rank):
+    return (int(TD.get("TD_FAIL_RANK", "-1")) == rank
+            and TD.get("TD_FAIL_ATTEMPT", str(current.retry_count)) == str(current.retry_count))
+
+
+class KubernetesGangFlow(FlowSpec):
+    @step
+    def start(self):
+        self.next(self.train)
+
+    @environment(vars=TD)
+    @retry(times=RETRIES, minutes_between_retries=0)
+    @torch_distributed(nodes=NODES, nproc_per_node=NPROC, rendezvous_timeout=TIMEOUT)
+    @step
+    def train(self):
+        import torch
+        import torch.distributed as dist
+
+        rank = int(os.environ["RANK"])
+        print("rank %d says hello from pod %s" % (rank, os.environ.get("METAFLOW_KUBERNETES_POD_NAME")))
+        print("rank %d writes to stderr" % rank, file=sys.stderr)
+        dist.init_process_group("gloo")
+        total = torch.tensor([float(rank + 1)])
+        dist.all_reduce(total)
+        deadline = time.time() + float(TD.get("TD_BUSY", "0"))
+        while time.time() < deadline:
+            dist.all_reduce(torch.ones(1))
+            time.sleep(0.05)
+        if failing(rank):
+            print("last words of rank %d" % rank, file=sys.stderr, flush=True)
+            raise ValueError("injected failure on rank %d" % rank)
+        self.places = current.torch_distributed.gather(dict(
+            rank=rank,
+            node_rank=int(os.environ["NODE_RANK"]),
+            pod=os.environ.get("METAFLOW_KUBERNETES_POD_NAME"),
+            jobset=os.environ.get("METAFLOW_KUBERNETES_JOBSET_NAME"),
+            master=(os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]),
+            world_size=dist.get_world_size(),
+        ))
+        self.total = total.item()
+        self.attempt = current.retry_count
+        dist.destroy_process_group()
+        self.next(self.end)
+
+    @step
+    def end(self):
+        print("total %s over %d ranks" % (self.total, len(self.places)))
+
+
+if __name__ == "__main__":
+    KubernetesGangFlow()

@@ -1,0 +1,37 @@
+"""Cluster DNS for the emulated pods (tests/emulation/k8s_api.py puts this directory on their
+PYTHONPATH): a name under the cluster domain resolves to the address the emulator published for
+it in the records file, and fails like an unknown name (EAI_NONAME) until then, as a pod's
+record appears only once the pod runs. Every other name goes to the host's resolver."""
+
+import json
+import os
+import socket
+
+_RECORDS = os.environ.get("K8S_EMULATOR_DNS_RECORDS")
+_DOMAIN = ".svc.cluster.local"
+
+
+def _lookup(host):
+    if not (_RECORDS and isinstance(host, str) and host.rstrip(".").endswith(_DOMAIN)):
+        return None
+    try:
+        with open(_RECORDS, encoding="utf-8") as f:
+            records = json.load(f)
+    except (OSError, ValueError):
+        records = {}
+    address = records.get(host.rstrip("."))
+    if address is None:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    return address
+
+
+def _wrap(resolve):
+    def resolved(host, *args, **kwargs):
+        address = _lookup(host)
+        return resolve(host if address is None else address, *args, **kwargs)
+    return resolved
+
+
+socket.getaddrinfo = _wrap(socket.getaddrinfo)
+socket.gethostbyname = _wrap(socket.gethostbyname)
+socket.gethostbyname_ex = _wrap(socket.gethostbyname_ex)

@@ -1,0 +1,321 @@
+"""`python flow.py run --with kubernetes`: each gang is one JobSet (Kubernetes emulated: a
+loopback API and JobSet controller, tests/emulation/k8s_api.py, with moto for S3)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .jobset_controller import validate_jobset
+from .k8s_api import KubernetesEmulator
+from .mfrun import isolated_env, metaflow
+from .probes import wait_for
+
+FLOWS = Path(__file__).parent / "flows"
+MAIN_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_MAIN"
+FLOW_NAMES = {"k8s_gang_flow.py": "KubernetesGangFlow",
+              "k8s_foreach_flow.py": "KubernetesForeachFlow"}
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+class KubernetesRun:
+    """A flow copied into its own directory and run with `--with kubernetes` on the emulation."""
+
+    def __init__(self, aws, kubernetes, tmp_path, flow):
+        self.kubernetes = kubernetes
+        self.flow = flow
+        self.workdir = tmp_path / "flow"
+        self.workdir.mkdir()
+        shutil.copy(FLOWS / flow, self.workdir)
+        home = tmp_path / "metaflow-home"
+        home.mkdir()
+        self.env = isolated_env(aws.env, kubernetes.env,
+                                {"METAFLOW_KUBERNETES_NAMESPACE": "default"}, home=home)
+        self.run_id = None
+
+    def run(self, timeout_s=180, command="run", with_kubernetes="kubernetes", **td):
+        env = dict(self.env, **{k: str(v) for k, v in td.items()})
+        started = time.monotonic()
+        res = metaflow(self.flow, [command, "--with", with_kubernetes, "--run-id-file", "run-id"],
+                       self.workdir, env, timeout_s=timeout_s)
+        res.elapsed = time.monotonic() - started
+        res.output = res.stdout + res.stderr
+        id_file = self.workdir / "run-id"
+        self.run_id = id_file.read_text().strip() if id_file.exists() else None
+        return res
+
+    def cli(self, *args):
+        return metaflow(self.flow, list(args), self.workdir, self.env)
+
+    def client(self, expr):
+        """Evaluates `expr` with `run` bound to this run in the Metaflow client; JSON back."""
+        code = ("import json\nfrom metaflow import Run, namespace\nnamespace(None)\n"
+                "run = Run('%s/%s')\nprint(json.dumps(%s))\n"
+                % (FLOW_NAMES[self.flow], self.run_id, expr))
+        res = subprocess.run([sys.executable, "-c", code], cwd=self.workdir, env=self.env,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return json.loads(res.stdout.strip().splitlines()[-1])
+
+    def jobsets_of(self, step):
+        """The JobSets created for `step`, in order (annotation metaflow/step_name)."""
+        return [js for js in self.kubernetes.created
+                if js["metadata"]["annotations"].get("metaflow/step_name") == step]
+
+
+def replicated(jobset, name):
+    [rjob] = [r for r in jobset["spec"]["replicatedJobs"] if r["name"] == name]
+    return rjob
+
+
+def container(jobset, name):
+    return replicated(jobset, name)["template"]["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(jobset, name):
+    return {e["name"]: e.get("value") for e in container(jobset, name)["env"]}
+
+
+@pytest.fixture(scope="module")
+def shared(aws, tmp_path_factory):
+    """One 2 x 2 run that succeeds, checked by several tests."""
+    tmp = tmp_path_factory.mktemp("k8s-shared")
+    with KubernetesEmulator(image_env=aws.container_env, workdir=tmp / "k8s") as kubernetes:
+        gang = KubernetesRun(aws, kubernetes, tmp, "k8s_gang_flow.py")
+        res = gang.run()
+        yield gang, res
+
+
+def test_two_nodes_of_two_processes_are_one_jobset_and_one_task(shared):
+    gang, res = shared
+    assert res.returncode == 0, res.output
+    [jobset] = gang.jobsets_of("train")
+    validate_jobset(jobset)  # as created, against the JobSet CRD's published schema
+    assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+    assert [(r["name"], r["replicas"]) for r in jobset["spec"]["replicatedJobs"]] == [
+        ("control", 1), ("worker", 1)]
+    # the control pod runs the task's own step command; the worker pod, the node agent
+    control = container(jobset, "control")["command"][-1]
+    worker = container(jobset, "worker")["command"][-1]
+    assert " step train " in control and "spin-step" not in control
+    assert " spin-step train " in worker and " step train " not in worker
+    assert "-node-$((MF_WORKER_REPLICA_INDEX+1))" in worker
+    assert json.loads(env_of(jobset, "control")[MAIN_ENV])["nodes"] == 2
+    assert MAIN_ENV not in env_of(jobset, "worker")
+    # start and end are plain steps: plain Jobs, not JobSets
+    assert len(gang.kubernetes.created) == 1
+
+    places = gang.client("run['train'].task['places'].data")
+    assert [p["rank"] for p in places] == [0, 1, 2, 3]
+    assert [p["node_rank"] for p in places] == [0, 0, 1, 1]
+    pods = [p["pod"] for p in places]
+    assert pods[0] == pods[1] and pods[2] == pods[3] and pods[0] != pods[2]
+    assert "-control-0-0-" in pods[0] and "-worker-0-0-" in pods[2]
+    assert {p["jobset"] for p in places} == {jobset["metadata"]["name"]}
+    assert {p["world_size"] for p in places} == {4}
+    # every rank reached node 0 at the control pod's address (resolved from its DNS name)
+    assert len({tuple(p["master"]) for p in places}) == 1
+    assert gang.client("run['train'].task['total'].data") == 10.0
+    # one task for the gang: the agent's hidden task never reaches the metadata
+    task_id = jobset["metadata"]["annotations"]["metaflow/control-task-id"]
+    assert gang.client("[t.id for t in run['train']]") == [task_id]
+
+
+def test_the_gangs_card_shows_the_jobset_and_its_pods(shared):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import card
+
+    gang, res = shared
+    assert res.returncode == 0, res.output
+    # (Metaflow's @card cannot render inside this emulation, as with AWS Batch: the card's data
+    # is built here from the record the task kept.)
+    record = gang.client("run['train'].task['_torch_distributed_gang'].data")
+    data = card.card_data(record, [])
+    assert ["Nodes run", "as one Kubernetes JobSet"] in data["topology"]
+    pods = gang.client("[p['pod'] for p in run['train'].task['places'].data]")
+    assert [row[4] for row in data["nodes"]] == ["pod %s" % pods[0], "pod %s" % pods[2]]
+
+
+def test_every_rank_of_every_pod_is_in_the_task_log(shared):
+    gang, res = shared
+    assert res.returncode == 0, res.output
+    for rank in range(4):  # tailed while the JobSet runs ...
+        assert "[rank %d] rank %d says hello" % (rank, rank) in res.output
+    assert "[node 1 agent] joined the gang of node 0" in res.output
+    out = gang.cli("logs", "--stdout", "%s/train" % gang.run_id)
+    err = gang.cli("logs", "--stderr", "%s/train" % gang.run_id)
+    assert out.returncode == 0 and err.returncode == 0, out.stderr + err.stderr
+    for rank in range(4):  # ... and kept in the task's own log, stdout and stderr apart
+        assert "[rank %d] rank %d says hello from pod" % (rank, rank) in out.stdout
+        assert "[rank %d] rank %d writes to stderr" % (rank, rank) in err.stdout
+    assert "writes to stderr" not in out.stdout
+
+
+def test_a_one_node_gang_stays_one_pod(aws, kubernetes, tmp_path):
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    res = gang.run(TD_NODES=1, TD_NPROC=2)
+    assert res.returncode == 0, res.output
+    assert kubernetes.created == []  # no JobSet: the step is an ordinary Job of one pod
+    assert sum(r.startswith("POST /apis/batch/v1/") for r in kubernetes.requests) == 3
+    places = gang.client("run['train'].task['places'].data")
+    assert [(p["rank"], p["node_rank"]) for p in places] == [(0, 0), (1, 0)]
+    assert len({p["pod"] for p in places}) == 1 and places[0]["jobset"] is None
+    assert gang.client("run['train'].task['total'].data") == 3.0
+
+
+def test_a_gpu_gang_is_warned_about_shared_memory_and_needs_its_gpus_on_each_pod(
+        aws, kubernetes, tmp_path):
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    res = gang.run(with_kubernetes="kubernetes:gpu=2")  # the flow's 2 processes per node
+    assert res.returncode != 0
+    # said once, by the run, before anything starts
+    assert res.output.count("its GPU gang runs in pods with the default 64 MiB of shared "
+                            "memory") == 1
+    # one process per GPU on each of the 2 pods; the emulated pods show no GPU
+    assert "the gang needs 2 GPUs on this node (2 nodes x 2 processes per node = world size " \
+           "4, from @kubernetes(gpu=2)) but it shows 0" in res.output
+    [jobset] = gang.jobsets_of("train")
+    assert [r["replicas"] for r in jobset["spec"]["replicatedJobs"]] == [1, 1]
+
+
+def test_a_failing_rank_on_the_worker_pod_fails_the_jobset_and_retry_creates_a_new_one(
+        aws, kubernetes, tmp_path):
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    res = gang.run(TD_FAIL_RANK=2, TD_FAIL_ATTEMPT=0, TD_RETRIES=1)
+    assert res.returncode == 0, res.output
+    # attempt 0 failed with the worker's root cause, traceback and last words in the task log
+    assert "rank 2 (node 1, local rank 0) raised ValueError: injected failure on rank 2" \
+        in res.output
+    assert "[rank 2] last words of rank 2" in res.output
+    assert 'raise ValueError("injected failure on rank %d" % rank)' in res.output
+    # the retry was a new JobSet of two pods, under a new store port
+    first, second = gang.jobsets_of("train")
+    assert first["metadata"]["name"] != second["metadata"]["name"]
+    assert [js["metadata"]["annotations"]["metaflow/attempt"] for js in (first, second)] == [
+        "0", "1"]
+    ports = [json.loads(env_of(js, "control")[MAIN_ENV])["master_port"] for js in (first, second)]
+    assert ports[0] != ports[1]
+    assert gang.client("run['train'].task['attempt'].data") == 1
+    assert gang.client("run['train'].task['total'].data") == 10.0
+
+
+def test_a_worker_pod_that_never_starts_fails_the_step_at_the_rendezvous_timeout(
+        aws, start_kubernetes, tmp_path):
+    kubernetes = start_kubernetes(hold_pods=[("worker", 0)])
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    res = gang.run(TD_RENDEZVOUS_TIMEOUT=8)
+    assert res.returncode != 0
+    assert "did not join the gang within the rendezvous timeout of 8.0s" in res.output
+    assert "Missing: node 1 (ranks 2-3)" in res.output
+    [jobset] = gang.jobsets_of("train")
+    [worker] = [p for p in kubernetes.pods(jobset["metadata"]["name"])
+                if p.replicated_job == "worker"]
+    assert worker.process is None  # it never ran; the failed JobSet took it down
+
+
+def test_a_foreach_of_two_queued_gangs_is_two_jobsets_that_start_late_without_timing_out(
+        aws, start_kubernetes, tmp_path):
+    # Kueue keeps each JobSet suspended for longer than the rendezvous timeout: the timeout
+    # counts from when node 0's pod runs, not while the JobSet waits in the queue.
+    kubernetes = start_kubernetes(queue_admission_s=25)
+    run = KubernetesRun(aws, kubernetes, tmp_path, "k8s_foreach_flow.py")
+    run.env["METAFLOW_KUBERNETES_LABELS"] = "%s=team-a" % QUEUE_LABEL
+    res = run.run(timeout_s=240, TD_RENDEZVOUS_TIMEOUT=20)
+    assert res.returncode == 0, res.output
+    jobsets = run.jobsets_of("train")
+    assert len(jobsets) == 2
+    for jobset in jobsets:
+        validate_jobset(jobset)
+        assert jobset["metadata"]["labels"][QUEUE_LABEL] == "team-a"  # passed through
+    assert "Jobset is waiting to be unsuspended" in res.output  # the run says it is queued
+    # the control pod of each JobSet runs the task's own command, with its own split index
+    controls = [container(js, "control")["command"][-1] for js in jobsets]
+    assert sorted("--split-index 0" in c for c in controls) == [False, True]
+    assert sorted("--split-index 1" in c for c in controls) == [False, True]
+    results = run.client("run['join'].task['results'].data")
+    assert [(lr, total) for lr, total, _ in results] == [(0.1, pytest.approx(0.2)),
+                                                         (0.2, pytest.approx(0.4))]
+    for lr, _, seen in results:
+        assert [s[0] for s in seen] == [lr, lr]  # both ranks of a gang got its input
+        assert len({s[2] for s in seen}) == 1  # both nodes in one JobSet
+    assert len({s[2] for _, _, seen in results for s in seen}) == 2
+    assert len({s[1] for _, _, seen in results for s in seen}) == 2  # a port per gang
+    # the join got one input per gang: the worker pods are not tasks
+    assert len(run.client("[t.id for t in run['train']]")) == 2
+
+
+def test_a_worker_pod_that_freezes_is_caught_by_its_heartbeat(aws, kubernetes, tmp_path):
+    import threading
+
+    import psutil
+
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(
+        res=gang.run(TD_BUSY=120, METAFLOW_TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT=3)))
+    runner.start()
+    worker = wait_for(lambda: next((p for js in list(kubernetes.controller.jobsets.values())
+                                    for p in js.pods if p.replicated_job == "worker"
+                                    and p.process is not None), None), 120, "the worker pod")
+    log = kubernetes.pod_dir(worker.name) / "log"
+    wait_for(lambda: "[node 1 agent] joined the gang of node 0" in _read(log) and
+             "[rank 3] rank 3 says hello" in _read(log), 120, "node 1 to join and start")
+    pod_dir = str(kubernetes.pod_dir(worker.name))
+    frozen = [p for p in psutil.process_iter(["cwd"]) if (p.info["cwd"] or "").startswith(pod_dir)]
+    assert frozen
+    stopped_at = time.monotonic()
+    for p in frozen:  # the pod hangs as a whole: no exit, no report, no heartbeat
+        p.suspend()
+    try:
+        runner.join(150)
+    finally:
+        for p in frozen:
+            if p.is_running():
+                p.kill()
+    res = outcome["res"]
+    assert res.returncode != 0
+    assert "node 1 stopped sending heartbeats 3.0s ago" in res.output, res.output
+    assert time.monotonic() - stopped_at < 60
+
+
+def test_an_evicted_worker_pod_fails_the_step_and_resume_reruns_the_gang(aws, kubernetes,
+                                                                         tmp_path):
+    import threading
+
+    from kubernetes import client, config
+
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(res=gang.run(TD_BUSY=120)))
+    runner.start()
+    worker = wait_for(lambda: next((p for js in list(kubernetes.controller.jobsets.values())
+                                    for p in js.pods if p.replicated_job == "worker"
+                                    and p.process is not None), None), 120, "the worker pod")
+    wait_for(lambda: "joined the gang of node 0" in _read(kubernetes.pod_dir(worker.name) / "log"),
+             120, "node 1 to join")
+    api = client.CoreV1Api(config.new_client_from_config(str(kubernetes.kubeconfig)))
+    api.delete_namespaced_pod(worker.name, "default")  # as an eviction or preemption does
+    runner.join(150)
+    res = outcome["res"]
+    assert res.returncode != 0
+    [jobset] = gang.jobsets_of("train")
+    status = kubernetes.controller.get("default", jobset["metadata"]["name"])["status"]
+    assert status["terminalState"] == "Failed"
+    assert worker.reason == "Evicted" and worker.phase == "Failed"
+
+    failed_run = gang.run_id
+    res = gang.run(command="resume")  # start is cloned; train runs as a new JobSet
+    assert res.returncode == 0, res.output
+    assert gang.run_id != failed_run
+    assert len(gang.jobsets_of("train")) == 2
+    assert gang.client("run['train'].task['total'].data") == 10.0
+    assert len(gang.client("[t.id for t in run['train']]")) == 1
+
+
+def _read(path):
+    return path.read_text(errors="replace") if path.exists() else ""
