@@ -105,15 +105,22 @@ def input_path_vars(env):
     return [name for _, name in sorted(found)]
 
 
+def main_node_env(environ, name, step_name):
+    """The gang's plan that the submission put in node 0's environment variable `name`, when
+    this process is node 0 of `step_name`'s job (AWS Batch or a Kubernetes JobSet), else None."""
+    raw = environ.get(name)
+    if raw is None:
+        return None
+    plan = json.loads(raw)
+    return plan if plan["step"] == step_name else None
+
+
 def main_node_plan(environ, step_name):
     """(nodes, port, secret) when this process is node 0 of this step's multi-node job, else
     None. The port is None when the job was compiled before its run existed (Step Functions):
     node 0 derives it from its task (naming.remote_port), as its agents do (resolve_node)."""
-    raw = environ.get(MAIN_NODE_ENV)
-    if raw is None:
-        return None
-    plan = json.loads(raw)
-    if plan["step"] != step_name:
+    plan = main_node_env(environ, MAIN_NODE_ENV, step_name)
+    if plan is None:
         return None
     found = int(environ.get(NUM_NODES, "0") or 0)
     if found != plan["nodes"]:

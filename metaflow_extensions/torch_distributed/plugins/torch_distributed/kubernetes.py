@@ -49,11 +49,8 @@ MIN_SHARED_MEMORY_MIB = 1024
 def main_node_plan(environ, step_name):
     """(nodes, port, secret) when this process is node 0 (the control pod) of this step's
     JobSet, else None."""
-    raw = environ.get(MAIN_NODE_ENV)
-    if raw is None:
-        return None
-    plan = json.loads(raw)
-    if plan["step"] != step_name:
+    plan = batch.main_node_env(environ, MAIN_NODE_ENV, step_name)
+    if plan is None:
         return None
     found = environ.get(NUM_NODES)
     if found != str(plan["nodes"]):
