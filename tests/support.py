@@ -1,4 +1,5 @@
-"""Running real flows through Metaflow's CLI for end-to-end tests, in an isolated folder."""
+"""Running real flows through Metaflow's CLI, bounded and isolated (the e2e tests' FlowRunner,
+the emulation tests' `metaflow`), and the one check that a test left no process running."""
 
 import json
 import os
@@ -59,11 +60,9 @@ class FlowRunner:
 
     def cli(self, name, *args, env=None, timeout=240):
         path = self.flow_path(name)
-        started = time.monotonic()
-        proc = subprocess.run([sys.executable, str(path), "--no-pylint", *args],
-                              cwd=self.root, env=self.env(env), capture_output=True, text=True,
-                              timeout=timeout)
-        return Result(proc, time.monotonic() - started, proc.stdout, proc.stderr)
+        proc, elapsed = run_bounded([sys.executable, str(path), "--no-pylint", *args],
+                                    self.root, self.env(env), timeout)
+        return Result(proc, elapsed, proc.stdout, proc.stderr)
 
     def run(self, name, *args, env=None, timeout=240):
         return self.cli(name, "run", *args, env=env, timeout=timeout)
@@ -90,25 +89,106 @@ class FlowRunner:
 
     def leftovers(self):
         """Processes still running from this test's folder."""
-        found = []
-        for p in psutil.process_iter(["pid", "cmdline"]):
-            try:
-                if any(str(self.root) in part for part in (p.info["cmdline"] or [])):
-                    found.append(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        return found
+        return live_processes(started_in(self.root))
 
     def assert_no_leftovers(self, wait=5.0):
-        deadline = time.monotonic() + wait
-        while True:
-            left = self.leftovers()
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        for p in left:
-            p.kill()
-        assert not left, "processes left behind: %s" % [p.info for p in left]
+        assert_none_left(started_in(self.root), "processes left behind", wait)
+
+
+# -- the one runner of a flow's CLI -----------------------------------------------------------
+
+RUN_TIMEOUT_S = 120
+KILL_GRACE_S = 10
+
+
+def isolated_env(*layers, home):
+    """The test's environment without any Metaflow or AWS settings, then `layers`, with an
+    empty Metaflow home (no ~/.metaflowconfig profile can leak in)."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("METAFLOW_", "AWS_"))}
+    for layer in layers:
+        env.update(layer)
+    env["METAFLOW_HOME"] = str(home)
+    env["METAFLOW_USER"] = "tester"
+    return env
+
+
+def run_bounded(argv, cwd, env, timeout_s=RUN_TIMEOUT_S):
+    """Run `argv` in its own session, so that a hung run is stopped with every process it
+    started: SIGTERM first (Metaflow's atexit hook then stops its remote jobs), SIGKILL after
+    KILL_GRACE_S. Returns (CompletedProcess, seconds); a run past `timeout_s` fails the test
+    with its output."""
+    import pytest
+
+    started = time.monotonic()
+    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = process.communicate(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate(timeout=KILL_GRACE_S)
+        pytest.fail("%s timed out after %d s\n%s\n%s" % (argv, timeout_s, stdout, stderr))
+    elapsed = time.monotonic() - started
+    return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr), elapsed
+
+
+def metaflow(flow, args, cwd, env, timeout_s=RUN_TIMEOUT_S):
+    """`python flow --no-pylint args...`, bounded (run_bounded)."""
+    done, _ = run_bounded([sys.executable, flow, "--no-pylint", *args], cwd, env, timeout_s)
+    return done
+
+
+# -- the one check that nothing is left running --------------------------------------------------
+
+def live_processes(where):
+    """Live processes (not zombies) for which `where(process)` holds; `process.info` has its
+    pid, cmdline and environ (None where it cannot be read)."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline", "environ", "status"]):
+        try:
+            if process.info["status"] != psutil.STATUS_ZOMBIE and where(process):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def started_in(folder):
+    """Processes whose command line names a path under `folder` (a test's own flows)."""
+    return lambda p: any(str(folder) in part for part in (p.info["cmdline"] or []))
+
+
+def with_env(name, value):
+    """Processes whose environment has `name` set to `value` (an emulator's marker)."""
+    return lambda p: (p.info["environ"] or {}).get(name) == value
+
+
+def descendants():
+    """Processes this test process started, directly or not (taken now)."""
+    pids = {child.pid for child in psutil.Process().children(recursive=True)}
+    return lambda p: p.pid in pids
+
+
+def assert_none_left(where, what, wait=5.0):
+    """Wait up to `wait` s for the processes `where` selects to end; kill any still running and
+    fail naming them."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = live_processes(where)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for process in left:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not left, "%s: %s" % (what, [(p.pid, p.info["cmdline"]) for p in left])
 
 
 def _like_a_terminal():

@@ -11,7 +11,6 @@ is written from it by bench/fault_table.py).
 
 import json
 import os
-import subprocess
 import time
 
 import psutil
@@ -65,22 +64,11 @@ def _cases():
                                    id="rank%d-%s-%s" % (rank, when, how))
 
 
-def run_bounded(flow_runner, env, *args, bound=RUN_BOUND):
-    """Run gang_flow.py; kill the whole process tree if it is still running after `bound`
-    seconds. Returns (returncode or None if it had to be killed, output)."""
-    proc = flow_runner.popen("gang_flow.py", "run", *args, env=env)
-    try:
-        out, err = proc.communicate(timeout=bound)
-        return proc.returncode, out + err
-    except subprocess.TimeoutExpired:
-        tree = [proc] + psutil.Process(proc.pid).children(recursive=True)
-        for p in tree:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        out, err = proc.communicate()
-        return None, out + err
+def run_gang(flow_runner, env, *args, bound=RUN_BOUND):
+    """Run gang_flow.py: (returncode, output). A run still going after `bound` seconds is
+    stopped with everything it started, and the test fails (tests/support.py)."""
+    res = flow_runner.cli("gang_flow.py", "run", *args, env=env, timeout=bound)
+    return res.returncode, res.output
 
 
 def failing_env(rank, when, how, **extra):
@@ -102,12 +90,11 @@ def report(case, **fields):
 @pytest.mark.parametrize("rank, when, how", list(_cases()))
 def test_failing_rank_fails_the_gang(flow_runner, rank, when, how):
     bound = HANG_AFTER_BODY_BOUND if (when, how) == ("after_body", "hang") else RUN_BOUND
-    code, output = run_bounded(flow_runner, failing_env(rank, when, how), bound=bound)
+    code, output = run_gang(flow_runner, failing_env(rank, when, how), bound=bound)
     ended = time.time()
     failed_at = flow_runner.failed_at()
-    latency = None if code is None or failed_at is None else ended - failed_at
+    latency = None if failed_at is None else ended - failed_at
     report(dict(rank=rank, when=when, how=how), returncode=code, latency=latency)
-    assert code is not None, "the run did not end within %ss\n%s" % (bound, output[-6000:])
     assert code != 0, output[-6000:]
     assert failed_at is not None, output[-6000:]
     limit = DETECTION_BOUND + (PG_TIMEOUT if how == "hang" and when != "after_body" else 0) \
@@ -139,8 +126,8 @@ def test_failing_rank_fails_the_gang(flow_runner, rank, when, how):
 
 @pytest.mark.parametrize("rank, how", [(0, "raise"), (2, "sigkill")])
 def test_failed_attempt_shows_no_artifacts(flow_runner, rank, how):
-    code, output = run_bounded(flow_runner, failing_env(rank, "after_body", how))
-    assert code not in (None, 0), output[-6000:]
+    code, output = run_gang(flow_runner, failing_env(rank, "after_body", how))
+    assert code != 0, output[-6000:]
     got = flow_runner.client(TRAIN + "result = dict(ok=t.successful, names=sorted(a.id for a in t))")
     assert not got["ok"]
     assert not BODY_ARTIFACTS & set(got["names"]), got
@@ -155,7 +142,7 @@ def test_failed_attempt_shows_no_artifacts(flow_runner, rank, how):
     (1, "before_init", "raise"),
 ])
 def test_retry_after_each_kind_of_failure(flow_runner, rank, when, how):
-    code, output = run_bounded(
+    code, output = run_gang(
         flow_runner, failing_env(rank, when, how, TD_FAIL_ATTEMPT=0),
         "--with", "retry:times=1,minutes_between_retries=0")
     assert code == 0, output[-6000:]
@@ -178,12 +165,12 @@ RAISED_BOUND = 4.0
 
 @pytest.mark.parametrize("when, how", RAISED_CASES)
 def test_a_raise_fails_the_gang_before_its_process_is_gone(flow_runner, when, how):
-    code, output = run_bounded(flow_runner, failing_env(2, when, how))
+    code, output = run_gang(flow_runner, failing_env(2, when, how))
     ended = time.time()
     failed_at = flow_runner.failed_at()
-    latency = None if code is None or failed_at is None else ended - failed_at
+    latency = None if failed_at is None else ended - failed_at
     report(dict(rank=2, when=when, how=how), returncode=code, latency=latency)
-    assert code not in (None, 0), output[-6000:]
+    assert code != 0, output[-6000:]
     assert failed_at is not None, output[-6000:]
     assert "ValueError: injected failure on rank 2" in output, output[-6000:]
     assert "Traceback" in output and WHERE[2] in output, output[-6000:]
@@ -200,8 +187,8 @@ def test_a_rank_hung_after_its_body_is_failed_after_the_finish_timeout_not_the_r
     # the join deadline stays long; only the finish timeout is short
     env = failing_env(2, "after_body", "hang", TD_RDZV_TIMEOUT=300, TD_FINISH_TIMEOUT=5)
     begun = time.time()
-    code, output = run_bounded(flow_runner, env, bound=HANG_AFTER_BODY_BOUND)
-    assert code not in (None, 0), output[-6000:]
+    code, output = run_gang(flow_runner, env, bound=HANG_AFTER_BODY_BOUND)
+    assert code != 0, output[-6000:]
     assert time.time() - begun < HANG_AFTER_BODY_BOUND
     assert "did not finish its step body within 5.0s after rank 0 finished its own" in output, \
         output[-6000:]

@@ -7,7 +7,7 @@ import pytest
 from .aws import AwsEmulation, moto_aws
 from .batch_emulator import BatchEmulator, EmulatorError
 from .k8s_api import EmulatorError as KubernetesEmulatorError, KubernetesEmulator
-from .probes import processes_of, processes_with
+from tests.support import assert_none_left, with_env
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,9 @@ def start_emulator(aws, tmp_path) -> Iterator[Callable[..., BatchEmulator]]:
             emulator.close()
         except EmulatorError as error:
             failures.append(error)
-    leftovers = [process for url in urls for process in processes_of(url)]
-    assert not leftovers, "emulator left processes behind: %s" % leftovers
+    for url in urls:
+        assert_none_left(with_env("AWS_ENDPOINT_URL_BATCH", url),
+                         "emulator left processes behind", wait=0)
     assert not failures, failures
 
 
@@ -71,10 +72,9 @@ def start_kubernetes(aws, tmp_path) -> Iterator[Callable[..., KubernetesEmulator
         except KubernetesEmulatorError as error:
             failures.append(error)
     # every process of a pod (ranks included) inherits the pod's DNS records variable
-    leftovers = [process for emulator in started
-                 for process in processes_with("K8S_EMULATOR_DNS_RECORDS",
-                                               str(emulator.dns_records))]
-    assert not leftovers, "emulator left processes behind: %s" % leftovers
+    for emulator in started:
+        assert_none_left(with_env("K8S_EMULATOR_DNS_RECORDS", str(emulator.dns_records)),
+                         "emulator left processes behind", wait=0)
     assert not failures, failures
 
 

@@ -8,6 +8,8 @@ from collections.abc import Callable
 import psutil
 import pytest
 
+from tests.support import live_processes, with_env
+
 
 def wait_for(probe: Callable[[], object], timeout_s: float = 10.0, what: str = "condition"):
     """Polls `probe` until it returns something truthy; fails the test after `timeout_s`."""
@@ -28,10 +30,4 @@ def processes_of(emulator_url: str) -> list[psutil.Process]:
 
 def processes_with(name: str, value: str) -> list[psutil.Process]:
     """Live processes whose environment has `name` set to `value`."""
-    found = []
-    for process in psutil.process_iter(["environ", "status"]):
-        environ = process.info["environ"] or {}
-        alive = process.info["status"] != psutil.STATUS_ZOMBIE
-        if alive and environ.get(name) == value:
-            found.append(process)
-    return found
+    return live_processes(with_env(name, value))

@@ -12,7 +12,7 @@ import pytest
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import card
 
 from .aws import validate_request
-from .mfrun import isolated_env, metaflow
+from tests.support import isolated_env, metaflow
 from .probes import wait_for
 
 FLOWS = Path(__file__).parent / "flows"

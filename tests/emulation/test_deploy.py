@@ -19,7 +19,7 @@ import pytest
 
 from . import sfn
 from .aws import validate_request
-from .mfrun import isolated_env, metaflow
+from tests.support import isolated_env, metaflow
 
 FLOWS = Path(__file__).parent / "flows"
 GOLDEN = Path(__file__).parent / "golden"

@@ -14,7 +14,7 @@ import pytest
 
 from .jobset_controller import validate_jobset
 from .k8s_api import KubernetesEmulator
-from .mfrun import isolated_env, metaflow
+from tests.support import isolated_env, metaflow
 from .probes import wait_for
 
 FLOWS = Path(__file__).parent / "flows"

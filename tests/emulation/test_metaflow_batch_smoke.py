@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .mfrun import isolated_env, metaflow
+from tests.support import isolated_env, metaflow
 
 FLOW = Path(__file__).parent / "flows" / "batch_smoke_flow.py"
 

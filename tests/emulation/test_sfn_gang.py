@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import sfn
 from .aws import client, validate_request
-from .mfrun import isolated_env, metaflow
+from tests.support import isolated_env, metaflow
 from .test_batch_emulator import wait_status
 
 FLOWS = Path(__file__).parent / "flows"
