@@ -13,6 +13,7 @@ from metaflow.plugins.aws.batch.batch_client import BatchJob
 from metaflow.plugins.aws.step_functions import step_functions
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import (
     batch,
+    launch,
     naming,
     stepfunctions,
 )
@@ -108,6 +109,16 @@ def test_an_agent_takes_its_task_from_its_spin_step_and_meets_node_0():
     assert len(got.secret) == 32 and got.secret != "salt"
     retried = batch.resolve_node(spec, env, dict(params, retry_count=2), [])
     assert retried.secret not in (got.secret, "salt")
+    # node 0 places itself from the same job's plan and its own task: the same port and secret
+    node_env = {batch.MAIN_NODE_ENV: json.dumps({"step": "train", "nodes": 2,
+                                                 "master_port": None, "secret": "salt"}),
+                batch.NUM_NODES: "2", "MF_PARALLEL_MAIN_IP": "10.0.0.5"}
+    identity = launch.TaskIdentity(run_id="sfn-x", task_id="0f1e", input_paths="",
+                                   split_index=3, retry_count=1, max_user_code_retries=2,
+                                   namespace=None, orig_datastore="s3@s3://b/mf")
+    place = batch.node_zero("train", node_env, identity, None)
+    assert (place.master_addr, place.port, place.secret, place.backend) == (
+        "10.0.0.5", got.master_port, got.secret, "batch")
     # a `run --with batch` agent keeps what it was submitted with
     assert batch.resolve_node(agent_spec(), env, params, []).gang_id == "g"
 

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from . import internals, naming
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
-from .launch import GangSpec, TaskIdentity, spin_env_additions, spin_step_options
+from .launch import GangSpec, NodeZero, TaskIdentity, spin_env_additions, spin_step_options
 
 # Set by the decorator's runtime_step_cli on the trampoline of a multi-node step (the step's name).
 TRAMPOLINE_ENV = "METAFLOW_TORCH_DISTRIBUTED_BATCH_STEP"
@@ -129,6 +129,22 @@ def main_node_plan(environ, step_name):
             "job was not submitted by this version of @torch_distributed; rerun the step."
             % (plan["nodes"], found, NUM_NODES, environ.get(NUM_NODES)))
     return plan["nodes"], plan["master_port"], plan["secret"]
+
+
+def node_zero(step_name, environ, identity, settings):
+    """The NodeZero of this process when it is node 0 of `step_name`'s AWS Batch multi-node
+    job (the task `identity`), else None. The port and secret come from the submission, which
+    gave the agents the same; a job compiled before its run existed (Step Functions) carries
+    no port and a salt, and node 0 derives both from its task, as its agents do."""
+    plan = main_node_plan(environ, step_name)
+    if plan is None:
+        return None
+    _, port, secret = plan
+    if port is None:
+        run, task, retry = identity.run_id, identity.task_id, identity.retry_count
+        port = naming.remote_port(run, step_name, task, retry)
+        secret = naming.attempt_secret(secret, naming.gang_id(run, step_name, task, retry))
+    return NodeZero(main_node_address(environ), port, secret, "batch")
 
 
 def main_node_address(environ):

@@ -10,11 +10,15 @@ from . import current as current_mod
 from . import frameworks, internals
 from . import schedulers, settings, stepfunctions
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
-from .launch import GangSpec, current_task_identity
+from .launch import GangSpec, NodeZero, current_task_identity
 from .topology import Topology, plan_line, plan_topology
 from .usertimer import PausedTimer
 from .versions import check_metaflow_version
 
+
+# The backends whose nodes are machines of their own, by GangSpec.backend: each places node 0
+# (node_zero: None when this process is not its node 0) and a node agent (resolve_node).
+REMOTE_BACKENDS = {"batch": batch, "kubernetes": kubernetes}
 
 
 class TorchDistributedDecorator(StepDecorator):
@@ -182,46 +186,34 @@ class TorchDistributedDecorator(StepDecorator):
         identity = current_task_identity(internals.step_kwargs(), retry_count,
                                          max_user_code_retries,
                                          internals.orig_datastore(self.flow_datastore))
-        remote = batch.main_node_plan(os.environ, self.step_name)
-        on_kubernetes = kubernetes.main_node_plan(os.environ, self.step_name)
-        if on_kubernetes is not None:  # node 0, the control pod of a Kubernetes JobSet
-            accelerator, blocks = self._node_devices(), {}
-            # the port and secret the worker pods got from the same submission
-            port, secret, backend = on_kubernetes[1], on_kubernetes[2], "kubernetes"
-            master_addr = kubernetes.resolve_master(self.step_name, 0, os.environ,
-                                                    self.settings.rendezvous_timeout_s)
-        elif remote is None:  # every node on this host
+        place = next((p for p in (backend.node_zero(self.step_name, os.environ, identity,
+                                                    self.settings)
+                                   for backend in REMOTE_BACKENDS.values()) if p), None)
+        if place is None:  # every node on this host
             schedulers.check_single_host(self.step_name, self.topology, os.environ,
                                          _rehearsal())
             accelerator, blocks = self._local_devices()
-            master_addr, port, backend = "127.0.0.1", 0, "local"
-            secret = naming.new_secret()
-        else:  # node 0 of an AWS Batch multi-node job
+            place = NodeZero("127.0.0.1", 0, naming.new_secret(), "local")
+        else:  # node 0 of a multi-node job or JobSet, on its own machine
             accelerator, blocks = self._node_devices(), {}
-            port, secret = remote[1], remote[2]  # the agents got the same from the submission
-            if port is None:  # Step Functions: the run and task exist only now
-                port = naming.remote_port(identity.run_id, self.step_name, identity.task_id,
-                                          retry_count)
-                secret = naming.attempt_secret(secret, naming.gang_id(
-                    identity.run_id, self.step_name, identity.task_id, retry_count))
-            master_addr, backend = batch.main_node_address(os.environ), "batch"
         fields = dict(
             self._common_fields(),
-            master_addr=master_addr,
+            master_addr=place.master_addr,
             gang_id=naming.gang_id(identity.run_id, self.step_name, identity.task_id,
                                    retry_count),
-            secret=secret,
+            secret=place.secret,
             restart_count=retry_count,
             accelerator=accelerator,
             start_method=devices.resolve_start_method(self.settings.start_method),
             task=identity.__dict__,
             top_args=internals.top_level_args(),
-            backend=backend,
+            backend=place.backend,
             checkpoint=checkpoints.gang_fields(current, os.environ),
         )
         leader = Leader(self.step_name, self.topology, fields, self.settings.abort_grace_s,
-                        self.name, blocks, port=port)
-        plan = plan_line(self.step_name, self.topology, accelerator, emulated=backend == "local")
+                        self.name, blocks, port=place.port)
+        plan = plan_line(self.step_name, self.topology, accelerator,
+                         emulated=place.backend == "local")
 
         caught = self.has_catch and retry_count >= max_user_code_retries
 
@@ -274,9 +266,8 @@ class TorchDistributedDecorator(StepDecorator):
     def _place_remote_agent(self, spec):
         """Complete the GangSpec of a node agent on its AWS Batch node or Kubernetes pod."""
         # spin-step keeps its options in its click context only (not in cli_args)
-        backend = batch if spec.backend == "batch" else kubernetes
-        spec = backend.resolve_node(spec, os.environ, internals.command_params(),
-                                    internals.top_level_args())
+        spec = REMOTE_BACKENDS[spec.backend].resolve_node(
+            spec, os.environ, internals.command_params(), internals.top_level_args())
         return GangSpec(**{**spec.__dict__, "accelerator": self._node_devices(),
                            "start_method": devices.resolve_start_method(spec.start_method),
                            "checkpoint": checkpoints.from_leader(spec)})

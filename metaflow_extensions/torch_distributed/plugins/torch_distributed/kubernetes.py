@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from . import batch, internals
 from .errors import TorchDistributedEnvironmentError
-from .launch import spin_env_additions
+from .launch import NodeZero, spin_env_additions
 
 # Set by the decorator's runtime_step_cli on the trampoline of a multi-node step (the step's name).
 TRAMPOLINE_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_STEP"
@@ -59,6 +59,17 @@ def main_node_plan(environ, step_name):
             "JobSet was not created by this version of @torch_distributed; rerun the step."
             % (plan["nodes"], found, NUM_NODES, found))
     return plan["nodes"], plan["master_port"], plan["secret"]
+
+
+def node_zero(step_name, environ, identity, settings):
+    """The NodeZero of this process when it is the control pod of `step_name`'s JobSet, else
+    None: the port and secret the worker pods got from the same submission, and the control
+    pod's own address as its DNS name resolves."""
+    plan = main_node_plan(environ, step_name)
+    if plan is None:
+        return None
+    master_addr = resolve_master(step_name, 0, environ, settings.rendezvous_timeout_s)
+    return NodeZero(master_addr, plan[1], plan[2], "kubernetes")
 
 
 def resolve_master(step_name, node, environ, timeout, resolve=socket.gethostbyname,

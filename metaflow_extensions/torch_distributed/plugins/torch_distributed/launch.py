@@ -65,6 +65,18 @@ class GangSpec:
 
 
 @dataclass(frozen=True)
+class NodeZero:
+    """Where node 0 hosts the gang's store, as its backend placed it: the address the other
+    nodes reach, the port (0: any free one, on this host), the attempt's secret, the backend
+    ("local", "batch" or "kubernetes")."""
+
+    master_addr: str
+    port: int
+    secret: str
+    backend: str
+
+
+@dataclass(frozen=True)
 class TaskIdentity:
     """The Metaflow task a gang belongs to, as the spin-step command needs it."""
 
