@@ -1,5 +1,6 @@
 """The @torch_distributed step decorator: validation, then a plan handed to the gang runner."""
 
+import dataclasses
 import os
 import sys
 
@@ -268,9 +269,10 @@ class TorchDistributedDecorator(StepDecorator):
         # spin-step keeps its options in its click context only (not in cli_args)
         spec = REMOTE_BACKENDS[spec.backend].resolve_node(
             spec, os.environ, internals.command_params(), internals.top_level_args())
-        return GangSpec(**{**spec.__dict__, "accelerator": self._node_devices(),
-                           "start_method": devices.resolve_start_method(spec.start_method),
-                           "checkpoint": checkpoints.from_leader(spec)})
+        return dataclasses.replace(
+            spec, accelerator=self._node_devices(),
+            start_method=devices.resolve_start_method(spec.start_method),
+            checkpoint=checkpoints.from_leader(spec))
 
     def _local_devices(self):
         """(accelerator, CUDA_VISIBLE_DEVICES per node) for a gang whose nodes share this host."""

@@ -6,6 +6,7 @@ other node is run by a node agent that starts that node's ranks the same way. Lo
 agent is a spin-step process on this host; remotely it is the node's container command.
 """
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -105,7 +106,7 @@ class NodeRunner:
         return self.slots
 
     def command(self, role, hidden_task_id, **fields):
-        spec = GangSpec(**{**self.spec.__dict__, "role": role, **fields})
+        spec = dataclasses.replace(self.spec, role=role, **fields)
         return member_command(spec, hidden_task_id, self.decorator_name, self.base_env)
 
     def _body(self, local_rank):
