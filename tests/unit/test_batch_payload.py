@@ -10,7 +10,7 @@ import pytest
 import metaflow  # noqa: F401  (loads the extension)
 from metaflow.plugins.aws.batch.batch import Batch
 from metaflow.plugins.aws.batch.batch_client import BatchJob
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import batch, naming
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import batch, naming, trampoline
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
     TorchDistributedEnvironmentError
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.launch import GangSpec, \
@@ -89,9 +89,9 @@ IDENTITY = TaskIdentity(run_id="5", task_id="7", input_paths="5/start/1", split_
 
 
 def test_agent_command_golden():
-    cmd = batch.agent_shell_command(
+    cmd = trampoline.agent_shell_command(
         "python -u flow.py", ["--datastore", "s3", "--with", "'batch:cpu=1'"], "train",
-        IDENTITY, ["METAFLOW_INPUT_PATHS_0", "METAFLOW_INPUT_PATHS_1"])
+        IDENTITY, ["METAFLOW_INPUT_PATHS_0", "METAFLOW_INPUT_PATHS_1"], batch.AGENT_TASK_ID)
     assert cmd == (
         "python -u flow.py --datastore s3 --with 'batch:cpu=1' spin-step train --run-id 5 "
         "--task-id 7-node-$AWS_BATCH_JOB_NODE_INDEX "
@@ -102,21 +102,21 @@ def test_agent_command_golden():
 
 def test_agent_command_quotes_what_bash_must_not_expand():
     identity = TaskIdentity(**{**IDENTITY.__dict__, "namespace": "a b$c", "split_index": 3})
-    cmd = batch.agent_shell_command("python -u flow.py", [], "train", identity,
-                                    ["METAFLOW_INPUT_PATHS_0"])
+    cmd = trampoline.agent_shell_command("python -u flow.py", [], "train", identity,
+                                         ["METAFLOW_INPUT_PATHS_0"], batch.AGENT_TASK_ID)
     assert "--namespace 'a b$c'" in cmd and "--split-index 3" in cmd
 
 
 def test_agent_command_refuses_an_unexpected_task_id():
     identity = TaskIdentity(**{**IDENTITY.__dict__, "task_id": "7; rm -rf /"})
     with pytest.raises(ValueError):
-        batch.agent_shell_command("python", [], "train", identity, [])
+        trampoline.agent_shell_command("python", [], "train", identity, [], batch.AGENT_TASK_ID)
 
 
 def test_input_path_variables_in_numeric_order():
     env = {"METAFLOW_INPUT_PATHS_10": "", "METAFLOW_INPUT_PATHS_2": "", "OTHER": "",
            "METAFLOW_INPUT_PATHS_0": ""}
-    assert batch.input_path_vars(env) == ["METAFLOW_INPUT_PATHS_0", "METAFLOW_INPUT_PATHS_2",
+    assert trampoline.input_path_vars(env) == ["METAFLOW_INPUT_PATHS_0", "METAFLOW_INPUT_PATHS_2",
                                           "METAFLOW_INPUT_PATHS_10"]
 
 

@@ -6,7 +6,7 @@ the step (`kubernetes step`, the trampoline) we make `Kubernetes.launch_job` bui
 Metaflow builds for `@parallel` with N nodes (replicated jobs `control` x 1 and `worker` x N-1),
 then keep the control pod's command, the task's own and unchanged (its task id and split
 index, also inside a foreach), and give the worker pods the node agent's command, a hidden
-`spin-step` of the same task, built from data (see batch.py for the shared parts).
+`spin-step` of the same task, built from data (trampoline.py holds what both remote backends build).
 
 On the pods: node 0 is the Metaflow task and hosts the gang's store on a port fixed by run,
 step, task and attempt (`naming.remote_port`). A worker's node is its job index + 1; the
@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import replace
 
-from . import batch, internals
+from . import internals, trampoline
 from .errors import TorchDistributedEnvironmentError
 from .launch import NodeZero, spin_env_additions
 
@@ -49,7 +49,7 @@ MIN_SHARED_MEMORY_MIB = 1024
 def main_node_plan(environ, step_name):
     """(nodes, port, secret) when this process is node 0 (the control pod) of this step's
     JobSet, else None."""
-    plan = batch.main_node_env(environ, MAIN_NODE_ENV, step_name)
+    plan = trampoline.main_node_env(environ, MAIN_NODE_ENV, step_name)
     if plan is None:
         return None
     found = environ.get(NUM_NODES)
@@ -146,8 +146,8 @@ def install_trampoline(step_name, nodes, spec_fields, decorator_name):
 
     def build(kube, jobset, create_args):
         cli = internals.TrampolineCli(step_name)
-        identity, spec = batch.trampoline_agent_spec(cli, step_name, spec_fields, "kubernetes")
-        entrypoint, top_args = batch.trampoline_entrypoint(cli, step_name)
+        identity, spec = trampoline.trampoline_agent_spec(cli, step_name, spec_fields, "kubernetes")
+        entrypoint, top_args = trampoline.trampoline_entrypoint(cli, step_name)
         gang_jobset(kube, jobset, create_args, identity, spec, entrypoint, top_args, nodes,
                     decorator_name)
 
@@ -160,8 +160,8 @@ def gang_jobset(kube, jobset, kw, identity, spec, entrypoint, top_args, nodes, d
     pod keeps the task's command and learns the gang's plan (its secret included: both come
     from this submission, and a retry is another one)."""
     step_name = kw["step_name"]
-    agent_cli = batch.agent_shell_command(entrypoint, top_args, step_name, identity,
-                                          batch.input_path_vars(kw["env"]),
+    agent_cli = trampoline.agent_shell_command(entrypoint, top_args, step_name, identity,
+                                          trampoline.input_path_vars(kw["env"]),
                                           hidden_pattern=_AGENT_TASK_ID)
     agent_command = internals.kubernetes_command(kube, kw, _AGENT_TASK_ID % identity.task_id,
                                                  [agent_cli])
