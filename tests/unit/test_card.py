@@ -241,7 +241,7 @@ def test_joining_a_group_is_noted_as_the_rank_enters_the_rendezvous(tmp_path):
 
     import torch.distributed as dist
 
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.frameworks import \
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.groupcheck import \
         run_body
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
 

@@ -19,7 +19,7 @@ import time
 import traceback
 
 from . import current as current_mod
-from . import events, frameworks, naming
+from . import events, groupcheck, naming
 from .control import ControlPlane, GangMismatch, bind_listener, is_port_in_use, \
     port_in_use_error
 from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
@@ -28,7 +28,8 @@ from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
 from .failures import (Failure, communication_error, from_exit, gang_outcome, load_exception,
                        root_cause)
 from .interrupt import BodyInterrupt
-from .launch import GangSpec, member_command
+from .gangspec import GangSpec
+from .spinstep import member_command
 from .procs import OutputPump, fork_member, run_member_body, spawn_member, stop_members
 from .remote_logs import LogReceiver, LogShipper
 from .supervisor import AgentWatch, LeaderWatch, Place, Slot
@@ -173,7 +174,7 @@ class NodeRunner:
 def run_rank_body(spec, topology, local_rank, step_func, args):
     """A rank's step body, its events recorded for the gang's card."""
     rank = topology.rank(spec.node, local_rank)
-    events.run_recorded(rank, events.rank_file(spec.work_dir, rank), lambda: frameworks.run_body(
+    events.run_recorded(rank, events.rank_file(spec.work_dir, rank), lambda: groupcheck.run_body(
         step_func, args, spec.step_name, topology, default_mode=spec.group_check_default,
         on_join=events.note_join))
 
