@@ -43,15 +43,16 @@ class Execution:
         return detail
 
 
-def compile_flow(aws, batch, tmp_path, flow):
-    """(state machine, environment) of `step-functions create --only-json` of `flow`."""
+def compile_flow(aws, batch, tmp_path, flow, flow_env=None):
+    """(state machine, environment) of `step-functions create --only-json` of `flow`;
+    `flow_env` (TD_* variables) is compiled into the job by the flow's @environment."""
     shutil.copy(FLOWS / flow, tmp_path)
     home = tmp_path / "metaflow-home"
     home.mkdir()
     env = isolated_env(aws.env, batch.env, {"METAFLOW_SFN_IAM_ROLE": aws.role_arn,
                                             "METAFLOW_EVENTS_SFN_ACCESS_IAM_ROLE": aws.role_arn,
                                             "METAFLOW_SFN_DYNAMO_DB_TABLE": TABLE},
-                       home=home)
+                       flow_env or {}, home=home)
     res = metaflow(flow, ["--datastore=s3", "step-functions", "create", "--only-json"],
                    tmp_path, env)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -92,6 +93,24 @@ def test_a_two_node_gang_runs_as_one_multi_node_job_of_the_state_machine(aws, ba
     assert {k.split("/")[4] for k in keys} == {train, train + "-node-1"}, keys
     assert {k.split("/")[5] for k in keys if "-node-1/" in k} == {
         "0.task_stdout.log", "0.task_stderr.log"}, keys
+
+
+def test_a_failing_rank_on_node_1_fails_the_gangs_job_with_its_root_cause(aws, batch,
+                                                                         tmp_path):
+    machine, _ = compile_flow(aws, batch, tmp_path, FLOW, {"TD_FAIL_RANK": "2"})
+    run = Execution(aws, batch, machine)
+    assert run.run_state("start")["status"] == "SUCCEEDED"
+    detail = run.run_state("train")
+    task_log = batch.node_log(run.jobs["train"], 0)
+    assert detail["status"] == "FAILED", task_log[-4000:]
+    # the task's log (node 0's) names the rank on node 1 that failed first, with its traceback
+    # and last words, as with `run --with batch`
+    assert "rank 2 (node 1, local rank 0) raised ValueError: injected failure on rank 2" \
+        in task_log, task_log[-4000:]
+    assert 'raise ValueError("injected failure on rank %d" % rank)' in task_log
+    assert "[rank 2] last words of rank 2" in task_log
+    # the job failed on node 0's verdict; it did not wait for a timeout
+    assert "rendezvous timeout" not in task_log and "heartbeat" not in task_log
 
 
 def test_a_foreach_of_multi_node_gangs_keeps_each_gangs_input_and_meets_at_the_join(
