@@ -100,14 +100,21 @@ def test_the_deployer_api_deploys_a_multi_node_gang_to_step_functions(aws, deplo
         "0:0", "1:1"]
 
 
-def test_a_gang_on_the_start_step_is_refused_on_step_functions(aws, deploy, tmp_path):
-    res = deploy("step-functions", nodes=2, flow="deploy_start_gang_flow.py")
+@pytest.mark.parametrize("flow, name, step", [
+    ("deploy_start_gang_flow.py", "DeployStartGangFlow", "start"),
+    ("deploy_join_gang_flow.py", "DeployJoinGangFlow", "join"),
+])
+def test_a_gang_on_the_start_step_or_a_join_is_refused_on_step_functions(aws, deploy, flow,
+                                                                         name, step):
+    stored = _bucket_keys(aws)
+    res = deploy("step-functions", nodes=2, flow=flow)
     output = res.stdout + res.stderr
     assert res.returncode != 0, output
-    assert ("@torch_distributed on step start: a gang of 2 nodes cannot be deployed to AWS "
-            "Step Functions on a start step") in output, output
+    assert ("@torch_distributed on step %s: a gang of 2 nodes cannot be deployed to AWS "
+            "Step Functions on a %s step" % (step, step)) in output, output
+    assert _bucket_keys(aws) == stored, "a code package was uploaded"
     machines = aws.client("stepfunctions").list_state_machines()["stateMachines"]
-    assert "DeployStartGangFlow" not in [m["name"] for m in machines]
+    assert name not in [m["name"] for m in machines]
 
 
 def test_a_fargate_queue_is_refused_by_step_functions_create(aws, deploy):
