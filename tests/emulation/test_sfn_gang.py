@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import ast
 import shutil
+import time
 from pathlib import Path
+
+import psutil
 
 from . import sfn
 from .aws import client, validate_request
 from tests.support import isolated_env, metaflow
+from .probes import wait_for
 from .test_batch_emulator import wait_status
 
 FLOWS = Path(__file__).parent / "flows"
@@ -32,15 +36,24 @@ class Execution:
                        "$.Parameters.['metaflow.run_id']": EXECUTION}
         self.jobs = {}
 
-    def run_state(self, name, timeout_s=240, **filled):
+    def submit_state(self, name, **filled):
+        """Submit the state's job; its id."""
         self.filled.update(filled)
         job = sfn.submit_job_input(sfn.state(self.machine, name)["Parameters"], self.filled)
         validate_request("batch", "SubmitJob", job)
-        job_id = self.api.submit_job(**job)["jobId"]
+        self.jobs[name] = job_id = self.api.submit_job(**job)["jobId"]
+        return job_id
+
+    def wait_state(self, name, timeout_s=240):
+        """The description of the state's job once it has ended."""
+        job_id = self.jobs[name]
         detail = wait_status(self.api, job_id, "SUCCEEDED", "FAILED", timeout_s=timeout_s)
-        self.jobs[name] = job_id
         self.filled["$.JobId"] = job_id  # the next state's input: this job's description
         return detail
+
+    def run_state(self, name, timeout_s=240, **filled):
+        self.submit_state(name, **filled)
+        return self.wait_state(name, timeout_s)
 
 
 def compile_flow(aws, batch, tmp_path, flow, flow_env=None):
@@ -111,6 +124,40 @@ def test_a_failing_rank_on_node_1_fails_the_gangs_job_with_its_root_cause(aws, b
     assert "[rank 2] last words of rank 2" in task_log
     # the job failed on node 0's verdict; it did not wait for a timeout
     assert "rendezvous timeout" not in task_log and "heartbeat" not in task_log
+
+
+def test_a_node_that_stops_answering_is_caught_by_its_heartbeat(aws, batch, tmp_path):
+    machine, _ = compile_flow(aws, batch, tmp_path, FLOW, {
+        "TD_BUSY": "120", "METAFLOW_TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT": "3"})
+    run = Execution(aws, batch, machine)
+    assert run.run_state("start")["status"] == "SUCCEEDED"
+    job_id = run.submit_state("train")
+    node1 = batch.node_dir(job_id, 1)
+    log = node1 / "container.log"
+    wait_for(lambda: "[node 1 agent] joined the gang of node 0" in _read(log) and
+             "[rank 3] rank 3 says hello" in _read(log), 180, "node 1 to join and start")
+    frozen = [p for p in psutil.process_iter(["cwd"])
+              if (p.info["cwd"] or "").startswith(str(node1))]
+    assert frozen
+    stopped_at = time.monotonic()
+    for p in frozen:  # the node hangs as a whole: no exit, no report, no heartbeat
+        p.suspend()
+    try:
+        detail = run.wait_state("train", timeout_s=150)
+    finally:
+        for p in frozen:
+            if p.is_running():
+                p.kill()
+    detected = time.monotonic() - stopped_at
+    task_log = batch.node_log(job_id, 0)
+    assert detail["status"] == "FAILED", task_log[-4000:]
+    # node 0's heartbeat timeout is the job's (the flow's @environment, compiled in)
+    assert "node 1 stopped sending heartbeats 3.0s ago" in task_log, task_log[-4000:]
+    assert detected < 60, detected
+
+
+def _read(path):
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def test_a_foreach_of_multi_node_gangs_keeps_each_gangs_input_and_meets_at_the_join(
