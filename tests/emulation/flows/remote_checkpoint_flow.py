@@ -1,8 +1,9 @@
-"""@checkpoint on a gang of 2 nodes x 1 process on the emulated AWS Batch, under @retry.
+"""@checkpoint on a gang of 2 nodes x 1 process on emulated AWS Batch or Kubernetes, under @retry.
 
 Attempt 0: rank 0 writes state.txt into current.checkpoint.directory and saves it; then rank 1
-(node 1, under its node agent) is SIGKILLed. Attempt 1 (a new multi-node job): every rank reads
-what it finds in its current.checkpoint.directory, and rank 0 gathers it into `loaded`."""
+(node 1, under its node agent) is SIGKILLed. Attempt 1 (a new multi-node job or JobSet): every
+rank reads what it finds in its current.checkpoint.directory, and rank 0 gathers it into
+`loaded`, with where each rank ran."""
 
 import os
 import signal
@@ -10,14 +11,14 @@ import signal
 from metaflow import FlowSpec, checkpoint, current, environment, retry, step, torch_distributed
 
 TD = {k: v for k, v in os.environ.items() if k.startswith("TD_")}
-# @checkpoint reads the run's tags with Metaflow's client when a task starts, so a Batch task
-# needs the run's metadata: on AWS that is the metadata service; here, with local metadata,
-# the emulated nodes share this machine's disk and read the launcher's (TD_LAUNCH_DIR).
+# @checkpoint reads the run's tags with Metaflow's client when a task starts, so a remote task
+# needs the run's metadata: on AWS or a cluster that is the metadata service; here, with local
+# metadata, the emulated nodes share this machine's disk and read the launcher's (TD_LAUNCH_DIR).
 ENV = dict(TD, METAFLOW_DATASTORE_SYSROOT_LOCAL=TD["TD_LAUNCH_DIR"]) if "TD_LAUNCH_DIR" in TD \
     else TD
 
 
-class BatchCheckpointFlow(FlowSpec):
+class RemoteCheckpointFlow(FlowSpec):
     @step
     def start(self):
         self.next(self.train)
@@ -38,7 +39,8 @@ class BatchCheckpointFlow(FlowSpec):
             with open(state) as f:
                 found = f.read()
         self.loaded = current.torch_distributed.gather(
-            dict(rank=rank, node=os.environ.get("AWS_BATCH_JOB_NODE_INDEX"), found=found,
+            dict(rank=rank, node=os.environ.get("AWS_BATCH_JOB_NODE_INDEX"),
+                 pod=os.environ.get("METAFLOW_KUBERNETES_POD_NAME"), found=found,
                  is_loaded=current.checkpoint.is_loaded))
         if current.retry_count == 0:
             if rank == 0:
@@ -58,4 +60,4 @@ class BatchCheckpointFlow(FlowSpec):
 
 
 if __name__ == "__main__":
-    BatchCheckpointFlow()
+    RemoteCheckpointFlow()
