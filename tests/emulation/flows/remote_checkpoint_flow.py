@@ -1,12 +1,14 @@
 """@checkpoint on a gang of 2 nodes x 1 process on emulated AWS Batch or Kubernetes, under @retry.
 
 Attempt 0: rank 0 writes state.txt into current.checkpoint.directory and saves it; then rank 1
-(node 1, under its node agent) is SIGKILLed. Attempt 1 (a new multi-node job or JobSet): every
-rank reads what it finds in its current.checkpoint.directory, and rank 0 gathers it into
-`loaded`, with where each rank ran."""
+(node 1, under its node agent) is SIGKILLed, or with TD_LOSE_NODE=1 every rank keeps
+all-reducing after leaving the file `saved` in TD_LAUNCH_DIR, until the test takes node 1 away.
+Attempt 1 (a new multi-node job or JobSet): every rank reads what it finds in its
+current.checkpoint.directory, and rank 0 gathers it into `loaded`, with where each rank ran."""
 
 import os
 import signal
+import time
 
 from metaflow import FlowSpec, checkpoint, current, environment, retry, step, torch_distributed
 
@@ -29,6 +31,7 @@ class RemoteCheckpointFlow(FlowSpec):
     @torch_distributed(nodes=2, nproc_per_node=1, rendezvous_timeout=60)
     @step
     def train(self):
+        import torch
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
@@ -48,6 +51,13 @@ class RemoteCheckpointFlow(FlowSpec):
                     f.write("saved by rank 0 in attempt 0")
                 current.checkpoint.save()
             dist.barrier()
+            if "TD_LOSE_NODE" in TD:
+                if rank == 1:
+                    open(os.path.join(TD["TD_LAUNCH_DIR"], "saved"), "w").close()
+                deadline = time.time() + 120
+                while time.time() < deadline:  # until node 1 is gone, and its peers with it
+                    dist.all_reduce(torch.ones(1))
+                    time.sleep(0.05)
             if rank == 1:
                 os.kill(os.getpid(), signal.SIGKILL)
             dist.barrier()
