@@ -284,20 +284,11 @@ def test_a_worker_pod_that_freezes_is_caught_by_its_heartbeat(aws, kubernetes, t
     assert time.monotonic() - stopped_at < 60
 
 
-def test_the_retry_of_a_jobset_gang_loads_the_checkpoint_on_every_pod(aws, kubernetes,
-                                                                       tmp_path):
-    """@checkpoint + @retry: the worker pod's agent of the retry's new JobSet gets the checkpoint
-    node 0's @checkpoint loaded, through the gang's control plane."""
-    gang = KubernetesRun(aws, kubernetes, tmp_path, "remote_checkpoint_flow.py")
-    res = gang.run(TD_LAUNCH_DIR=gang.workdir)
-    assert res.returncode == 0, res.output
-    assert "rank 1 (node 1, local rank 0) was killed by SIGKILL" in res.output, res.output
-    _assert_the_retry_loaded_the_checkpoint_on_both_pods(gang)
-
-
 def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubernetes, tmp_path):
     """A lost node (its pod deleted, as an eviction or preemption does) after a save: @retry's new
-    JobSet starts from that checkpoint on every pod."""
+    JobSet starts from that checkpoint on every pod, the worker pod's agent getting what node 0's
+    @checkpoint loaded through the gang's control plane. (A SIGKILLed rank of a remote node,
+    named, and the same hand-over: tests/emulation/test_batch_checkpoint.py.)"""
     import threading
 
     from kubernetes import client, config
