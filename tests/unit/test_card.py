@@ -103,6 +103,26 @@ def test_retry_shows_every_attempt():
         ["1", "10.0 s", "succeeded"]]
 
 
+def test_an_exception_root_cause_shows_its_type_message_and_traceback():
+    tb = ('Traceback (most recent call last):\n  File "flow.py", line 42, in train\n'
+          '    raise ValueError("bad batch")\nValueError: bad batch\n')
+    cause = Failure(2, 1, "exception", T0 + 3, 1, "ValueError: bad batch", tb, local_rank=0)
+    ranks = {"2": rank_events(2, 0, 1, 3, "failed", "ValueError: bad batch")}
+    tails = {"2": {"stderr": ["about to fail"]}}
+    data = card.card_data(record(ranks=ranks, failures=[cause], root=cause, tails=tails))
+    outcome = data["outcome"]
+    assert (outcome["error"], outcome["message"]) == ("ValueError", "ValueError: bad batch")
+    assert outcome["summary"] == "rank 2 (node 1, local rank 0) raised ValueError: bad batch."
+    assert outcome["traceback"] == tb
+    # what the card shows: the traceback and the rank's last stderr lines, under the cause
+    [text] = [c.render()["source"] for c in card.components(data)
+              if "Outcome: failed" in str(c.render())]
+    assert "Traceback of rank 2 (node 1, local rank 0):" in text
+    assert 'raise ValueError("bad batch")' in text
+    assert "Last stderr lines of rank 2 (node 1, local rank 0):" in text
+    assert "about to fail" in text
+
+
 def test_scalars_last_value_per_rank():
     ranks = {str(r): rank_events(r, 0, 1, 2, scalars={"samples_per_s": [[0.5, 10.0],
                                                                        [1.0, 100.0 + r]]})
