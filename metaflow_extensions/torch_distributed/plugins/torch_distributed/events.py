@@ -1,8 +1,9 @@
 """What happened in a gang, recorded as plain data for its card (card.py).
 
-Nothing here runs on the way to the step body: a rank notes times in memory and writes one file
-when its body ends; node agents and node 0 read those files, and a remote node sends its share
-to node 0 through the gang's store in one write, after its ranks are done. The record of a gang
+Nothing here runs on the way to the step body: a rank notes times in memory and writes one small
+local file as it enters init_process_group and again when its body ends; node agents and node 0
+read those files, and a remote node sends its share to node 0 through the gang's store in one
+write, after its ranks are done. The record of a gang
 attempt is a JSON-able dict (see `GangRecorder.collect`), saved with the task as the private
 artifact `_torch_distributed_gang` so that a retry's card can show every attempt.
 """
