@@ -1,0 +1,104 @@
+"""Launch time of @torch_distributed under two installs of the package, paired and interleaved.
+
+    .venv/bin/python bench/ab_launch.py before=/path/a/.venv/bin/python \
+        after=/path/b/.venv/bin/python --reps 7 --world 4
+
+Each install is a Python (a venv) with the package installed from one commit. A repetition runs
+`bench_ours.py` once per install and launcher (`ours_fork`: one node of --world processes;
+`ours_nodes`: --world emulated nodes of one process, so node agents run too), in a shuffled
+order, through the same `run_flow` as bench/run.py. Times are rank 0's, in seconds since the
+train task was created; `collective` is when the first all_reduce completed. Writes
+bench/results/ab-<timestamp>.json and prints medians of each arm and of the paired differences.
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+ONE_RUN = """
+import json, sys
+sys.path.insert(0, %r)
+import run
+print("AB_RECORD " + json.dumps(run.run_flow(%r, dict(BENCH_KIND="launch", BENCH_WORLD=%d))))
+"""
+
+
+def run_once(python, launcher, world):
+    out = subprocess.run([python, "-c", ONE_RUN % (str(HERE), launcher, world)],
+                         capture_output=True, text=True, timeout=600,
+                         cwd=str(HERE))  # not the repository: its package would shadow the arm's
+    line = next((l for l in out.stdout.splitlines() if l.startswith("AB_RECORD ")), None)
+    if line is None:
+        raise RuntimeError("no record from %s %s:\n%s" % (python, launcher, out.stderr[-3000:]))
+    return json.loads(line.split(" ", 1)[1])
+
+
+def summary(runs, arms, launchers):
+    lines = []
+    for launcher in launchers:
+        by_arm = {a: {r["rep"]: r for r in runs if r["arm"] == a and r["launcher"] == launcher
+                      and r["returncode"] == 0 and r["result"]} for a in arms}
+        for metric in ("collective", "wall"):
+            def value(r):
+                return r["wall"] if metric == "wall" else r["result"][metric]
+            meds = {a: statistics.median(value(r) for r in by_arm[a].values()) for a in arms}
+            reps = sorted(set.intersection(*(set(by_arm[a]) for a in arms)))
+            diffs = [value(by_arm[arms[1]][i]) - value(by_arm[arms[0]][i]) for i in reps]
+            lines.append("%-10s %-10s %s  paired %s - %s: median %+.3f s (range %+.3f to %+.3f, "
+                         "%d pairs)" % (
+                             launcher, metric,
+                             "  ".join("%s %.3f s" % (a, meds[a]) for a in arms),
+                             arms[1], arms[0], statistics.median(diffs), min(diffs), max(diffs),
+                             len(diffs)))
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("arms", nargs=2, help="LABEL=PYTHON, e.g. before=../a/.venv/bin/python")
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--world", type=int, default=4)
+    parser.add_argument("--launchers", default="ours_fork,ours_nodes")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--note", default="")
+    args = parser.parse_args(argv)
+    arms = dict(a.split("=", 1) for a in args.arms)
+    labels = list(arms)
+    launchers = args.launchers.split(",")
+    rng = random.Random(args.seed)
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    load_before = os.getloadavg()[0]
+    t = time.monotonic()
+    runs = []
+    for rep in range(args.reps):
+        pairs = [(a, l) for a in labels for l in launchers]
+        rng.shuffle(pairs)
+        for arm, launcher in pairs:
+            rec = run_once(arms[arm], launcher, args.world)
+            rec.update(arm=arm, rep=rep)
+            runs.append(rec)
+            print("rep %d %-7s %-10s wall %6.2f s  collective %s  rc %s  load %.2f" % (
+                rep, arm, launcher, rec["wall"], (rec["result"] or {}).get("collective"),
+                rec["returncode"], rec["load_1min"]), flush=True)
+    lines = summary(runs, labels, launchers)
+    print("\n".join(lines))
+    data = dict(command=" ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
+                note=args.note, arms=arms, world=args.world, launchers=launchers,
+                started=started, duration_s=round(time.monotonic() - t),
+                load_1min_before=load_before, load_1min_after=os.getloadavg()[0],
+                cores=os.cpu_count(), summary=lines, runs=runs)
+    out = HERE / "results" / ("ab-%s.json" % time.strftime("%Y%m%d-%H%M%S"))
+    out.write_text(json.dumps(data, indent=1))
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
