@@ -1,0 +1,126 @@
+"""A multi-node gang deployed with `argo-workflows create`, run the way Argo runs its step: the
+gang step's JobSet is taken from the compiled workflow (`--only-json`), the values Argo fills in
+(workflow name, the step's input paths and attempt, our compiler's expressions) are filled in
+(tests/emulation/argo.py), and the JobSet is created on the loopback Kubernetes API, whose
+controller runs its pods (k8s_api.py). The steps around it run with Metaflow's `step` command,
+with the task ids Argo hands on: `start` before, `end` after, reading the gang's task id from the
+JobSet's label as the template's output does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+from . import argo
+from .jobset_controller import validate_jobset
+from tests.support import isolated_env, metaflow
+
+FLOWS = Path(__file__).parent / "flows"
+FLOW = "k8s_gang_flow.py"
+WORKFLOW = "kubernetesgangflow-x7k2p"  # the name Argo gives one run of the WorkflowTemplate
+RUN = "argo-" + WORKFLOW
+# Metaflow's Argo step command appends its input paths to this file and reads them back: a
+# pod's /tmp is its own in a container, while the emulated pods share this host's.
+INPUT_PATHS_FILE = Path("/tmp/mf-input-paths")
+
+
+def compile_flow(aws, kubernetes, tmp_path, flow, **td):
+    """(workflow, environment, directory) of `argo-workflows create --only-json` of `flow`."""
+    workdir = tmp_path / "flow"
+    workdir.mkdir()
+    shutil.copy(FLOWS / flow, workdir)
+    home = tmp_path / "metaflow-home"
+    home.mkdir()
+    env = isolated_env(aws.env, kubernetes.env, {"METAFLOW_KUBERNETES_NAMESPACE": "default"},
+                       {k: str(v) for k, v in td.items()}, home=home)
+    res = metaflow(flow, ["--datastore=s3", "argo-workflows", "create", "--only-json"],
+                   workdir, env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return argo.workflow(res.stdout), env, workdir
+
+
+def create(kubernetes, jobset):
+    """POST the JobSet to the emulated API, as Argo's resource step does (`kubectl create`)."""
+    request = urllib.request.Request(
+        "%s/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets" % kubernetes.endpoint_url,
+        data=json.dumps(jobset).encode(), method="POST",
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 201
+
+
+def wait_terminal(kubernetes, name, timeout_s=120):
+    """The JobSet's status once it is Completed or Failed (Argo's success and failure
+    conditions on `status.terminalState`)."""
+    url = "%s/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/%s" % (
+        kubernetes.endpoint_url, name)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            status = json.loads(response.read())["status"]
+        if status.get("terminalState") in ("Completed", "Failed"):
+            return status
+        time.sleep(0.5)
+    raise AssertionError("JobSet %s did not finish in %d s" % (name, timeout_s))
+
+
+def test_the_compiled_jobset_of_a_two_node_gang_runs_and_hands_its_task_to_the_next_step(
+        aws, kubernetes, tmp_path):
+    wf, env, workdir = compile_flow(aws, kubernetes, tmp_path, FLOW, TD_NODES=2, TD_NPROC=2)
+    argo.validate_workflow(wf)
+
+    def step(*args):
+        res = metaflow(FLOW, ["--datastore=s3", *args], workdir, env)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return res.stdout + res.stderr
+
+    # start, under the task ids its container would use
+    step("init", "--run-id", RUN, "--task-id", "t-0a1b2c3d-params")
+    step("step", "start", "--run-id", RUN, "--task-id", "t-0a1b2c3d",
+         "--input-paths", "%s/_parameters/t-0a1b2c3d-params" % RUN)
+
+    # train: the JobSet Argo would create for the DAG task's arguments (first attempt)
+    arguments = {p["name"]: p["value"]
+                 for p in argo.dag_task(wf, "train")["arguments"]["parameters"]}
+    assert arguments == {
+        "input-paths": "argo-{{workflow.name}}/start/{{tasks.start.outputs.parameters.task-id}}",
+        "retryCount": "0"}  # the step has no @retry: Argo's {{retries}} is not set
+    jobset = argo.jobset(wf, "train", WORKFLOW,
+                         {"input-paths": "%s/start/t-0a1b2c3d" % RUN, "retryCount": "0"})
+    validate_jobset(jobset)
+    name = jobset["metadata"]["name"]
+    INPUT_PATHS_FILE.unlink(missing_ok=True)
+    try:
+        create(kubernetes, jobset)
+        status = wait_terminal(kubernetes, name)
+    finally:
+        INPUT_PATHS_FILE.unlink(missing_ok=True)
+    pods = {p.replicated_job: p for p in kubernetes.pods(name)}
+    control_log = kubernetes.pod_log(pods["control"].name)
+    worker_log = kubernetes.pod_log(pods["worker"].name)
+    assert status["terminalState"] == "Completed", control_log[-4000:] + worker_log[-4000:]
+
+    # the gang formed across both pods: node 0 is the task (every rank's output in its log),
+    # node 1 the agent of the worker pod
+    for rank in range(4):
+        assert "rank %d says hello from pod" % rank in control_log, control_log[-4000:]
+    assert "[node 1 agent] joined the gang of node 0" in worker_log, worker_log[-4000:]
+
+    # the template's output: the task id on the JobSet's label, which the next step reads
+    task_id = jobset["metadata"]["labels"]["torch_distributed_task_id"]
+    assert task_id.startswith("t-") and len(task_id) == 10
+    assert name == "td-%s-0" % task_id[2:]
+    shown = step("step", "end", "--run-id", RUN, "--task-id", "t-9f8e7d6c",
+                 "--input-paths", "%s/train/%s" % (RUN, task_id))
+    assert "total 10.0 over 4 ranks" in shown, shown
+    dump = step("dump", "%s/train/%s" % (RUN, task_id))
+    assert "'world_size': 4" in dump and "'node_rank': 1" in dump, dump
+    # the only task of train is the gang's: the agent's spin-step persists nothing of its own
+    keys = [k["Key"] for k in aws.client("s3").list_objects_v2(
+        Bucket=aws.bucket, Prefix="metaflow/KubernetesGangFlow/%s/train/" % RUN)["Contents"]]
+    assert {k.split("/")[4] for k in keys} <= {task_id, task_id + "-node-1"}, keys
+    assert any(k.split("/")[4] == task_id + "-node-1" and k.endswith("0.task_stdout.log")
+               for k in keys), keys
