@@ -121,15 +121,25 @@ def normalised(stdout: str, endpoint_url: str) -> str:
         (r"data/[0-9a-f]{2}/[0-9a-f]{40}", "data/<package>"),
         (r"\b[0-9a-f]{40}\b", "<sha>"),
         (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00", "<time>"),
-        (r"(parameters|parent_tasks) [a-z]{10} && \. `pwd`/[a-z]{10}",
-         r"\1 <file> && . `pwd`/<file>"),
+        (r"set_parameters [a-z]{10} (.*?)&& \. `pwd`/[a-z]{10}",
+         r"set_parameters <file> \1&& . `pwd`/<file>"),
         (r"image=python:3\.\d+", "image=python:<version>"),
         (r'"image": "python:3\.\d+"', '"image": "python:<version>"'),
         (r'(\\"secret\\": \\")[0-9a-f]{32}', r"\1<salt>"),
         (r'("secret\\": \\")[0-9a-f]{32}', r"\1<salt>"),
-        (r'\\"metaflow_version\\": \\"[^\\]+\\"', r'\\"metaflow_version\\": \\"<metaflow>\\"'),
-        (r'\\"python_version(_code)?\\": \\"[^\\]+\\"', r'\\"python_version\1\\": \\"<python>\\"'),
     ]
     for pattern, placeholder in replacements:
         text = re.sub(pattern, placeholder, text)
-    return text + "\n"
+    return json.dumps(_without_versions(json.loads(text)), indent=1, sort_keys=True) + "\n"
+
+
+def _without_versions(tree):
+    """METAFLOW_VERSION's value (the platform, Python and Metaflow of the compiling machine)
+    as a placeholder, wherever a container's environment has it."""
+    if isinstance(tree, dict):
+        if tree.get("name") == "METAFLOW_VERSION" and "value" in tree:
+            return dict(tree, value="<versions>")
+        return {k: _without_versions(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_without_versions(v) for v in tree]
+    return tree

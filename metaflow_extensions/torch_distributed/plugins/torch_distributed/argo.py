@@ -79,7 +79,7 @@ def check_step(step_name, graph, nodes):
         if after.type == "join" and graph[after.split_parents[-1]].type == "foreach":
             why = ("the last step of a foreach: its join finds the task ids of that step by "
                    "Metaflow's own formula, which a JobSet's task cannot follow. Add a step "
-                   "between the gang and %s" % after.name)
+                   "between the gang and %s" % node.out_funcs[0])
     if why:
         raise TorchDistributedConfigError(
             step_name, "a gang of %d nodes cannot be deployed to Argo Workflows on %s. Give "
