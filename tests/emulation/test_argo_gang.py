@@ -9,10 +9,13 @@ JobSet's label as the template's output does."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import urllib.request
 from pathlib import Path
+
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import naming
 
 from . import argo
 from .jobset_controller import validate_jobset
@@ -67,40 +70,58 @@ def wait_terminal(kubernetes, name, timeout_s=120):
     raise AssertionError("JobSet %s did not finish in %d s" % (name, timeout_s))
 
 
-def test_the_compiled_jobset_of_a_two_node_gang_runs_and_hands_its_task_to_the_next_step(
-        aws, kubernetes, tmp_path):
-    wf, env, workdir = compile_flow(aws, kubernetes, tmp_path, FLOW, TD_NODES=2, TD_NPROC=2)
-    argo.validate_workflow(wf)
+class ArgoRun:
+    """One run of the compiled workflow: start and end with Metaflow's `step` command, the gang
+    step's JobSet (one per attempt) created on the emulated Kubernetes as Argo would."""
 
-    def step(*args):
-        res = metaflow(FLOW, ["--datastore=s3", *args], workdir, env)
+    def __init__(self, aws, kubernetes, tmp_path, **td):
+        self.kubernetes = kubernetes
+        self.wf, self.env, self.workdir = compile_flow(aws, kubernetes, tmp_path, FLOW, **td)
+
+    def step(self, *args):
+        res = metaflow(FLOW, ["--datastore=s3", *args], self.workdir, self.env)
         assert res.returncode == 0, res.stdout + res.stderr
         return res.stdout + res.stderr
 
-    # start, under the task ids its container would use
-    step("init", "--run-id", RUN, "--task-id", "t-0a1b2c3d-params")
-    step("step", "start", "--run-id", RUN, "--task-id", "t-0a1b2c3d",
-         "--input-paths", "%s/_parameters/t-0a1b2c3d-params" % RUN)
+    def start(self):
+        """start, under the task ids its container would use; the gang's input paths."""
+        self.step("init", "--run-id", RUN, "--task-id", "t-0a1b2c3d-params")
+        self.step("step", "start", "--run-id", RUN, "--task-id", "t-0a1b2c3d",
+                  "--input-paths", "%s/_parameters/t-0a1b2c3d-params" % RUN)
+        return "%s/start/t-0a1b2c3d" % RUN
+
+    def train(self, input_paths, attempt):
+        """(JobSet, its final status, {replicated job: pod}) of one attempt of the gang."""
+        jobset = argo.jobset(self.wf, "train", WORKFLOW,
+                             {"input-paths": input_paths, "retryCount": str(attempt)})
+        validate_jobset(jobset)
+        INPUT_PATHS_FILE.unlink(missing_ok=True)
+        try:
+            create(self.kubernetes, jobset)
+            status = wait_terminal(self.kubernetes, jobset["metadata"]["name"])
+        finally:
+            INPUT_PATHS_FILE.unlink(missing_ok=True)
+        pods = {p.replicated_job: p for p in self.kubernetes.pods(jobset["metadata"]["name"])}
+        return jobset, status, pods
+
+    def log(self, pod):
+        return self.kubernetes.pod_log(pod.name)
+
+
+def test_the_compiled_jobset_of_a_two_node_gang_runs_and_hands_its_task_to_the_next_step(
+        aws, kubernetes, tmp_path):
+    run = ArgoRun(aws, kubernetes, tmp_path, TD_NODES=2, TD_NPROC=2)
+    argo.validate_workflow(run.wf)
+    input_paths = run.start()
 
     # train: the JobSet Argo would create for the DAG task's arguments (first attempt)
     arguments = {p["name"]: p["value"]
-                 for p in argo.dag_task(wf, "train")["arguments"]["parameters"]}
+                 for p in argo.dag_task(run.wf, "train")["arguments"]["parameters"]}
     assert arguments == {
         "input-paths": "argo-{{workflow.name}}/start/{{tasks.start.outputs.parameters.task-id}}",
         "retryCount": "0"}  # the step has no @retry: Argo's {{retries}} is not set
-    jobset = argo.jobset(wf, "train", WORKFLOW,
-                         {"input-paths": "%s/start/t-0a1b2c3d" % RUN, "retryCount": "0"})
-    validate_jobset(jobset)
-    name = jobset["metadata"]["name"]
-    INPUT_PATHS_FILE.unlink(missing_ok=True)
-    try:
-        create(kubernetes, jobset)
-        status = wait_terminal(kubernetes, name)
-    finally:
-        INPUT_PATHS_FILE.unlink(missing_ok=True)
-    pods = {p.replicated_job: p for p in kubernetes.pods(name)}
-    control_log = kubernetes.pod_log(pods["control"].name)
-    worker_log = kubernetes.pod_log(pods["worker"].name)
+    jobset, status, pods = run.train(input_paths, 0)
+    control_log, worker_log = run.log(pods["control"]), run.log(pods["worker"])
     assert status["terminalState"] == "Completed", control_log[-4000:] + worker_log[-4000:]
 
     # the gang formed across both pods: node 0 is the task (every rank's output in its log),
@@ -112,11 +133,11 @@ def test_the_compiled_jobset_of_a_two_node_gang_runs_and_hands_its_task_to_the_n
     # the template's output: the task id on the JobSet's label, which the next step reads
     task_id = jobset["metadata"]["labels"]["torch_distributed_task_id"]
     assert task_id.startswith("t-") and len(task_id) == 10
-    assert name == "td-%s-0" % task_id[2:]
-    shown = step("step", "end", "--run-id", RUN, "--task-id", "t-9f8e7d6c",
-                 "--input-paths", "%s/train/%s" % (RUN, task_id))
+    assert jobset["metadata"]["name"] == "td-%s-0" % task_id[2:]
+    shown = run.step("step", "end", "--run-id", RUN, "--task-id", "t-9f8e7d6c",
+                     "--input-paths", "%s/train/%s" % (RUN, task_id))
     assert "total 10.0 over 4 ranks" in shown, shown
-    dump = step("dump", "%s/train/%s" % (RUN, task_id))
+    dump = run.step("dump", "%s/train/%s" % (RUN, task_id))
     assert "'world_size': 4" in dump and "'node_rank': 1" in dump, dump
     # the only task of train is the gang's: the agent's spin-step persists nothing of its own
     keys = [k["Key"] for k in aws.client("s3").list_objects_v2(
@@ -124,3 +145,33 @@ def test_the_compiled_jobset_of_a_two_node_gang_runs_and_hands_its_task_to_the_n
     assert {k.split("/")[4] for k in keys} <= {task_id, task_id + "-node-1"}, keys
     assert any(k.split("/")[4] == task_id + "-node-1" and k.endswith("0.task_stdout.log")
                for k in keys), keys
+
+
+def test_a_failed_attempt_is_retried_as_a_new_jobset_on_a_new_port(aws, kubernetes, tmp_path):
+    # rank 3 (on the worker pod) fails in the first attempt only; @retry(times=1)
+    run = ArgoRun(aws, kubernetes, tmp_path, TD_NODES=2, TD_NPROC=2, TD_RETRIES=1,
+                  TD_FAIL_RANK=3, TD_FAIL_ATTEMPT=0)
+    assert argo.dag_task(run.wf, "train")["arguments"]["parameters"][-1] == {
+        "name": "retryCount", "value": "{{retries}}"}
+    assert argo.template(run.wf, "train")["retryStrategy"]["limit"] == 1
+    input_paths = run.start()
+
+    first, status, pods = run.train(input_paths, 0)
+    control_log = run.log(pods["control"])
+    assert status["terminalState"] == "Failed", control_log[-4000:]
+    # node 0 failed the task naming the rank on the worker pod, with its traceback
+    assert "injected failure on rank 3" in control_log, control_log[-4000:]
+    assert "node 1" in control_log, control_log[-4000:]
+
+    # Argo's retry: the same template with the next attempt, a new JobSet
+    second, status, pods = run.train(input_paths, 1)
+    assert status["terminalState"] == "Completed", run.log(pods["control"])[-4000:]
+    task_id = first["metadata"]["labels"]["torch_distributed_task_id"]
+    assert second["metadata"]["labels"]["torch_distributed_task_id"] == task_id  # same task
+    assert (first["metadata"]["name"], second["metadata"]["name"]) == (
+        "td-%s-0" % task_id[2:], "td-%s-1" % task_id[2:])
+    dump = run.step("dump", "%s/train/%s" % (RUN, task_id))
+    port = naming.remote_port(RUN, "train", task_id, 1)
+    assert port != naming.remote_port(RUN, "train", task_id, 0)
+    assert re.search(r"\battempt \[[^\]]*\] = 1\b", dump), dump  # rank 0's artifact
+    assert dump.count("'%d')" % port) == 4, dump  # every rank met node 0 on the attempt's port
