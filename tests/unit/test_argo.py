@@ -62,6 +62,7 @@ def test_a_gang_compiles_on_a_linear_step_and_inside_a_foreach():
     (graph(start=node("start", out_funcs=["fan"]), fan=node("foreach", ["start"], ["a"])),
      "fan", "on a foreach step"),
     (FOREACH, "join", "on a join step"),
+    (LINEAR, "end", "on the end step"),
     (FOREACH, "collect", "on the last step of a foreach: its join finds the task ids"),
     (graph(start=node("split-switch", out_funcs=["a"]), a=node("linear", ["start"], ["end"])),
      "a", "conditional branch's first step"),

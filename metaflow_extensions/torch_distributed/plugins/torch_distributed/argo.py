@@ -70,6 +70,8 @@ def check_step(step_name, graph, nodes):
     if step_name == graph.start_step:
         why = ("the start step: its container sets up the run's parameters before the step "
                "runs, where the gang's other nodes would not see them")
+    elif node.type == "end":
+        why = "the end step: its template has no output a JobSet could give"
     elif node.type != "linear":
         why = "a %s step: its template passes on what only its container writes" % node.type
     elif any(graph[parent].type == "split-switch" for parent in node.in_funcs):
@@ -301,8 +303,9 @@ def install(step_name, graph, nodes, spec_fields, decorator_name):
     user_retries = max([d.step_task_retry_count()[0] for d in graph[step_name].decorators] or [0])
 
     def build(argo, workflow):
-        template = internals.argo_template_name(step_name)
-        container = [t for t in workflow["spec"]["templates"] if t.get("name") == template][0]
+        name = internals.argo_template_name(step_name)
+        [container] = [t for t in workflow["spec"]["templates"]
+                       if t.get("name") == name and "container" in t]
         run_id = {e["name"]: e.get("value")
                   for e in container["container"]["env"]}["METAFLOW_RUN_ID"]
         foreach = "split-index" in {p["name"] for p in container["inputs"]["parameters"]}
