@@ -8,6 +8,7 @@ JobSet's label as the template's output does."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
@@ -74,12 +75,13 @@ class ArgoRun:
     """One run of the compiled workflow: start and end with Metaflow's `step` command, the gang
     step's JobSet (one per attempt) created on the emulated Kubernetes as Argo would."""
 
-    def __init__(self, aws, kubernetes, tmp_path, **td):
+    def __init__(self, aws, kubernetes, tmp_path, flow=FLOW, **td):
         self.kubernetes = kubernetes
-        self.wf, self.env, self.workdir = compile_flow(aws, kubernetes, tmp_path, FLOW, **td)
+        self.flow = flow
+        self.wf, self.env, self.workdir = compile_flow(aws, kubernetes, tmp_path, flow, **td)
 
     def step(self, *args):
-        res = metaflow(FLOW, ["--datastore=s3", *args], self.workdir, self.env)
+        res = metaflow(self.flow, ["--datastore=s3", *args], self.workdir, self.env)
         assert res.returncode == 0, res.stdout + res.stderr
         return res.stdout + res.stderr
 
@@ -90,10 +92,11 @@ class ArgoRun:
                   "--input-paths", "%s/_parameters/t-0a1b2c3d-params" % RUN)
         return "%s/start/t-0a1b2c3d" % RUN
 
-    def train(self, input_paths, attempt):
+    def train(self, input_paths, attempt, **more):
         """(JobSet, its final status, {replicated job: pod}) of one attempt of the gang."""
         jobset = argo.jobset(self.wf, "train", WORKFLOW,
-                             {"input-paths": input_paths, "retryCount": str(attempt)})
+                             dict(more, **{"input-paths": input_paths,
+                                           "retryCount": str(attempt)}))
         validate_jobset(jobset)
         INPUT_PATHS_FILE.unlink(missing_ok=True)
         try:
@@ -175,3 +178,33 @@ def test_a_failed_attempt_is_retried_as_a_new_jobset_on_a_new_port(aws, kubernet
     assert port != naming.remote_port(RUN, "train", task_id, 0)
     assert re.search(r"\battempt \[[^\]]*\] = 1\b", dump), dump  # rank 0's artifact
     assert dump.count("'%d')" % port) == 4, dump  # every rank met node 0 on the attempt's port
+
+
+def test_a_foreach_of_two_gangs_is_two_jobsets_each_with_its_own_input(aws, kubernetes,
+                                                                        tmp_path):
+    from metaflow.plugins.argo.generate_input_paths import generate_input_paths
+
+    run = ArgoRun(aws, kubernetes, tmp_path, flow="argo_foreach_flow.py")
+    argo.validate_workflow(run.wf)
+    input_paths = run.start()
+    gangs = []
+    for split in (0, 1):  # the foreach's sub-DAG, once per item
+        jobset, status, pods = run.train(input_paths, 0, **{"split-index": str(split)})
+        assert status["terminalState"] == "Completed", run.log(pods["control"])[-4000:]
+        gangs.append(jobset)
+    task_ids = [js["metadata"]["labels"]["torch_distributed_task_id"] for js in gangs]
+    assert len(set(task_ids)) == 2  # one task, and one JobSet, per item
+    # the step after each gang reads it through the template's output; the join finds those
+    # steps' tasks by Metaflow's formula (generate_input_paths, as the join's container does)
+    join_inputs = generate_input_paths("collect", "2026-12-01T00:00:00Z", input_paths, 2)
+    collect_ids = join_inputs.rsplit("/:", 1)[1].split(",")
+    for split, (task_id, collect_id) in enumerate(zip(task_ids, collect_ids)):
+        run.step("step", "collect", "--run-id", RUN, "--task-id", collect_id,
+                 "--input-paths", "%s/train/%s" % (RUN, task_id))
+    shown = run.step("step", "join", "--run-id", RUN, "--task-id", "t-5e6f7a8b",
+                     "--input-paths", join_inputs)
+    results = ast.literal_eval(shown.split("results ", 1)[1].splitlines()[0])
+    # each gang: its own item on both nodes (summed over its 2 ranks), in its own JobSet
+    assert [(lr, round(total, 4)) for lr, total, _ in results] == [(0.1, 0.2), (0.2, 0.4)]
+    for (lr, _, seen), jobset in zip(results, gangs):
+        assert seen == [(lr, 0, jobset["metadata"]["name"]), (lr, 1, jobset["metadata"]["name"])]
