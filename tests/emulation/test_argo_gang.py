@@ -31,7 +31,7 @@ RUN = "argo-" + WORKFLOW
 INPUT_PATHS_FILE = Path("/tmp/mf-input-paths")
 
 
-def compile_flow(aws, kubernetes, tmp_path, flow, **td):
+def compile_flow(aws, kubernetes, tmp_path, flow, top_level=(), **td):
     """(workflow, environment, directory) of `argo-workflows create --only-json` of `flow`."""
     workdir = tmp_path / "flow"
     workdir.mkdir()
@@ -40,8 +40,8 @@ def compile_flow(aws, kubernetes, tmp_path, flow, **td):
     home.mkdir()
     env = isolated_env(aws.env, kubernetes.env, {"METAFLOW_KUBERNETES_NAMESPACE": "default"},
                        {k: str(v) for k, v in td.items()}, home=home)
-    res = metaflow(flow, ["--datastore=s3", "argo-workflows", "create", "--only-json"],
-                   workdir, env)
+    res = metaflow(flow, ["--datastore=s3", *top_level, "argo-workflows", "create",
+                          "--only-json"], workdir, env)
     assert res.returncode == 0, res.stdout + res.stderr
     return argo.workflow(res.stdout), env, workdir
 
@@ -75,10 +75,11 @@ class ArgoRun:
     """One run of the compiled workflow: start and end with Metaflow's `step` command, the gang
     step's JobSet (one per attempt) created on the emulated Kubernetes as Argo would."""
 
-    def __init__(self, aws, kubernetes, tmp_path, flow=FLOW, **td):
+    def __init__(self, aws, kubernetes, tmp_path, flow=FLOW, top_level=(), **td):
         self.kubernetes = kubernetes
         self.flow = flow
-        self.wf, self.env, self.workdir = compile_flow(aws, kubernetes, tmp_path, flow, **td)
+        self.wf, self.env, self.workdir = compile_flow(aws, kubernetes, tmp_path, flow,
+                                                       top_level, **td)
 
     def step(self, *args):
         res = metaflow(self.flow, ["--datastore=s3", *args], self.workdir, self.env)
@@ -178,6 +179,29 @@ def test_a_failed_attempt_is_retried_as_a_new_jobset_on_a_new_port(aws, kubernet
     assert port != naming.remote_port(RUN, "train", task_id, 0)
     assert re.search(r"\battempt \[[^\]]*\] = 1\b", dump), dump  # rank 0's artifact
     assert dump.count("'%d')" % port) == 4, dump  # every rank met node 0 on the attempt's port
+
+
+def test_catch_keeps_its_meaning_and_its_fallback_attempt_runs_on_node_0_alone(
+        aws, kubernetes, tmp_path):
+    # rank 3 (on the worker pod) fails; @catch (deployed --with catch) catches the gang's
+    # failure in the last attempt of the user code (the first, here), and adds attempts past
+    # it for a task whose process died (its fallback)
+    run = ArgoRun(aws, kubernetes, tmp_path, top_level=("--with", "catch:var=failure"),
+                  TD_NODES=2, TD_NPROC=2, TD_FAIL_RANK=3)
+    assert argo.template(run.wf, "train")["retryStrategy"]["limit"] == 3  # @catch's
+    input_paths = run.start()
+    first, status, pods = run.train(input_paths, 0)
+    assert status["terminalState"] == "Completed", run.log(pods["control"])[-4000:]
+    task_id = first["metadata"]["labels"]["torch_distributed_task_id"]
+    dump = run.step("dump", "--max-value-size=100000", "%s/train/%s" % (RUN, task_id))
+    assert "injected failure on rank 3" in dump, dump  # @catch's variable holds the error
+
+    # the attempt Argo makes after an attempt whose pod died: @catch's fallback
+    second, status, pods = run.train(input_paths, 1)
+    control_log, worker_log = run.log(pods["control"]), run.log(pods["worker"])
+    assert status["terminalState"] == "Completed", control_log[-4000:] + worker_log[-4000:]
+    assert "is @catch's fallback, which runs on node 0 alone" in worker_log, worker_log[-4000:]
+    assert "says hello" not in control_log + worker_log  # no rank started on either pod
 
 
 def test_a_foreach_of_two_gangs_is_two_jobsets_each_with_its_own_input(aws, kubernetes,
