@@ -282,6 +282,13 @@ def render(data, source):
     out.append(table(["rank 1 killed", NAMES["ours_fork"], NAMES["parallel"]], rows))
     out += ["", "The full fault matrix, with detection times for every case, is in "
             "[reliability.md](reliability.md).", ""]
+    out += ["## Checkpoints and recovery", "",
+            "Measured apart from this run, with their own conditions, in [checkpoints and "
+            "recovery](checkpoints.md#costs): the time from a lost rank's SIGKILL to the first "
+            "training step of the gang `@retry` resumes from the latest `@checkpoint` (the "
+            "end-to-end test `tests/e2e/test_checkpoints.py`, `TD_RECOVERY_REPORT`), and the save "
+            "and restore throughput of a 200 MB state through metaflow-checkpoint against "
+            "Metaflow's datastore directly (`bench/checkpoint_throughput.py`).", ""]
     return "\n".join(out)
 
 

@@ -9,7 +9,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.current imp
     TorchDistributedInfo
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.envcontract import \
     FOREIGN_LAUNCHER_PREFIXES, Rendezvous, rank_env
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.frameworks import CHECK_ENV
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.groupcheck import CHECK_ENV
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
 from tests.support import REPO
 

@@ -87,7 +87,7 @@ def test_a_trainer_subclass_fails_the_step_and_names_the_fix(flow_runner):
 
 def test_explicit_devices_fail_fast_with_the_fix(flow_runner):
     # Trainer(num_nodes=1) takes the same path (Lightning's own check of num_nodes x devices
-    # against the world size); tests/unit/test_frameworks.py covers its message.
+    # against the world size); tests/unit/test_groupcheck.py covers its message.
     res = flow_runner.run("fw_lightning_flow.py", env={"TD_TRAP": "devices1"})
     assert res.returncode != 0
     assert "Lightning's Trainer was given devices=1, which contradicts the gang's 2 nodes x 2 " \

@@ -7,12 +7,12 @@ from .test_batch_gang import BatchRun
 
 
 class CheckpointRun(BatchRun):
-    flow_name = "BatchCheckpointFlow"
+    flow_name = "RemoteCheckpointFlow"
 
 
 @pytest.fixture
 def gang(aws, batch, tmp_path):
-    return CheckpointRun(aws, batch, tmp_path, "batch_checkpoint_flow.py")
+    return CheckpointRun(aws, batch, tmp_path, "remote_checkpoint_flow.py")
 
 
 def test_the_retry_of_a_batch_gang_loads_the_checkpoint_on_every_node(gang):

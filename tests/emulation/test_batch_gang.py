@@ -109,6 +109,9 @@ def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang):
     # One task for the gang: the agents' hidden tasks never reach the metadata.
     assert gang.client("[t.id for t in run['train']]") == [job["jobName"].split("-")[-2]]
 
+    # node 0 prints the gang's plan when it starts, as a local gang does, and its nodes are
+    # not said to be emulated on one machine: they are the job's nodes (topology.plan_line)
+    assert "train: 2 nodes x 2 processes = world size 4 (CPU, gloo)\n" in res.stdout, res.output
     # Metaflow tails the task's log while the job runs, node 1's ranks included ...
     for rank in range(4):
         assert "[rank %d] rank %d says hello" % (rank, rank) in res.output

@@ -48,10 +48,10 @@ def deploy(aws, tmp_path):
                     "METAFLOW_SFN_DYNAMO_DB_TABLE": "metaflow-sfn"}
     env = isolated_env(aws.env, sfn_settings, home=home)
 
-    def run(command, nodes, flow=FLOW, args=None):
+    def run(command, nodes, flow=FLOW, args=None, extra_env=None):
         shutil.copy(FLOWS / flow, tmp_path)
         return metaflow(flow, ["--datastore=s3", *(args or COMMANDS[command])], tmp_path,
-                        dict(env, TD_NODES=str(nodes)))
+                        dict(env, TD_NODES=str(nodes), **(extra_env or {})))
 
     run.env = env
     return run
@@ -102,14 +102,55 @@ def test_the_deployer_api_deploys_a_multi_node_gang_to_step_functions(aws, deplo
         "0:0", "1:1"]
 
 
-def test_a_gang_on_the_start_step_is_refused_on_step_functions(aws, deploy, tmp_path):
-    res = deploy("step-functions", nodes=2, flow="deploy_start_gang_flow.py")
+@pytest.mark.parametrize("flow, name, step", [
+    ("deploy_start_gang_flow.py", "DeployStartGangFlow", "start"),
+    ("deploy_join_gang_flow.py", "DeployJoinGangFlow", "join"),
+])
+def test_a_gang_on_the_start_step_or_a_join_is_refused_on_step_functions(aws, deploy, flow,
+                                                                         name, step):
+    stored = _bucket_keys(aws)
+    res = deploy("step-functions", nodes=2, flow=flow)
     output = res.stdout + res.stderr
     assert res.returncode != 0, output
-    assert ("@torch_distributed on step start: a gang of 2 nodes cannot be deployed to AWS "
-            "Step Functions on a start step") in output, output
+    assert ("@torch_distributed on step %s: a gang of 2 nodes cannot be deployed to AWS "
+            "Step Functions on a %s step" % (step, step)) in output, output
+    assert _bucket_keys(aws) == stored, "a code package was uploaded"
     machines = aws.client("stepfunctions").list_state_machines()["stateMachines"]
-    assert "DeployStartGangFlow" not in [m["name"] for m in machines]
+    assert name not in [m["name"] for m in machines]
+
+
+def test_a_fargate_queue_is_refused_by_step_functions_create(aws, deploy):
+    # AWS Batch runs multi-node jobs on EC2 only; refused while the state machine is compiled
+    client = aws.client("stepfunctions")
+    before = client.list_state_machines()["stateMachines"]
+    res = deploy("step-functions", nodes=2,
+                 extra_env={"METAFLOW_BATCH_JOB_QUEUE": aws.fargate_queue,
+                            "METAFLOW_ECS_FARGATE_EXECUTION_ROLE": aws.role_arn})
+    output = res.stdout + res.stderr
+    assert res.returncode != 0, output
+    assert ("@torch_distributed on step train: the gang needs 2 nodes, and AWS Batch runs "
+            "multi-node jobs on EC2 compute environments only; job queue %r is Fargate"
+            % aws.fargate_queue) in output, output
+    assert client.list_state_machines()["stateMachines"] == before, "a state machine was deployed"
+
+
+def test_retry_and_catch_are_the_multi_node_jobs_own_attempts(aws, deploy):
+    # Step Functions leaves retries to AWS Batch: every attempt reruns the whole multi-node job,
+    # and every node reads its attempt from AWS_BATCH_JOB_ATTEMPT
+    res = deploy("step-functions", nodes=2, args=[
+        "--with", "retry:times=2,minutes_between_retries=0", "--with", "catch",
+        "step-functions", "create", "--only-json"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    params = sfn.state(sfn.state_machine(res.stdout), "train")["Parameters"]
+    # the first attempt, 2 retries of @retry and the attempts @catch keeps for its fallback
+    from metaflow.plugins.catch_decorator import NUM_FALLBACK_RETRIES
+
+    assert params["RetryStrategy"] == {"Attempts": 1 + 2 + NUM_FALLBACK_RETRIES}
+    main, agent = params["NodeOverrides"]["NodePropertyOverrides"]
+    for node in (main, agent):
+        command = node["ContainerOverrides"]["Command"][-1]
+        assert "--retry-count $((AWS_BATCH_JOB_ATTEMPT-1))" in command, command
+        assert "--max-user-code-retries 2" in command, command
 
 
 def test_one_node_gangs_keep_deploying(aws, deploy, tmp_path):

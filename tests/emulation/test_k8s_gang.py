@@ -20,7 +20,8 @@ from .probes import wait_for
 FLOWS = Path(__file__).parent / "flows"
 MAIN_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_MAIN"
 FLOW_NAMES = {"k8s_gang_flow.py": "KubernetesGangFlow",
-              "k8s_foreach_flow.py": "KubernetesForeachFlow"}
+              "k8s_foreach_flow.py": "KubernetesForeachFlow",
+              "remote_checkpoint_flow.py": "RemoteCheckpointFlow"}
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
@@ -281,6 +282,41 @@ def test_a_worker_pod_that_freezes_is_caught_by_its_heartbeat(aws, kubernetes, t
     assert res.returncode != 0
     assert "node 1 stopped sending heartbeats 3.0s ago" in res.output, res.output
     assert time.monotonic() - stopped_at < 60
+
+
+def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubernetes, tmp_path):
+    """A lost node (its pod deleted, as an eviction or preemption does) after a save: @retry's new
+    JobSet starts from that checkpoint on every pod, the worker pod's agent getting what node 0's
+    @checkpoint loaded through the gang's control plane. (A SIGKILLed rank of a remote node,
+    named, and the same hand-over: tests/emulation/test_batch_checkpoint.py.)"""
+    import threading
+
+    from kubernetes import client, config
+
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "remote_checkpoint_flow.py")
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(
+        res=gang.run(timeout_s=300, TD_LAUNCH_DIR=gang.workdir, TD_LOSE_NODE=1)))
+    runner.start()
+    wait_for(lambda: (gang.workdir / "saved").exists(), 180, "the checkpoint of attempt 0")
+    [worker] = [p for js in list(kubernetes.controller.jobsets.values()) for p in js.pods
+                if p.replicated_job == "worker" and p.process is not None]
+    api = client.CoreV1Api(config.new_client_from_config(str(kubernetes.kubeconfig)))
+    api.delete_namespaced_pod(worker.name, "default")
+    runner.join(300)
+    res = outcome["res"]
+    assert res.returncode == 0, res.output
+    assert worker.reason == "Evicted" and "killed by SIGKILL" not in res.output, res.output
+    _assert_the_retry_loaded_the_checkpoint_on_both_pods(gang)
+
+
+def _assert_the_retry_loaded_the_checkpoint_on_both_pods(gang):
+    assert len(gang.jobsets_of("train")) == 2  # the retry was a new JobSet
+    loaded = gang.client("run['train'].task['loaded'].data")
+    assert [p["rank"] for p in loaded] == [0, 1]
+    assert "-control-0-0-" in loaded[0]["pod"] and "-worker-0-0-" in loaded[1]["pod"], loaded
+    assert all(p["is_loaded"] and p["found"] == "saved by rank 0 in attempt 0"
+               for p in loaded), loaded
 
 
 def test_an_evicted_worker_pod_fails_the_step_and_resume_reruns_the_gang(aws, kubernetes,

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import ast
 import shutil
+import time
 from pathlib import Path
+
+import psutil
 
 from . import sfn
 from .aws import client, validate_request
 from tests.support import isolated_env, metaflow
+from .probes import wait_for
 from .test_batch_emulator import wait_status
 
 FLOWS = Path(__file__).parent / "flows"
@@ -32,26 +36,36 @@ class Execution:
                        "$.Parameters.['metaflow.run_id']": EXECUTION}
         self.jobs = {}
 
-    def run_state(self, name, timeout_s=240, **filled):
+    def submit_state(self, name, **filled):
+        """Submit the state's job; its id."""
         self.filled.update(filled)
         job = sfn.submit_job_input(sfn.state(self.machine, name)["Parameters"], self.filled)
         validate_request("batch", "SubmitJob", job)
-        job_id = self.api.submit_job(**job)["jobId"]
+        self.jobs[name] = job_id = self.api.submit_job(**job)["jobId"]
+        return job_id
+
+    def wait_state(self, name, timeout_s=240):
+        """The description of the state's job once it has ended."""
+        job_id = self.jobs[name]
         detail = wait_status(self.api, job_id, "SUCCEEDED", "FAILED", timeout_s=timeout_s)
-        self.jobs[name] = job_id
         self.filled["$.JobId"] = job_id  # the next state's input: this job's description
         return detail
 
+    def run_state(self, name, timeout_s=240, **filled):
+        self.submit_state(name, **filled)
+        return self.wait_state(name, timeout_s)
 
-def compile_flow(aws, batch, tmp_path, flow):
-    """(state machine, environment) of `step-functions create --only-json` of `flow`."""
+
+def compile_flow(aws, batch, tmp_path, flow, flow_env=None):
+    """(state machine, environment) of `step-functions create --only-json` of `flow`;
+    `flow_env` (TD_* variables) is compiled into the job by the flow's @environment."""
     shutil.copy(FLOWS / flow, tmp_path)
     home = tmp_path / "metaflow-home"
     home.mkdir()
     env = isolated_env(aws.env, batch.env, {"METAFLOW_SFN_IAM_ROLE": aws.role_arn,
                                             "METAFLOW_EVENTS_SFN_ACCESS_IAM_ROLE": aws.role_arn,
                                             "METAFLOW_SFN_DYNAMO_DB_TABLE": TABLE},
-                       home=home)
+                       flow_env or {}, home=home)
     res = metaflow(flow, ["--datastore=s3", "step-functions", "create", "--only-json"],
                    tmp_path, env)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -92,6 +106,58 @@ def test_a_two_node_gang_runs_as_one_multi_node_job_of_the_state_machine(aws, ba
     assert {k.split("/")[4] for k in keys} == {train, train + "-node-1"}, keys
     assert {k.split("/")[5] for k in keys if "-node-1/" in k} == {
         "0.task_stdout.log", "0.task_stderr.log"}, keys
+
+
+def test_a_failing_rank_on_node_1_fails_the_gangs_job_with_its_root_cause(aws, batch,
+                                                                         tmp_path):
+    machine, _ = compile_flow(aws, batch, tmp_path, FLOW, {"TD_FAIL_RANK": "2"})
+    run = Execution(aws, batch, machine)
+    assert run.run_state("start")["status"] == "SUCCEEDED"
+    detail = run.run_state("train")
+    task_log = batch.node_log(run.jobs["train"], 0)
+    assert detail["status"] == "FAILED", task_log[-4000:]
+    # the task's log (node 0's) names the rank on node 1 that failed first, with its traceback
+    # and last words, as with `run --with batch`
+    assert "rank 2 (node 1, local rank 0) raised ValueError: injected failure on rank 2" \
+        in task_log, task_log[-4000:]
+    assert 'raise ValueError("injected failure on rank %d" % rank)' in task_log
+    assert "[rank 2] last words of rank 2" in task_log
+    # the job failed on node 0's verdict; it did not wait for a timeout
+    assert "rendezvous timeout" not in task_log and "heartbeat" not in task_log
+
+
+def test_a_node_that_stops_answering_is_caught_by_its_heartbeat(aws, batch, tmp_path):
+    machine, _ = compile_flow(aws, batch, tmp_path, FLOW, {
+        "TD_BUSY": "120", "METAFLOW_TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT": "3"})
+    run = Execution(aws, batch, machine)
+    assert run.run_state("start")["status"] == "SUCCEEDED"
+    job_id = run.submit_state("train")
+    node1 = batch.node_dir(job_id, 1)
+    log = node1 / "container.log"
+    wait_for(lambda: "[node 1 agent] joined the gang of node 0" in _read(log) and
+             "[rank 3] rank 3 says hello" in _read(log), 180, "node 1 to join and start")
+    frozen = [p for p in psutil.process_iter(["cwd"])
+              if (p.info["cwd"] or "").startswith(str(node1))]
+    assert frozen
+    stopped_at = time.monotonic()
+    for p in frozen:  # the node hangs as a whole: no exit, no report, no heartbeat
+        p.suspend()
+    try:
+        detail = run.wait_state("train", timeout_s=150)
+    finally:
+        for p in frozen:
+            if p.is_running():
+                p.kill()
+    detected = time.monotonic() - stopped_at
+    task_log = batch.node_log(job_id, 0)
+    assert detail["status"] == "FAILED", task_log[-4000:]
+    # node 0's heartbeat timeout is the job's (the flow's @environment, compiled in)
+    assert "node 1 stopped sending heartbeats 3.0s ago" in task_log, task_log[-4000:]
+    assert detected < 60, detected
+
+
+def _read(path):
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def test_a_foreach_of_multi_node_gangs_keeps_each_gangs_input_and_meets_at_the_join(

@@ -23,7 +23,7 @@ SCRIPT = r"""
 import json, os, sys
 from metaflow import current
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import checkpoints
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.launch import GangSpec
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import GangSpec
 
 root, identity = sys.argv[1], json.loads(sys.argv[2])
 os.environ.update(identity)

@@ -11,7 +11,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.control imp
     ControlPlane,
     bind_listener,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.launch import GangSpec
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import GangSpec
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import OutputPump
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.remote_logs import (
     LogReceiver,

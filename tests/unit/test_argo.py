@@ -19,7 +19,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed import (
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
     TorchDistributedConfigError
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.launch import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import (
     GangSpec,
     TaskIdentity,
 )

@@ -13,7 +13,7 @@ from metaflow.plugins.aws.batch.batch_client import BatchJob
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import batch, naming, trampoline
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
     TorchDistributedEnvironmentError
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.launch import GangSpec, \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import GangSpec, \
     TaskIdentity
 from tests.emulation.aws import validate_request
 

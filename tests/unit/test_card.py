@@ -214,9 +214,11 @@ def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys):
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import Leader
 
     leader = Leader.__new__(Leader)
-    leader.step_name, leader.remote, leader.recorder = "train", False, _Broken()
-    leader.runner = SimpleNamespace(slots=[], spawned={})
-    assert leader._collect("/nonexistent", None, None, []) is None
+    leader.step_name, leader.remote = "train", False
+    attempt = SimpleNamespace(spec=SimpleNamespace(work_dir="/nonexistent"), control=None,
+                              watch=None, recorder=_Broken(),
+                              runner=SimpleNamespace(slots=[], spawned={}, stopped=[]))
+    assert leader._collect(attempt) is None
     assert "@torch_distributed on step *train*: could not record the gang for its card: boom" \
         in capsys.readouterr().err
 
@@ -239,7 +241,7 @@ def test_joining_a_group_is_noted_as_the_rank_enters_the_rendezvous(tmp_path):
 
     import torch.distributed as dist
 
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.frameworks import \
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.groupcheck import \
         run_body
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
 

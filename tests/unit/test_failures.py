@@ -381,11 +381,14 @@ def test_a_raise_counts_once_its_exception_is_saved(tmp_path, monkeypatch):
 def _leader_raising(outcome, member_exception):
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import Leader
 
+    from types import SimpleNamespace
+
     leader = Leader.__new__(Leader)  # only _raise_failure's fields: nothing is started
     leader.step_name = "train"
-    leader.rank0_exception = None
+    attempt = SimpleNamespace(outcome=outcome, rank0_exception=None,
+                              member_exception=member_exception)
     with pytest.raises(BaseException) as raised:
-        leader._raise_failure(outcome, member_exception)
+        leader._raise_failure(attempt)
     return raised.value
 
 

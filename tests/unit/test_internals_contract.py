@@ -14,7 +14,7 @@ import types
 import pytest
 
 import metaflow
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import internals, launch
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import internals, gangspec, spinstep
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.versions import \
     TESTED_METAFLOW, metaflow_version_supported
 
@@ -148,14 +148,14 @@ def test_spin_step_command():
     command = _spin_step()
     require(command.name == "spin-step", "the spin-step command", "its name is spin-step")
     opts = {opt: p.name for p in command.params for opt in [*p.opts, *p.secondary_opts]}
-    identity = launch.TaskIdentity(run_id="5", task_id="7", input_paths="5/start/1",
+    identity = gangspec.TaskIdentity(run_id="5", task_id="7", input_paths="5/start/1",
                                    split_index=2, retry_count=1, max_user_code_retries=2,
                                    namespace="user:me", orig_datastore="local@/tmp/mf")
-    words = launch.spin_step_options("train", identity, "7-gang-1")
+    words = spinstep.spin_step_options("train", identity, "7-gang-1")
     for word in words:
         if word.startswith("--"):
             require(word in opts, "the spin-step command",
-                    "it accepts %s (launch.spin_step_options passes it)" % word)
+                    "it accepts %s (spinstep.spin_step_options passes it)" % word)
     # what batch.resolve_node reads from an agent's spin-step options
     for name in ("run_id", "task_id", "input_paths", "split_index", "retry_count",
                  "max_user_code_retries", "orig_flow_datastore"):

@@ -39,8 +39,8 @@ OWN = ("self", "cls")
 # Private names of other libraries that a module reads on purpose (each a known seam of its own,
 # not Metaflow's): (file name, attribute) -> whose it is.
 NOT_METAFLOW = {
-    ("frameworks.py", "_rendezvous_handlers"): "torch.distributed.rendezvous (GroupWatch)",
-    ("frameworks.py", "_shared_state"): "accelerate.state.PartialState",
+    ("groupcheck.py", "_rendezvous_handlers"): "torch.distributed.rendezvous (GroupWatch)",
+    ("groupcheck.py", "_shared_state"): "accelerate.state.PartialState",
 }
 
 

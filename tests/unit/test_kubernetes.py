@@ -16,7 +16,7 @@ from metaflow.plugins.kubernetes.kubernetes import Kubernetes
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import kubernetes, naming
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
     TorchDistributedEnvironmentError
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.launch import GangSpec, \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import GangSpec, \
     TaskIdentity
 from tests.emulation.jobset_controller import pruned, validate_jobset
 

@@ -13,7 +13,7 @@ from metaflow.plugins.aws.batch.batch_client import BatchJob
 from metaflow.plugins.aws.step_functions import step_functions
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import (
     batch,
-    launch,
+    gangspec,
     naming,
     stepfunctions,
     trampoline,
@@ -114,7 +114,7 @@ def test_an_agent_takes_its_task_from_its_spin_step_and_meets_node_0():
     node_env = {batch.MAIN_NODE_ENV: json.dumps({"step": "train", "nodes": 2,
                                                  "master_port": None, "secret": "salt"}),
                 batch.NUM_NODES: "2", "MF_PARALLEL_MAIN_IP": "10.0.0.5"}
-    identity = launch.TaskIdentity(run_id="sfn-x", task_id="0f1e", input_paths="",
+    identity = gangspec.TaskIdentity(run_id="sfn-x", task_id="0f1e", input_paths="",
                                    split_index=3, retry_count=1, max_user_code_retries=2,
                                    namespace=None, orig_datastore="s3@s3://b/mf")
     place = batch.node_zero("train", node_env, identity, None)

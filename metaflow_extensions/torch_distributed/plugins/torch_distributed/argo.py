@@ -30,7 +30,7 @@ import shlex
 
 from . import internals, kubernetes, naming, trampoline
 from .errors import TorchDistributedConfigError
-from .launch import spin_env_additions
+from .spinstep import spin_env_additions
 
 # The JobSet's label that carries the gang's task id: the template's `task-id` output.
 TASK_ID_LABEL = "torch_distributed_task_id"

@@ -23,7 +23,8 @@ from dataclasses import replace
 
 from . import internals, naming, trampoline
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
-from .launch import GangSpec, NodeZero, spin_env_additions
+from .gangspec import GangSpec, NodeZero
+from .spinstep import spin_env_additions
 
 # Set by the decorator's runtime_step_cli on the trampoline of a multi-node step (the step's name).
 TRAMPOLINE_ENV = "METAFLOW_TORCH_DISTRIBUTED_BATCH_STEP"

@@ -8,10 +8,10 @@ from metaflow.decorators import StepDecorator
 
 from . import batch, checkpoints, devices, kubernetes
 from . import current as current_mod
-from . import frameworks, internals
+from . import groupcheck, internals
 from . import argo, schedulers, settings, stepfunctions
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
-from .launch import GangSpec, NodeZero, current_task_identity
+from .gangspec import GangSpec, NodeZero, current_task_identity
 from .topology import Topology, plan_line, plan_topology
 from .usertimer import PausedTimer
 from .versions import check_metaflow_version
@@ -106,7 +106,7 @@ class TorchDistributedDecorator(StepDecorator):
             raise TorchDistributedConfigError(step_name, str(ex))
         self.gpus_requested = source if source and source.startswith("@") else None
         self.settings = settings.resolve(step_name, self.attributes, _configured_settings())
-        frameworks.check_mode(step_name, os.environ)  # a bad value fails before the run
+        groupcheck.check_mode(step_name, os.environ)  # a bad value fails before the run
         self.on_batch = any(d.name == "batch" for d in decorators)
         self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
         target = schedulers.check_deploy(step_name, self.topology)

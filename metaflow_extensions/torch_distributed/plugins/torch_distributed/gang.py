@@ -6,6 +6,7 @@ other node is run by a node agent that starts that node's ranks the same way. Lo
 agent is a spin-step process on this host; remotely it is the node's container command.
 """
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -18,7 +19,7 @@ import time
 import traceback
 
 from . import current as current_mod
-from . import events, frameworks, naming
+from . import events, groupcheck, naming
 from .control import ControlPlane, GangMismatch, bind_listener, is_port_in_use, \
     port_in_use_error
 from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
@@ -27,7 +28,8 @@ from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
 from .failures import (Failure, communication_error, from_exit, gang_outcome, load_exception,
                        root_cause)
 from .interrupt import BodyInterrupt
-from .launch import GangSpec, member_command
+from .gangspec import GangSpec
+from .spinstep import member_command
 from .procs import OutputPump, fork_member, run_member_body, spawn_member, stop_members
 from .remote_logs import LogReceiver, LogShipper
 from .supervisor import AgentWatch, LeaderWatch, Place, Slot
@@ -172,7 +174,7 @@ class NodeRunner:
 def run_rank_body(spec, topology, local_rank, step_func, args):
     """A rank's step body, its events recorded for the gang's card."""
     rank = topology.rank(spec.node, local_rank)
-    events.run_recorded(rank, events.rank_file(spec.work_dir, rank), lambda: frameworks.run_body(
+    events.run_recorded(rank, events.rank_file(spec.work_dir, rank), lambda: groupcheck.run_body(
         step_func, args, spec.step_name, topology, default_mode=spec.group_check_default,
         on_join=events.note_join))
 
@@ -180,6 +182,22 @@ def run_rank_body(spec, topology, local_rank, step_func, args):
 def rank_info(spec, topology, local_rank):
     return current_mod.TorchDistributedInfo(topology, spec.node, local_rank, spec.master_addr,
                                             spec.master_port, spec.accelerator, spec.secret)
+
+
+@dataclasses.dataclass
+class _Attempt:
+    """What one run of a gang holds on node 0, from its start to its settling. Leader.run makes
+    it and owns its teardown; the watch's thread and the watchdog read it."""
+    spec: GangSpec
+    runner: NodeRunner
+    recorder: events.GangRecorder
+    control: ControlPlane = None
+    receiver: LogReceiver = None
+    watch: LeaderWatch = None
+    body_finished: bool = False
+    rank0_exception: BaseException = None
+    outcome: object = None  # failures.GangOutcome when the gang failed
+    member_exception: BaseException = None  # the root cause's own exception, from a member
 
 
 class Leader:
@@ -201,94 +219,94 @@ class Leader:
         self._main_thread = threading.main_thread().ident
         # how another thread makes rank 0's body raise (a signal the user has no use for)
         self.interruption = BodyInterrupt(_aborted, self._body_running.is_set)
+        self.attempt = None  # the running gang's _Attempt
+        self.record = None  # the last run's record for the gang's card (events.py)
 
     def run(self, step_func, args, on_body_start=None):
         """Start the gang, run rank 0's body here (calling `on_body_start` just before it),
-        supervise, and raise the gang's error if any rank failed."""
-        self.on_body_start = on_body_start
-        self.body_finished = False
-        self.rank0_exception = None
-        self.receiver = None
-        listener = self._bind()
-        work_dir = tempfile.mkdtemp(prefix="torch-distributed-")
-        spec = GangSpec(**self.spec_fields, role="leader", node=0, work_dir=work_dir,
-                        master_port=listener.getsockname()[1],
-                        cuda_visible_devices=self.node_gpu_blocks.get(0))
-        runner = NodeRunner(spec, self.topology, step_func, args, self.decorator_name)
-        self.runner = runner
-        self.recorder = events.GangRecorder(spec, self.topology)
-        self.record = None
-        agents = []
-        control = supervisor = receiver = None
-        saved_env = dict(os.environ)
-        try:
-            runner.start_ranks(range(1, self.topology.nproc_per_node), close_fds=[listener.fileno()])
-            # Remote nodes start on their own machines; local ones are agents started here.
-            local_nodes = [] if self.remote else range(1, self.topology.nodes)
-            for node in local_nodes:
-                argv, env = runner.command(
-                    "agent", naming.hidden_task_id(spec.task["task_id"], node), node=node,
-                    cuda_visible_devices=self.node_gpu_blocks.get(node))
-                agents.append(Slot(spawn_member(naming.agent_label(node), argv, env), node))
-            runner.slots.extend(agents)
-            runner.capture(naming.rank_label(0), close_in_pump=[listener.fileno()])
-            control = ControlPlane.host(listener, spec.gang_id, spec.secret,
-                                        spec.rendezvous_timeout_s)
-            self.control = control
-            if self.remote:  # agents on other machines ask for what node 0's @checkpoint loaded
-                control.publish_checkpoint(spec.checkpoint)
-            if self.remote and self.topology.nodes > 1:
-                receiver = self.receiver = LogReceiver(
-                    ControlPlane.connect("127.0.0.1", spec.master_port, spec.gang_id,
-                                         spec.secret, spec.rendezvous_timeout_s),
-                    range(1, self.topology.nodes),
-                    {1: runner.saved_fds[0], 2: runner.saved_fds[1]},
-                    tee=self.recorder.remote_tails).start()
-            supervisor = LeaderWatch(
-                runner.slots, control, self.topology,
-                watch_nodes=range(1, self.topology.nodes),
-                expected_joins=self._expected_joins(spec),
-                join_timeout=spec.rendezvous_timeout_s,
-                heartbeat_timeout=spec.heartbeat_timeout_s,
-                leader_busy=self._body_running.is_set,
-                finish_timeout=spec.finish_timeout_s,
-                on_failure=self._on_failure).start()
-            self.supervisor = supervisor
-            with self.interruption:
-                self._run_rank0(spec, step_func, args, supervisor)
-            if not supervisor.wait(spec.finish_timeout_s):
-                supervisor.report(supervisor.unfinished_failure(spec.finish_timeout_s))
-        finally:
-            if supervisor is not None and supervisor.failed() and control is not None:
-                _quietly(control.abort)
-            if receiver is not None:
-                receiver.stop(REMOTE_DRAIN_TIMEOUT)
-            stop_started, stopped = runner.stop()
-            runner.release()
-            outcome = None
-            if supervisor is not None and supervisor.failed():
-                # before the work dir (with the members' error files) is removed
-                outcome, member_exception = self._outcome(supervisor, control, stopped,
-                                                              stop_started)
-            os.environ.clear()
-            os.environ.update(saved_env)
-            self.record = self._collect(work_dir, control, supervisor, stopped)
-            listener.close()
-            shutil.rmtree(work_dir, ignore_errors=True)
-        if outcome is not None:
-            self._raise_failure(outcome, member_exception)
+        supervise, and raise the gang's error if any rank failed.
 
-    def _collect(self, work_dir, control, supervisor, stopped):
+        Every resource is torn down in one place, in the reverse of the order it was made:
+        `running` stops what runs (the watch's abort, the log receiver, the members and the
+        node's output), then `held` settles the outcome and the card's record while the work
+        dir (members' error files) and the store are still there, and removes those last."""
+        with contextlib.ExitStack() as held:
+            listener = held.enter_context(contextlib.closing(self._bind()))
+            work_dir = tempfile.mkdtemp(prefix="torch-distributed-")
+            held.callback(shutil.rmtree, work_dir, ignore_errors=True)
+            spec = GangSpec(**self.spec_fields, role="leader", node=0, work_dir=work_dir,
+                            master_port=listener.getsockname()[1],
+                            cuda_visible_devices=self.node_gpu_blocks.get(0))
+            attempt = self.attempt = _Attempt(
+                spec, NodeRunner(spec, self.topology, step_func, args, self.decorator_name),
+                events.GangRecorder(spec, self.topology))
+            held.callback(self._settle, attempt)
+            held.callback(_restore_environ, dict(os.environ))  # rank 0's body changes it
+            with contextlib.ExitStack() as running:
+                self._start(attempt, listener, running)
+                with self.interruption:
+                    self._run_rank0(attempt, step_func, args, on_body_start)
+                if not attempt.watch.wait(spec.finish_timeout_s):
+                    attempt.watch.report(attempt.watch.unfinished_failure(spec.finish_timeout_s))
+        if attempt.outcome is not None:
+            self._raise_failure(attempt)
+
+    def _start(self, attempt, listener, running):
+        """Start node 0's members, the local agents, the store, the log receiver and the
+        watch, registering on `running` how each is stopped."""
+        spec, runner = attempt.spec, attempt.runner
+        runner.start_ranks(range(1, self.topology.nproc_per_node), close_fds=[listener.fileno()])
+        running.callback(_stop_and_release, runner)
+        # Remote nodes start on their own machines; local ones are agents started here.
+        local_nodes = [] if self.remote else range(1, self.topology.nodes)
+        for node in local_nodes:
+            argv, env = runner.command(
+                "agent", naming.hidden_task_id(spec.task["task_id"], node), node=node,
+                cuda_visible_devices=self.node_gpu_blocks.get(node))
+            runner.slots.append(Slot(spawn_member(naming.agent_label(node), argv, env), node))
+        runner.capture(naming.rank_label(0), close_in_pump=[listener.fileno()])
+        attempt.control = ControlPlane.host(listener, spec.gang_id, spec.secret,
+                                            spec.rendezvous_timeout_s)
+        if self.remote:  # agents on other machines ask for what node 0's @checkpoint loaded
+            attempt.control.publish_checkpoint(spec.checkpoint)
+        if self.remote and self.topology.nodes > 1:
+            attempt.receiver = LogReceiver(
+                ControlPlane.connect("127.0.0.1", spec.master_port, spec.gang_id,
+                                     spec.secret, spec.rendezvous_timeout_s),
+                range(1, self.topology.nodes),
+                {1: runner.saved_fds[0], 2: runner.saved_fds[1]},
+                tee=attempt.recorder.remote_tails).start()
+            running.callback(attempt.receiver.stop, REMOTE_DRAIN_TIMEOUT)
+        attempt.watch = LeaderWatch(
+            runner.slots, attempt.control, self.topology,
+            watch_nodes=range(1, self.topology.nodes),
+            expected_joins=self._expected_joins(attempt),
+            join_timeout=spec.rendezvous_timeout_s,
+            heartbeat_timeout=spec.heartbeat_timeout_s,
+            leader_busy=self._body_running.is_set,
+            finish_timeout=spec.finish_timeout_s,
+            on_failure=self._on_failure).start()
+        running.callback(_abort_if_failed, attempt)
+
+    def _settle(self, attempt):
+        """Once every process of the gang has stopped: what happened, and the card's record."""
+        if attempt.watch is not None and attempt.watch.failed():
+            attempt.outcome, attempt.member_exception = self._outcome(attempt)
+        self.record = self._collect(attempt)
+
+    def _collect(self, attempt):
         """The record of this gang attempt for its card, or None if it cannot be put together
         (which never changes the step's result)."""
-        failures = supervisor.failures if supervisor is not None else []
+        runner, control = attempt.runner, attempt.control
+        failures = attempt.watch.failures if attempt.watch is not None else []
         try:
             remote = {}
             if self.remote and control is not None:
                 for node in range(1, self.topology.nodes):
                     remote[node] = control.node_events(node)
-            return self.recorder.collect(work_dir, self.runner.slots, self.runner.spawned,
-                                         remote, failures, root_cause(failures), stopped)
+            return attempt.recorder.collect(attempt.spec.work_dir, runner.slots, runner.spawned,
+                                            remote, failures, root_cause(failures),
+                                            list(runner.stopped))
         except Exception as ex:  # noqa: BLE001 - the card is a view; the step's result stands
             print("@torch_distributed on step *%s*: could not record the gang for its card: %s"
                   % (self.step_name, ex), file=sys.stderr, flush=True)
@@ -302,58 +320,60 @@ class Leader:
                 raise port_in_use_error(self.step_name, self.port)
             raise
 
-    def _expected_joins(self, spec):
+    def _expected_joins(self, attempt):
         joins = {naming.node_join_id(n): Place(n) for n in range(1, self.topology.nodes)}
-        if spec.start_method == "exec":
-            for slot in self.runner.slots:
+        if attempt.spec.start_method == "exec":
+            for slot in attempt.runner.slots:
                 if slot.rank is not None:
                     joins[naming.rank_join_id(slot.rank)] = Place(0, slot.rank, slot.local_rank)
         return joins
 
-    def _run_rank0(self, spec, step_func, args, supervisor):
+    def _run_rank0(self, attempt, step_func, args, on_body_start):
         for key in foreign_launcher_vars(os.environ):
             del os.environ[key]
-        os.environ.update(self.runner.env_of(0))
-        current_mod.install(rank_info(spec, self.topology, 0))
-        if self.on_body_start is not None:
-            self.on_body_start()
+        os.environ.update(attempt.runner.env_of(0))
+        current_mod.install(rank_info(attempt.spec, self.topology, 0))
+        if on_body_start is not None:
+            on_body_start()
         self._body_running.set()
         try:
-            run_rank_body(spec, self.topology, 0, step_func, args)
-            self.body_finished = True
+            run_rank_body(attempt.spec, self.topology, 0, step_func, args)
+            attempt.body_finished = True
         except BaseException as ex:
             self._body_running.clear()
-            self._rank0_failed(ex, supervisor)
+            self._rank0_failed(attempt, ex)
         finally:
             self._body_running.clear()
 
-    def _rank0_failed(self, ex, supervisor):
-        self.rank0_exception = ex
+    def _rank0_failed(self, attempt, ex):
+        attempt.rank0_exception = ex
         failure = Failure(0, 0, "exception", time.time(), local_rank=0,
                           message="%s: %s" % (type(ex).__name__, ex),
                           traceback=_format_traceback(ex), symptom=communication_error(ex))
         # Let go of the body's locals now: a DataLoader's persistent workers live as long as
         # its frames, and they hold this task's output pipe open, which the gang drains last.
         traceback.clear_frames(ex.__traceback__)
-        # A symptom (a peer probably failed first) is held by the supervisor while it waits
-        # for the root cause.
-        supervisor.report(failure)
+        # A symptom (a peer probably failed first) is held by the watch while it waits for the
+        # root cause.
+        attempt.watch.report(failure)
 
     def _on_failure(self, failure):
-        """The first failure of the gang: stop every process, then make rank 0 stop."""
-        self.recorder.phase("abort")
-        _quietly(self.control.abort)
+        """The first failure of the gang (called by the watch, which already holds it): stop
+        every process, then make rank 0 stop."""
+        attempt = self.attempt
+        attempt.recorder.phase("abort")
+        _quietly(attempt.control.abort)
         if threading.get_ident() == self._main_thread:
             return  # rank 0 itself failed: run() stops the members on its way out
-        self.runner.stop()
+        attempt.runner.stop()
         if not self._body_running.is_set():
             return
         # without a free signal the watchdog alone ends the task after the abort grace
         self.interruption.interrupt(self._main_thread)
-        threading.Thread(target=self._watchdog, name="torch-distributed-watchdog",
-                         daemon=True).start()
+        threading.Thread(target=self._watchdog, args=(attempt,),
+                         name="torch-distributed-watchdog", daemon=True).start()
 
-    def _watchdog(self):
+    def _watchdog(self, attempt):
         deadline = time.monotonic() + self.abort_grace
         while time.monotonic() < deadline:
             if not self._body_running.is_set():
@@ -361,24 +381,25 @@ class Leader:
             time.sleep(0.05)
         # Rank 0 is stuck in native code (a collective or the rendezvous) and cannot be
         # interrupted: end the task. The runtime sees a failed attempt (retry/catch apply).
-        failure = root_cause(self.supervisor.failures)
-        if self.receiver is not None:
-            self.receiver.stop(REMOTE_DRAIN_TIMEOUT)
-        self.runner.release()
+        failure = root_cause(attempt.watch.failures)
+        if attempt.receiver is not None:
+            attempt.receiver.stop(REMOTE_DRAIN_TIMEOUT)
+        attempt.runner.release()
         print("@torch_distributed on step *%s*: gang failed.\n%s\nRank 0 did not stop within "
               "%ss (blocked in native code); ending the task."
               % (self.step_name, failure.describe(), self.abort_grace),
               file=sys.stderr, flush=True)
         os._exit(1)
 
-    def _outcome(self, supervisor, control, stopped_labels, stop_started):
+    def _outcome(self, attempt):
         """(GangOutcome, the exception object of a member whose failure is the root cause)."""
+        runner = attempt.runner
         exited = []
-        finished = [0] if self.body_finished else []
+        finished = [0] if attempt.body_finished else []
         # the ranks of other nodes: their node agents said which had finished
         finished += [r for r in range(self.topology.nproc_per_node, self.topology.world_size)
-                     if _ask(control.rank_is_done, r)]
-        for slot in self.runner.slots:
+                     if _ask(attempt.control.rank_is_done, r)]
+        for slot in runner.slots:
             if slot.rank is None:
                 continue
             code = slot.member.poll()
@@ -386,25 +407,26 @@ class Leader:
                 finished.append(slot.rank)
             elif code is not None:
                 # It failed on its own if it ended, or recorded its exception, before the gang
-                # stopped it (the supervisor may have stopped watching by then).
+                # stopped it (the watch may have stopped watching by then).
                 failure = from_exit(slot.rank, slot.node, slot.local_rank, code, time.time(),
                                     slot.error_file)
-                if (slot.member.label not in stopped_labels
-                        or (failure.kind == "exception" and failure.detected_at < stop_started)):
+                if (slot.member.label not in runner.stopped
+                        or (failure.kind == "exception"
+                            and failure.detected_at < runner.stop_started)):
                     exited.append(failure)
-        outcome = gang_outcome(supervisor.failures, range(self.topology.world_size), exited,
+        outcome = gang_outcome(attempt.watch.failures, range(self.topology.world_size), exited,
                                finished)
         root = outcome.root_cause
         member_exception = None
         if root.kind == "exception" and root.rank not in (None, 0) and (
                 root.node == 0 or not self.remote):  # its error file is on this machine
-            member_exception = load_exception(self.runner.error_file(root.rank))
+            member_exception = load_exception(runner.error_file(root.rank))
         return outcome, member_exception
 
-    def _raise_failure(self, outcome, member_exception):
+    def _raise_failure(self, attempt):
+        outcome = attempt.outcome
         failure = outcome.root_cause
-        own = (self.rank0_exception if failure.rank == 0
-               else member_exception)
+        own = attempt.rank0_exception if failure.rank == 0 else attempt.member_exception
         if failure.kind == "exception" and not failure.is_symptom() and own is not None:
             # Raise the user's own exception, so @catch and the task's error show its type. A
             # communication error (a peer went away or hung) is not the user's: the gang's
@@ -513,6 +535,22 @@ def _kill_ranks_and_leave(slots, signum, frame):
         slot.member.signal_group(signal.SIGKILL)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+def _stop_and_release(runner):
+    runner.stop()
+    runner.release()
+
+
+def _abort_if_failed(attempt):
+    """Tell the other nodes to stop, when the gang failed (its first step of teardown)."""
+    if attempt.watch.failed():
+        _quietly(attempt.control.abort)
+
+
+def _restore_environ(saved):
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def _aborted():

@@ -24,7 +24,8 @@ from dataclasses import replace
 
 from . import internals, trampoline
 from .errors import TorchDistributedEnvironmentError
-from .launch import NodeZero, spin_env_additions
+from .gangspec import NodeZero
+from .spinstep import spin_env_additions
 
 # Set by the decorator's runtime_step_cli on the trampoline of a multi-node step (the step's name).
 TRAMPOLINE_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_STEP"

@@ -19,7 +19,7 @@ import shlex
 
 from . import batch, internals, naming, trampoline
 from .errors import TorchDistributedConfigError
-from .launch import spin_env_additions
+from .spinstep import spin_env_additions
 
 # Runs the command after it with AWS_BATCH_JOB_ID stripped of its `#<node index>` suffix.
 BARE_JOB_ID = ["bash", "-c", 'export AWS_BATCH_JOB_ID="${AWS_BATCH_JOB_ID%%#*}"; exec "$@"',

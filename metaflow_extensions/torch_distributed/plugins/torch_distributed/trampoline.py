@@ -10,8 +10,9 @@ import sys
 from dataclasses import replace
 
 from . import naming
-from .launch import GangSpec, TaskIdentity, spin_step_options
 from .errors import TorchDistributedEnvironmentError
+from .gangspec import GangSpec, TaskIdentity
+from .spinstep import spin_step_options
 
 _INPUT_PATHS_VAR = re.compile(r"^METAFLOW_INPUT_PATHS_(\d+)$")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")

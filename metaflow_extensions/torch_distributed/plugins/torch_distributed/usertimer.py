@@ -5,8 +5,12 @@ before any decorator's task_decorate runs. The gang then imports torch and start
 which takes a second or more: time the user's body never had, and an alarm landing there would
 interrupt torch's own import half-way. `PausedTimer` stops that timer while the package works
 and re-arms it with exactly the time that was left, so @timeout measures the step body (and the
-wait for the other ranks to finish theirs) as on a plain step. Forked members do not inherit the
-timer (POSIX), so only rank 0, the task, is timed; its timeout stops the gang.
+wait for the other ranks to finish theirs) as on a plain step. Rank 0's body starts once the
+other processes are started, not ready: ranks and node agents that start afresh (exec, other
+nodes) are waited for on the clock (docs/metaflow-semantics.md). Forked members do not inherit
+the timer (POSIX). Exec'd ranks and node agents are spin-step processes, which run @timeout too
+(Metaflow allows it in spin steps), with clocks started later than rank 0's; rank 0's timeout
+stops the gang.
 """
 
 import signal

@@ -1,4 +1,4 @@
-"""frameworks.py: the diagnosis of a rank that did not join the gang, and the body guard with
+"""groupcheck.py: the diagnosis of a rank that did not join the gang, and the body guard with
 real torch rendezvous and real Lightning classes."""
 
 import socket
@@ -8,12 +8,12 @@ from datetime import timedelta
 import metaflow  # noqa: F401 - metaflow must load the extension before its modules are imported
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import frameworks
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import groupcheck
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import (
     TorchDistributedConfigError,
     TorchDistributedFrameworkError,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.frameworks import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.groupcheck import (
     GroupWatch,
     accelerate_processes,
     check_mode,
@@ -108,23 +108,23 @@ def test_other_errors_are_left_alone():
 
 # --- check_mode ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("environ,mode", [({}, "error"), ({frameworks.CHECK_ENV: "warn"}, "warn"),
-                                          ({frameworks.CHECK_ENV: " OFF "}, "off"),
-                                          ({frameworks.CHECK_ENV: ""}, "error")])
+@pytest.mark.parametrize("environ,mode", [({}, "error"), ({groupcheck.CHECK_ENV: "warn"}, "warn"),
+                                          ({groupcheck.CHECK_ENV: " OFF "}, "off"),
+                                          ({groupcheck.CHECK_ENV: ""}, "error")])
 def test_check_mode(environ, mode):
     assert check_mode("train", environ) == mode
 
 
-@pytest.mark.parametrize("environ,mode", [({}, "warn"), ({frameworks.CHECK_ENV: ""}, "warn"),
-                                          ({frameworks.CHECK_ENV: "error"}, "error"),
-                                          ({frameworks.CHECK_ENV: "off"}, "off")])
+@pytest.mark.parametrize("environ,mode", [({}, "warn"), ({groupcheck.CHECK_ENV: ""}, "warn"),
+                                          ({groupcheck.CHECK_ENV: "error"}, "error"),
+                                          ({groupcheck.CHECK_ENV: "off"}, "off")])
 def test_a_step_that_got_the_decorator_from_with_warns_unless_told_otherwise(environ, mode):
     assert check_mode("train", environ, default_mode="warn") == mode
 
 
 def test_an_unknown_check_mode_is_a_config_error_naming_the_value():
     with pytest.raises(TorchDistributedConfigError) as info:
-        check_mode("train", {frameworks.CHECK_ENV: "loud"})
+        check_mode("train", {groupcheck.CHECK_ENV: "loud"})
     assert "METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK='loud'" in str(info.value)
     assert "step *train*" in str(info.value)
 
@@ -230,13 +230,13 @@ def test_run_body_error_mode_fails_a_rank_whose_group_has_the_wrong_size():
 
 def test_run_body_warn_mode_prints_and_returns(capsys):
     run_body(lambda: None, (), "train", GANG,
-             environ={"RANK": "1", frameworks.CHECK_ENV: "warn"})
+             environ={"RANK": "1", groupcheck.CHECK_ENV: "warn"})
     err = capsys.readouterr().err
     assert err.startswith("@torch_distributed on step *train*: WARNING: rank 1 finished")
 
 
 def test_run_body_off_mode_and_single_process_gangs_check_nothing(capsys):
-    run_body(lambda: None, (), "train", GANG, environ={frameworks.CHECK_ENV: "off"})
+    run_body(lambda: None, (), "train", GANG, environ={groupcheck.CHECK_ENV: "off"})
     run_body(lambda: None, (), "train", Topology(1, 1), environ={})
     assert capsys.readouterr().err == ""
 

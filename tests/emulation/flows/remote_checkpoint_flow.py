@@ -1,23 +1,26 @@
-"""@checkpoint on a gang of 2 nodes x 1 process on the emulated AWS Batch, under @retry.
+"""@checkpoint on a gang of 2 nodes x 1 process on emulated AWS Batch or Kubernetes, under @retry.
 
 Attempt 0: rank 0 writes state.txt into current.checkpoint.directory and saves it; then rank 1
-(node 1, under its node agent) is SIGKILLed. Attempt 1 (a new multi-node job): every rank reads
-what it finds in its current.checkpoint.directory, and rank 0 gathers it into `loaded`."""
+(node 1, under its node agent) is SIGKILLed, or with TD_LOSE_NODE=1 every rank keeps
+all-reducing after leaving the file `saved` in TD_LAUNCH_DIR, until the test takes node 1 away.
+Attempt 1 (a new multi-node job or JobSet): every rank reads what it finds in its
+current.checkpoint.directory, and rank 0 gathers it into `loaded`, with where each rank ran."""
 
 import os
 import signal
+import time
 
 from metaflow import FlowSpec, checkpoint, current, environment, retry, step, torch_distributed
 
 TD = {k: v for k, v in os.environ.items() if k.startswith("TD_")}
-# @checkpoint reads the run's tags with Metaflow's client when a task starts, so a Batch task
-# needs the run's metadata: on AWS that is the metadata service; here, with local metadata,
-# the emulated nodes share this machine's disk and read the launcher's (TD_LAUNCH_DIR).
+# @checkpoint reads the run's tags with Metaflow's client when a task starts, so a remote task
+# needs the run's metadata: on AWS or a cluster that is the metadata service; here, with local
+# metadata, the emulated nodes share this machine's disk and read the launcher's (TD_LAUNCH_DIR).
 ENV = dict(TD, METAFLOW_DATASTORE_SYSROOT_LOCAL=TD["TD_LAUNCH_DIR"]) if "TD_LAUNCH_DIR" in TD \
     else TD
 
 
-class BatchCheckpointFlow(FlowSpec):
+class RemoteCheckpointFlow(FlowSpec):
     @step
     def start(self):
         self.next(self.train)
@@ -28,6 +31,7 @@ class BatchCheckpointFlow(FlowSpec):
     @torch_distributed(nodes=2, nproc_per_node=1, rendezvous_timeout=60)
     @step
     def train(self):
+        import torch
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
@@ -38,7 +42,8 @@ class BatchCheckpointFlow(FlowSpec):
             with open(state) as f:
                 found = f.read()
         self.loaded = current.torch_distributed.gather(
-            dict(rank=rank, node=os.environ.get("AWS_BATCH_JOB_NODE_INDEX"), found=found,
+            dict(rank=rank, node=os.environ.get("AWS_BATCH_JOB_NODE_INDEX"),
+                 pod=os.environ.get("METAFLOW_KUBERNETES_POD_NAME"), found=found,
                  is_loaded=current.checkpoint.is_loaded))
         if current.retry_count == 0:
             if rank == 0:
@@ -46,6 +51,13 @@ class BatchCheckpointFlow(FlowSpec):
                     f.write("saved by rank 0 in attempt 0")
                 current.checkpoint.save()
             dist.barrier()
+            if "TD_LOSE_NODE" in TD:
+                if rank == 1:
+                    open(os.path.join(TD["TD_LAUNCH_DIR"], "saved"), "w").close()
+                deadline = time.time() + 120
+                while time.time() < deadline:  # until node 1 is gone, and its peers with it
+                    dist.all_reduce(torch.ones(1))
+                    time.sleep(0.05)
             if rank == 1:
                 os.kill(os.getpid(), signal.SIGKILL)
             dist.barrier()
@@ -58,4 +70,4 @@ class BatchCheckpointFlow(FlowSpec):
 
 
 if __name__ == "__main__":
-    BatchCheckpointFlow()
+    RemoteCheckpointFlow()

@@ -1,0 +1,37 @@
+"""docs/benchmarks.md is bench/report.py's rendering of the results file it names, and points to
+the checkpoint measurements kept in docs/checkpoints.md (issue 15)."""
+
+import importlib.util
+import json
+import re
+
+from tests.support import REPO
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location("bench_report", REPO / "bench" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rendered():
+    """The page as `bench/report.py <results file>` writes it (without redrawing the plot)."""
+    report = _report()
+    page = report.DOC.read_text()
+    source = re.search(r"^Results: `(bench/results/[^`]+\.json)`", page, re.M).group(1)
+    rendered = report.render(json.loads((REPO / source).read_text()), source)
+    kept = report.section_of(page)
+    return page, report.with_section(rendered, kept) if kept else rendered
+
+
+def test_the_page_is_what_report_renders_from_its_results_file():
+    page, rendered = _rendered()
+    assert page == rendered  # edit bench/report.py, then rerun it, rather than the page
+
+
+def test_the_page_points_to_the_checkpoint_and_recovery_measurements():
+    _, rendered = _rendered()
+    section = rendered.split("## Checkpoints and recovery", 1)[1]
+    assert "(checkpoints.md#costs)" in section
+    assert "bench/checkpoint_throughput.py" in section and "test_checkpoints.py" in section
