@@ -24,8 +24,6 @@ from tests.support import isolated_env, metaflow
 
 FLOWS = Path(__file__).parent / "flows"
 FLOW = "k8s_gang_flow.py"
-WORKFLOW = "kubernetesgangflow-x7k2p"  # the name Argo gives one run of the WorkflowTemplate
-RUN = "argo-" + WORKFLOW
 # Metaflow's Argo step command appends its input paths to this file and reads them back: a
 # pod's /tmp is its own in a container, while the emulated pods share this host's.
 INPUT_PATHS_FILE = Path("/tmp/mf-input-paths")
@@ -75,9 +73,13 @@ class ArgoRun:
     """One run of the compiled workflow: start and end with Metaflow's `step` command, the gang
     step's JobSet (one per attempt) created on the emulated Kubernetes as Argo would."""
 
-    def __init__(self, aws, kubernetes, tmp_path, flow=FLOW, top_level=(), **td):
+    def __init__(self, aws, kubernetes, tmp_path, workflow, flow=FLOW, top_level=(), **td):
         self.kubernetes = kubernetes
         self.flow = flow
+        # the name Argo gives this run of the WorkflowTemplate (each test its own: the tests
+        # of this file share moto's S3), and Metaflow's run id on Argo
+        self.workflow = workflow
+        self.run_id = "argo-" + workflow
         self.wf, self.env, self.workdir = compile_flow(aws, kubernetes, tmp_path, flow,
                                                        top_level, **td)
 
@@ -88,14 +90,14 @@ class ArgoRun:
 
     def start(self):
         """start, under the task ids its container would use; the gang's input paths."""
-        self.step("init", "--run-id", RUN, "--task-id", "t-0a1b2c3d-params")
-        self.step("step", "start", "--run-id", RUN, "--task-id", "t-0a1b2c3d",
-                  "--input-paths", "%s/_parameters/t-0a1b2c3d-params" % RUN)
-        return "%s/start/t-0a1b2c3d" % RUN
+        self.step("init", "--run-id", self.run_id, "--task-id", "t-0a1b2c3d-params")
+        self.step("step", "start", "--run-id", self.run_id, "--task-id", "t-0a1b2c3d",
+                  "--input-paths", "%s/_parameters/t-0a1b2c3d-params" % self.run_id)
+        return "%s/start/t-0a1b2c3d" % self.run_id
 
     def train(self, input_paths, attempt, **more):
         """(JobSet, its final status, {replicated job: pod}) of one attempt of the gang."""
-        jobset = argo.jobset(self.wf, "train", WORKFLOW,
+        jobset = argo.jobset(self.wf, "train", self.workflow,
                              dict(more, **{"input-paths": input_paths,
                                            "retryCount": str(attempt)}))
         validate_jobset(jobset)
@@ -114,7 +116,7 @@ class ArgoRun:
 
 def test_the_compiled_jobset_of_a_two_node_gang_runs_and_hands_its_task_to_the_next_step(
         aws, kubernetes, tmp_path):
-    run = ArgoRun(aws, kubernetes, tmp_path, TD_NODES=2, TD_NPROC=2)
+    run = ArgoRun(aws, kubernetes, tmp_path, "kubernetesgangflow-x7k2p", TD_NODES=2, TD_NPROC=2)
     argo.validate_workflow(run.wf)
     input_paths = run.start()
 
@@ -138,14 +140,14 @@ def test_the_compiled_jobset_of_a_two_node_gang_runs_and_hands_its_task_to_the_n
     task_id = jobset["metadata"]["labels"]["torch_distributed_task_id"]
     assert task_id.startswith("t-") and len(task_id) == 10
     assert jobset["metadata"]["name"] == "td-%s-0" % task_id[2:]
-    shown = run.step("step", "end", "--run-id", RUN, "--task-id", "t-9f8e7d6c",
-                     "--input-paths", "%s/train/%s" % (RUN, task_id))
+    shown = run.step("step", "end", "--run-id", run.run_id, "--task-id", "t-9f8e7d6c",
+                     "--input-paths", "%s/train/%s" % (run.run_id, task_id))
     assert "total 10.0 over 4 ranks" in shown, shown
-    dump = run.step("dump", "%s/train/%s" % (RUN, task_id))
+    dump = run.step("dump", "%s/train/%s" % (run.run_id, task_id))
     assert "'world_size': 4" in dump and "'node_rank': 1" in dump, dump
     # the only task of train is the gang's: the agent's spin-step persists nothing of its own
     keys = [k["Key"] for k in aws.client("s3").list_objects_v2(
-        Bucket=aws.bucket, Prefix="metaflow/KubernetesGangFlow/%s/train/" % RUN)["Contents"]]
+        Bucket=aws.bucket, Prefix="metaflow/KubernetesGangFlow/%s/train/" % run.run_id)["Contents"]]
     assert {k.split("/")[4] for k in keys} <= {task_id, task_id + "-node-1"}, keys
     assert any(k.split("/")[4] == task_id + "-node-1" and k.endswith("0.task_stdout.log")
                for k in keys), keys
@@ -153,7 +155,8 @@ def test_the_compiled_jobset_of_a_two_node_gang_runs_and_hands_its_task_to_the_n
 
 def test_a_failed_attempt_is_retried_as_a_new_jobset_on_a_new_port(aws, kubernetes, tmp_path):
     # rank 3 (on the worker pod) fails in the first attempt only; @retry(times=1)
-    run = ArgoRun(aws, kubernetes, tmp_path, TD_NODES=2, TD_NPROC=2, TD_RETRIES=1,
+    run = ArgoRun(aws, kubernetes, tmp_path, "kubernetesgangflow-r3tr1", TD_NODES=2, TD_NPROC=2,
+                  TD_RETRIES=1,
                   TD_FAIL_RANK=3, TD_FAIL_ATTEMPT=0)
     assert argo.dag_task(run.wf, "train")["arguments"]["parameters"][-1] == {
         "name": "retryCount", "value": "{{retries}}"}
@@ -174,9 +177,9 @@ def test_a_failed_attempt_is_retried_as_a_new_jobset_on_a_new_port(aws, kubernet
     assert second["metadata"]["labels"]["torch_distributed_task_id"] == task_id  # same task
     assert (first["metadata"]["name"], second["metadata"]["name"]) == (
         "td-%s-0" % task_id[2:], "td-%s-1" % task_id[2:])
-    dump = run.step("dump", "%s/train/%s" % (RUN, task_id))
-    port = naming.remote_port(RUN, "train", task_id, 1)
-    assert port != naming.remote_port(RUN, "train", task_id, 0)
+    dump = run.step("dump", "%s/train/%s" % (run.run_id, task_id))
+    port = naming.remote_port(run.run_id, "train", task_id, 1)
+    assert port != naming.remote_port(run.run_id, "train", task_id, 0)
     assert re.search(r"\battempt \[[^\]]*\] = 1\b", dump), dump  # rank 0's artifact
     assert dump.count("'%d')" % port) == 4, dump  # every rank met node 0 on the attempt's port
 
@@ -186,14 +189,15 @@ def test_catch_keeps_its_meaning_and_its_fallback_attempt_runs_on_node_0_alone(
     # rank 3 (on the worker pod) fails; @catch (deployed --with catch) catches the gang's
     # failure in the last attempt of the user code (the first, here), and adds attempts past
     # it for a task whose process died (its fallback)
-    run = ArgoRun(aws, kubernetes, tmp_path, top_level=("--with", "catch:var=failure"),
+    run = ArgoRun(aws, kubernetes, tmp_path, "kubernetesgangflow-c4tch",
+                  top_level=("--with", "catch:var=failure"),
                   TD_NODES=2, TD_NPROC=2, TD_FAIL_RANK=3)
     assert argo.template(run.wf, "train")["retryStrategy"]["limit"] == 3  # @catch's
     input_paths = run.start()
     first, status, pods = run.train(input_paths, 0)
     assert status["terminalState"] == "Completed", run.log(pods["control"])[-4000:]
     task_id = first["metadata"]["labels"]["torch_distributed_task_id"]
-    dump = run.step("dump", "--max-value-size=100000", "%s/train/%s" % (RUN, task_id))
+    dump = run.step("dump", "--max-value-size=100000", "%s/train/%s" % (run.run_id, task_id))
     assert "injected failure on rank 3" in dump, dump  # @catch's variable holds the error
 
     # the attempt Argo makes after an attempt whose pod died: @catch's fallback
@@ -208,7 +212,7 @@ def test_a_foreach_of_two_gangs_is_two_jobsets_each_with_its_own_input(aws, kube
                                                                         tmp_path):
     from metaflow.plugins.argo.generate_input_paths import generate_input_paths
 
-    run = ArgoRun(aws, kubernetes, tmp_path, flow="argo_foreach_flow.py")
+    run = ArgoRun(aws, kubernetes, tmp_path, "argoforeachflow-f0r3a", flow="argo_foreach_flow.py")
     argo.validate_workflow(run.wf)
     input_paths = run.start()
     gangs = []
@@ -223,9 +227,9 @@ def test_a_foreach_of_two_gangs_is_two_jobsets_each_with_its_own_input(aws, kube
     join_inputs = generate_input_paths("collect", "2026-12-01T00:00:00Z", input_paths, 2)
     collect_ids = join_inputs.rsplit("/:", 1)[1].split(",")
     for split, (task_id, collect_id) in enumerate(zip(task_ids, collect_ids)):
-        run.step("step", "collect", "--run-id", RUN, "--task-id", collect_id,
-                 "--input-paths", "%s/train/%s" % (RUN, task_id))
-    shown = run.step("step", "join", "--run-id", RUN, "--task-id", "t-5e6f7a8b",
+        run.step("step", "collect", "--run-id", run.run_id, "--task-id", collect_id,
+                 "--input-paths", "%s/train/%s" % (run.run_id, task_id))
+    shown = run.step("step", "join", "--run-id", run.run_id, "--task-id", "t-5e6f7a8b",
                      "--input-paths", join_inputs)
     results = ast.literal_eval(shown.split("results ", 1)[1].splitlines()[0])
     # each gang: its own item on both nodes (summed over its 2 ranks), in its own JobSet
