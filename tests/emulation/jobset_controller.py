@@ -22,7 +22,8 @@ What it keeps from the real controller (kubernetes-sigs/jobset) and the kubelet:
 
 What differs (documented in docs/kubernetes.md): every pod runs on this host with IP
 127.0.0.1; cluster DNS is the resolver shim in k8s_dns/ (a pod's FQDN resolves once the pod
-runs); container images, resources, volumes and secrets are not applied.
+runs); emptyDir mounts reach Python's open() only (k8s_api.py); container images, resources,
+other volumes and secrets are not applied.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ does not emulate):
 
 Pods see the network a container would: `http_proxy` points here, so the instance metadata
 calls Metaflow's pods make (169.254.169.254) are answered 404 locally, and the cluster DNS
-shim (k8s_dns/) resolves pod names under svc.cluster.local to 127.0.0.1 once they run.
+shim (k8s_dns/) resolves pod names under svc.cluster.local to 127.0.0.1 once they run and
+stands in for emptyDir mounts (Python's open() under a mount path lands in the pod's directory).
 
     with KubernetesEmulator(image_env=aws.container_env) as k8s:
         env = {**aws.env, **k8s.env}   # `python flow.py run --with kubernetes` with this env
@@ -291,6 +292,7 @@ class KubernetesEmulator:
         pod_dir = self.pod_dir(pod.name)
         work = pod_dir / "work"
         work.mkdir(parents=True)
+        mounts = self._empty_dirs(pod, pod_dir)
         # The test's interpreter stands in for the image's: its bin dir comes first on PATH.
         path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
         proxy = self.endpoint_url
@@ -303,12 +305,27 @@ class KubernetesEmulator:
             "no_proxy": "%s,localhost" % LOOPBACK, "NO_PROXY": "%s,localhost" % LOOPBACK,
             "PYTHONPATH": str(DNS_SHIM),
             "K8S_EMULATOR_DNS_RECORDS": str(self.dns_records),
+            "K8S_EMULATOR_MOUNTS": json.dumps(mounts),
             # marks every process of the pod, as its cgroup would (see NodeProcess.teardown)
             "K8S_EMULATOR_POD": str(pod_dir),
             **env,
         }
         return NodeProcess.start(argv, work, full_env, pod_dir / "log",
                                  marker=("K8S_EMULATOR_POD", str(pod_dir)))
+
+
+    @staticmethod
+    def _empty_dirs(pod: Pod, pod_dir: Path) -> dict[str, str]:
+        """mount path -> a directory of the pod's own, for the container's emptyDir mounts
+        (the pod's sitecustomize redirects Python's open() there)."""
+        empty = {v["name"] for v in pod.template["spec"].get("volumes", []) if "emptyDir" in v}
+        mounts = {}
+        for mount in pod.container.get("volumeMounts", []):
+            if mount["name"] in empty:
+                host_dir = pod_dir / "volumes" / mount["name"]
+                host_dir.mkdir(parents=True, exist_ok=True)
+                mounts[mount["mountPath"]] = str(host_dir)
+        return mounts
 
 
 def _not_found(kind: str, name: str) -> tuple[int, dict]:

@@ -1,9 +1,10 @@
 """Deploy commands that compile the flow for another scheduler: a gang of N > 1 nodes that the
-scheduler cannot run as N machines is refused before anything is deployed (Argo Workflows,
-Airflow); Step Functions compiles it into one multi-node AWS Batch job. One- and two-node gangs'
-Step Functions state machines are kept as golden files (regenerate them with TD_UPDATE_GOLDEN=1
-after a deliberate change); test_sfn_gang.py runs one. S3 and Step Functions are moto's (the
-compilers need an S3 datastore)."""
+scheduler cannot run as N machines is refused before anything is deployed (Airflow); Step
+Functions compiles it into one multi-node AWS Batch job, Argo Workflows into one JobSet. One- and
+two-node gangs' Step Functions state machines and Argo WorkflowTemplates are kept as golden files
+(regenerate them with TD_UPDATE_GOLDEN=1 after a deliberate change); test_sfn_gang.py and
+test_argo_gang.py run one. S3 and Step Functions are moto's (the compilers need an S3
+datastore)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import sys
 
 import pytest
 
-from . import sfn
+from . import argo, sfn
 from .aws import validate_request
+from .jobset_controller import validate_jobset
 from tests.support import isolated_env, metaflow
 
 FLOWS = Path(__file__).parent / "flows"
@@ -60,7 +62,7 @@ def _bucket_keys(aws):
     return sorted(o["Key"] for o in listing.get("Contents", []))
 
 
-@pytest.mark.parametrize("command", ["argo-workflows", "airflow"])
+@pytest.mark.parametrize("command", ["airflow"])
 def test_a_multi_node_gang_is_refused_before_anything_is_deployed(aws, deploy, tmp_path,
                                                                   command):
     stored = _bucket_keys(aws)
@@ -200,3 +202,58 @@ def test_a_gang_compiles_to_one_batch_job_on_step_functions(aws, deploy, nodes, 
               "$.Index": "0", "$.SplitParentTaskId": "start-job",
               "$.Parameters.split_parent_task_id_start": "start-job"}
     validate_request("batch", "SubmitJob", sfn.submit_job_input(params, filled))
+
+
+@pytest.mark.parametrize("nodes, flow, golden", [
+    (1, "deploy_gang_flow.py", "argo_gang_1_node_linear.json"),
+    (2, "deploy_gang_flow.py", "argo_gang_2_nodes_linear.json"),
+    (2, "deploy_foreach_collect_flow.py", "argo_gang_2_nodes_foreach_retry.json"),
+])
+def test_a_gang_compiles_to_one_jobset_on_argo_workflows(aws, deploy, nodes, flow, golden):
+    res = deploy("argo-workflows", nodes=nodes, flow=flow)
+    assert res.returncode == 0, res.stdout + res.stderr
+    compiled = argo.normalised(res.stdout, aws.endpoint_url)
+    if os.environ.get("TD_UPDATE_GOLDEN"):
+        (GOLDEN / golden).write_text(compiled)
+    assert compiled == (GOLDEN / golden).read_text(), "the compiled workflow changed"
+
+    wf = argo.workflow(res.stdout)
+    argo.validate_workflow(wf)  # against Argo's published JSON schema
+    train = argo.template(wf, "train")
+    if nodes == 1:  # as without @torch_distributed: one pod
+        assert "container" in train and "resource" not in train
+        return
+    assert "container" not in train and train["resource"]["action"] == "create"
+    foreach = "foreach" in flow
+    parameters = {"input-paths": "argo-w/start/t-1", "retryCount": "1"}
+    if foreach:
+        parameters["split-index"] = "1"
+    jobset = argo.jobset(wf, "train", "w", parameters)
+    validate_jobset(jobset)  # against the JobSet CRD's published schema, as the API server would
+    assert [(r["name"], r["replicas"]) for r in jobset["spec"]["replicatedJobs"]] == [
+        ("control", 1), ("worker", nodes - 1)]
+    control, worker = (r["template"]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+                       for r in jobset["spec"]["replicatedJobs"])
+    # the attempt Argo passed in (a step without @retry compiles the first one)
+    attempt = "1" if foreach else "0"
+    assert (" step train --run-id argo-w --task-id $METAFLOW_TASK_ID --retry-count %s "
+            % attempt) in control
+    assert " spin-step train --run-id 'argo-w' " in worker and " step train " not in worker
+    # the agent loads the flow as the task does: the same entrypoint and top-level options
+    loader = control.split(" step train ")[0].rsplit("&& (", 1)[1].split(" && ", 1)[1]
+    assert worker.split(" spin-step train ")[0].endswith(loader), (loader, worker)
+    # the attempt: Argo's {{retries}} where the template retries (@retry), else the first
+    [task] = [t for tpl in wf["spec"]["templates"] for t in (tpl.get("dag") or {}).get(
+        "tasks", []) if t.get("template") == "train"]
+    retry = {p["name"]: p["value"] for p in task["arguments"]["parameters"]}["retryCount"]
+    assert retry == ("{{retries}}" if foreach else "0")
+    assert ("retryStrategy" in train) == foreach
+
+
+def test_a_gang_on_the_last_step_of_a_foreach_is_refused_on_argo_workflows(deploy):
+    res = deploy("argo-workflows", nodes=2, flow="deploy_foreach_flow.py")
+    output = res.stdout + res.stderr
+    assert res.returncode != 0, output
+    assert ("@torch_distributed on step train: a gang of 2 nodes cannot be deployed to Argo "
+            "Workflows on the last step of a foreach") in output, output
+    assert "Add a step between the gang and join" in output and '"kind"' not in res.stdout

@@ -418,6 +418,94 @@ def test_step_functions_state_batch(monkeypatch):
             "util.to_pascalcase", "it turns the payload's keys into the state's PascalCase")
 
 
+# -- Argo Workflows ---------------------------------------------------------------------------------
+
+def _argo():
+    from metaflow.plugins.argo import argo_workflows
+
+    return argo_workflows
+
+
+def test_argo_workflows_compile_workflow_template(monkeypatch):
+    argo_workflows = _argo()
+    ArgoWorkflows = argo_workflows.ArgoWorkflows
+    require("self._workflow_template = self._compile_workflow_template()"
+            in source_of(ArgoWorkflows.__init__), "ArgoWorkflows.__init__",
+            "it compiles the WorkflowTemplate once, with _compile_workflow_template()")
+    for method in ("__str__", "deploy"):
+        require("self._workflow_template" in source_of(getattr(ArgoWorkflows, method)),
+                "ArgoWorkflows.%s" % method, "it prints or deploys the compiled template")
+    compiled = argo_workflows.WorkflowTemplate()
+    require(compiled.to_json() is compiled.payload, "WorkflowTemplate.to_json",
+            "it returns the payload tree that __str__ and deploy serialise")
+    monkeypatch.setattr(ArgoWorkflows, "_compile_workflow_template", lambda self: compiled)
+    seen = []
+    internals.wrap_argo_workflow(lambda argo, workflow: seen.append((argo, workflow)))
+    argo = ArgoWorkflows.__new__(ArgoWorkflows)
+    assert ArgoWorkflows._compile_workflow_template(argo) is compiled
+    assert seen == [(argo, compiled.payload)]
+
+
+def test_argo_workflows_sanitize():
+    require(internals.argo_template_name("train_big") == "train-big", "ArgoWorkflows._sanitize",
+            "a step's template is named after the step, underscores as hyphens")
+
+
+def test_argo_workflows_step_command_words():
+    """internals.argo_step_words rebuilds the step command's entrypoint and top-level options
+    as _container_templates writes them (tests/emulation/test_deploy.py checks the compiled
+    command contains them verbatim)."""
+    source = source_of(_argo().ArgoWorkflows._container_templates)
+    for piece in ("entrypoint = [executable, script_name]",
+                  "not decorator.statically_defined",
+                  "and decorator.inserted_by is None",
+                  "top_opts_dict.update(deco.get_top_level_options())",
+                  "list(dict_to_cli_options(top_opts_dict))",
+                  '"--quiet"', '"--metadata=%s" % self.metadata.TYPE',
+                  '"--environment=%s" % self.environment.TYPE',
+                  '"--datastore=%s" % self.flow_datastore.TYPE',
+                  '"--datastore-root=%s" % self.flow_datastore.datastore_root',
+                  '"--event-logger=%s" % self.event_logger.TYPE',
+                  '"--monitor=%s" % self.monitor.TYPE', '"--no-pylint"',
+                  '"--with=argo_workflows_internal:auto-emit-argo-events=%i"'):
+        require(piece in source, "ArgoWorkflows._container_templates",
+                "the step command's top-level options are built with %s" % piece)
+
+
+def test_argo_workflows_attributes():
+    source = source_of(_argo().ArgoWorkflows.__init__)
+    for name in ("flow", "graph", "flow_datastore", "metadata", "environment", "event_logger",
+                 "monitor", "namespace", "code_package_url", "code_package_metadata",
+                 "auto_emit_argo_events"):
+        require("self.%s = %s" % (name, name) in source, "ArgoWorkflows.__init__",
+                "it keeps its %r as an attribute" % name)
+    Kubernetes, _, _ = _kubernetes()
+    require(params_of(Kubernetes.__init__) == ["self", "datastore", "metadata", "environment"],
+            "Kubernetes.__init__", "it takes the datastore, metadata and environment")
+    argo = types.SimpleNamespace(flow_datastore=types.SimpleNamespace(
+        TYPE="s3", datastore_root="s3://b/mf"), namespace="user:ana")
+    assert internals.argo_orig_datastore(argo) == "s3@s3://b/mf"
+    assert internals.argo_namespace(argo) == "user:ana"
+    # argo_pod_command calls Kubernetes._command with the arguments its signature names
+    test_kubernetes_command_has_the_signature_we_call()
+
+
+def test_argo_workflows_task_id_export():
+    source = source_of(_argo().ArgoWorkflows._container_templates)
+    for piece in ("\"$(echo %s | md5sum | cut -d ' ' -f 1 | tail -c 9)\"",
+                  '"(t-%s)" % _task_id_base', '"export METAFLOW_TASK_ID=" "%s" % task_str'):
+        require(piece in source, "ArgoWorkflows._container_templates",
+                "a step's container computes its task id with %s" % piece)
+    command = ("mkdir -p $PWD/.logs && export INPUT_PATHS=x && export METAFLOW_TASK_ID="
+               "(t-$(echo train-{{workflow.creationTimestamp}}-$(echo $INPUT_PATHS)- | md5sum | "
+               "cut -d ' ' -f 1 | tail -c 9)) && export MF_PATHSPEC=F/r/train/$METAFLOW_TASK_ID")
+    assert internals.argo_with_task_id(command, "${ID}") == (
+        "mkdir -p $PWD/.logs && export INPUT_PATHS=x && export METAFLOW_TASK_ID=${ID} && "
+        "export MF_PATHSPEC=F/r/train/$METAFLOW_TASK_ID")
+    with pytest.raises(ValueError):
+        internals.argo_with_task_id("export METAFLOW_TASK_ID=t-1", "${ID}")
+
+
 # -- the installed release -----------------------------------------------------------------------
 
 def test_metaflow_version_get_version():
@@ -524,6 +612,13 @@ CONTRACTS = {
     "kubernetes_command": "test_kubernetes_command_has_the_signature_we_call",
     "jobset_pods": "test_the_jobset_exposes_control_and_worker_specs",
     "metaflow_version": "test_metaflow_version_get_version",
+    "wrap_argo_workflow": "test_argo_workflows_compile_workflow_template",
+    "argo_template_name": "test_argo_workflows_sanitize",
+    "argo_step_words": "test_argo_workflows_step_command_words",
+    "argo_orig_datastore": "test_argo_workflows_attributes",
+    "argo_namespace": "test_argo_workflows_attributes",
+    "argo_pod_command": "test_argo_workflows_attributes",
+    "argo_with_task_id": "test_argo_workflows_task_id_export",
 }
 
 

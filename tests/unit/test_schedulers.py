@@ -33,7 +33,6 @@ def test_deploy_target_is_the_compiling_command(words, target):
 
 
 @pytest.mark.parametrize("target, where", [
-    ("argo-workflows", "Argo Workflows"),
     ("airflow", "Airflow"),
     ("my-scheduler", "`my-scheduler`"),
 ])
@@ -44,6 +43,7 @@ def test_a_multi_node_gang_is_refused_where_the_scheduler_runs_one_machine(targe
     assert ("step *train*: a gang of 2 nodes (2 nodes x 2 processes per node = world size 4) "
             "cannot be deployed to %s" % where) in reason
     assert "nodes=1" in reason and "--with batch" in reason and "step-functions create" in reason
+    assert "argo-workflows create" in reason
 
 
 def test_one_node_gangs_deploy_and_other_commands_are_not_checked():
@@ -52,9 +52,10 @@ def test_one_node_gangs_deploy_and_other_commands_are_not_checked():
     schedulers.check_deploy_target("train", None, TWO_NODES)
 
 
-def test_step_functions_deploys_a_multi_node_gang():
-    # compiled into one multi-node AWS Batch job (stepfunctions.py)
+def test_step_functions_and_argo_workflows_deploy_a_multi_node_gang():
+    # compiled into one multi-node AWS Batch job (stepfunctions.py), one JobSet (argo.py)
     schedulers.check_deploy_target("train", "step-functions", TWO_NODES)
+    schedulers.check_deploy_target("train", "argo-workflows", TWO_NODES)
 
 
 @pytest.mark.parametrize("environ, backend", [

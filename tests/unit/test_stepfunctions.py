@@ -16,6 +16,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed import (
     gangspec,
     naming,
     stepfunctions,
+    trampoline,
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
     TorchDistributedConfigError
@@ -88,10 +89,10 @@ def test_node_payload_keeps_step_functions_paths_and_defers_the_port():
 
 
 def test_an_agent_takes_its_task_from_its_spin_step_and_meets_node_0():
-    spec = stepfunctions.agent_spec(dict(
+    spec = trampoline.compiled_agent_spec(dict(
         step_name="train", nodes=2, nproc_per_node=2, accelerator="auto",
         rendezvous_timeout_s=60.0, finish_timeout_s=60.0, start_method="auto", heartbeat_timeout_s=30.0,
-        group_check_default="error"), "salt")
+        group_check_default="error"), "salt", "batch")
     params = {"run_id": "sfn-x", "task_id": "0f1e-node-1", "input_paths": "sfn-x/start/a",
               "retry_count": 1, "max_user_code_retries": 2, "split_index": 3,
               "opt_namespace": "user:ana", "orig_flow_datastore": "s3@s3://b/mf"}

@@ -1,7 +1,12 @@
 """Cluster DNS for the emulated pods (tests/emulation/k8s_api.py puts this directory on their
 PYTHONPATH): a name under the cluster domain resolves to the address the emulator published for
 it in the records file, and fails like an unknown name (EAI_NONAME) until then, as a pod's
-record appears only once the pod runs. Every other name goes to the host's resolver."""
+record appears only once the pod runs. Every other name goes to the host's resolver.
+
+It also stands in for the pod's emptyDir volume mounts (K8S_EMULATOR_MOUNTS: mount path ->
+the pod's own directory on this host): a file Python opens under a mount path is opened in
+the pod's directory instead (e.g. /mnt/out, where Metaflow's Argo tasks write their outputs).
+Only Python's open() is redirected; a shell in the pod still sees the host's paths."""
 
 import json
 import os
@@ -35,3 +40,26 @@ def _wrap(resolve):
 socket.getaddrinfo = _wrap(socket.getaddrinfo)
 socket.gethostbyname = _wrap(socket.gethostbyname)
 socket.gethostbyname_ex = _wrap(socket.gethostbyname_ex)
+
+
+_MOUNTS = json.loads(os.environ.get("K8S_EMULATOR_MOUNTS") or "{}")
+
+
+def _mounted(path):
+    if not isinstance(path, str):
+        return path
+    for mount, host_dir in _MOUNTS.items():
+        if path == mount or path.startswith(mount.rstrip("/") + "/"):
+            return os.path.join(host_dir, os.path.relpath(path, mount))
+    return path
+
+
+if _MOUNTS:
+    import builtins
+
+    _open = builtins.open
+
+    def _open_mounted(file, *args, **kwargs):
+        return _open(_mounted(file), *args, **kwargs)
+
+    builtins.open = _open_mounted

@@ -104,10 +104,8 @@ def node_zero(step_name, environ, identity, settings):
     if plan is None:
         return None
     _, port, secret = plan
-    if port is None:
-        run, task, retry = identity.run_id, identity.task_id, identity.retry_count
-        port = naming.remote_port(run, step_name, task, retry)
-        secret = naming.attempt_secret(secret, naming.gang_id(run, step_name, task, retry))
+    if port is None:  # compiled before the run existed: `secret` is the job's salt
+        port, secret = trampoline.attempt_place(step_name, identity, secret)
     return NodeZero(main_node_address(environ), port, secret, "batch")
 
 
@@ -133,26 +131,7 @@ def resolve_node(spec, environ, params, top_args):
             "%s=%r)." % (NODE_INDEX, environ.get(NODE_INDEX), MAIN_NODE_ADDRESS,
                          environ.get(MAIN_NODE_ADDRESS)))
     task = dict(spec.task, input_paths=params.get("input_paths") or "")
-    fields = {}
-    if not spec.gang_id:
-        task_id = str(params["task_id"])
-        suffix = "-node-%d" % node
-        if not task_id.endswith(suffix):
-            raise ValueError("unexpected agent task id %r" % task_id)
-        retry = int(params.get("retry_count") or 0)
-        task.update(run_id=str(params["run_id"]), task_id=task_id[:-len(suffix)],
-                    split_index=params.get("split_index"), retry_count=retry,
-                    max_user_code_retries=int(params.get("max_user_code_retries") or 0),
-                    # spin-step's click name for --namespace
-                    namespace=params.get("opt_namespace"),
-                    orig_datastore=params["orig_flow_datastore"])
-        gang_id = naming.gang_id(task["run_id"], spec.step_name, task["task_id"], retry)
-        fields = dict(
-            gang_id=gang_id,
-            master_port=naming.remote_port(task["run_id"], spec.step_name, task["task_id"],
-                                           retry),
-            secret=naming.attempt_secret(spec.secret, gang_id),  # spec.secret: the job's salt
-            restart_count=retry)
+    fields = trampoline.compiled_place(spec, params, node, task)
     return replace(spec, node=node, master_addr=master_addr, task=task, top_args=top_args,
                    work_dir=tempfile.mkdtemp(prefix="torch-distributed-"), **fields)
 

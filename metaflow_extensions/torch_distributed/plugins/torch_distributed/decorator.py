@@ -9,7 +9,7 @@ from metaflow.decorators import StepDecorator
 from . import batch, checkpoints, devices, kubernetes
 from . import current as current_mod
 from . import groupcheck, internals
-from . import schedulers, settings, stepfunctions
+from . import argo, schedulers, settings, stepfunctions
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .gangspec import GangSpec, NodeZero, current_task_identity
 from .topology import Topology, plan_line, plan_topology
@@ -121,6 +121,9 @@ class TorchDistributedDecorator(StepDecorator):
             # This process compiles the state machine: the step's job gets N nodes.
             stepfunctions.install(step_name, graph, self.topology.nodes, self._common_fields(),
                                   self.name)
+        if self.topology.nodes > 1 and target == "argo-workflows":
+            # This process compiles the workflow: the step's template creates one JobSet.
+            argo.install(step_name, graph, self.topology.nodes, self._common_fields(), self.name)
         if self.topology.nodes > 1 and os.environ.get(batch.TRAMPOLINE_ENV) == step_name:
             # This process submits the step's AWS Batch job (`batch step`): make it N nodes.
             batch.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
@@ -166,6 +169,12 @@ class TorchDistributedDecorator(StepDecorator):
         with PausedTimer():  # torch's import is ours, not the body's: keep it out of @timeout
             _require_torch(self.step_name)
         if spec is not None:  # this process is a member started by a gang
+            if spec.role == "agent" and retry_count > max_user_code_retries:
+                # A deployed job runs every attempt with its agents; @catch's fallback
+                # attempt runs on node 0 alone, as on any step.
+                print("[node agent] attempt %d is @catch's fallback, which runs on node 0 "
+                      "alone: nothing to do here." % retry_count, flush=True)
+                os._exit(0)
             if spec.backend in ("batch", "kubernetes") and spec.role == "agent":
                 try:
                     spec = self._place_remote_agent(spec)

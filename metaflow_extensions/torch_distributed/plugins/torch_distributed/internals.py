@@ -11,6 +11,8 @@ private Metaflow name. Where each internal is described: reference/metaflow_inte
 """
 
 import inspect
+import os
+import re
 
 # Metaflow's settings of the hidden spin-step command, read from these variables
 # (metaflow_config.py: from_conf("SPIN_ALLOWED_DECORATORS"), DATASTORE_SYSROOT_SPIN).
@@ -333,6 +335,107 @@ def wrap_state_machine_job(node_overrides):
         return state
 
     State.batch = batch
+
+
+# -- Argo Workflows: the `argo-workflows create` compiler -------------------------------------------
+
+def wrap_argo_workflow(build):
+    """In this process (`argo-workflows create`), every WorkflowTemplate Metaflow compiles is
+    passed to `build(argo, workflow)` before it is printed or deployed: `argo` is the compiler
+    (ArgoWorkflows), `workflow` the template's JSON tree, which `build` may change. Why:
+    ArgoWorkflows compiles a plain step into one container template with no hook, and builds
+    JobSets only for @parallel; the compiled template is the one place to make a step a gang."""
+    from metaflow.plugins.argo.argo_workflows import ArgoWorkflows
+
+    original = ArgoWorkflows._compile_workflow_template
+
+    def compile_workflow_template(self):
+        compiled = original(self)
+        build(self, compiled.payload)
+        return compiled
+
+    ArgoWorkflows._compile_workflow_template = compile_workflow_template
+
+
+def argo_template_name(step_name):
+    """The name of a step's template in the compiled workflow. Why: ArgoWorkflows._sanitize is
+    private."""
+    from metaflow.plugins.argo.argo_workflows import ArgoWorkflows
+
+    return ArgoWorkflows._sanitize(step_name)
+
+
+def argo_step_words(argo, step_name):
+    """(entrypoint, top-level options) of the step command in the step's container, as words,
+    exactly as the compiler `argo` writes them (`<python> <flow file>`, `--with ...`, `--quiet`,
+    `--datastore=...`). Why: ArgoWorkflows builds them inside _container_templates and keeps
+    only the finished command; a node agent must load the flow as the task does."""
+    import sys
+
+    from metaflow.decorators import flow_decorators
+    from metaflow.util import dict_to_cli_options
+
+    node = argo.graph[step_name]
+    entrypoint = [argo.environment.executable(step_name), os.path.basename(sys.argv[0])]
+    options = {"with": [deco.make_decorator_spec() for deco in node.decorators
+                        if not deco.statically_defined and deco.inserted_by is None]}
+    for deco in flow_decorators(argo.flow):
+        options.update(deco.get_top_level_options())
+    top_level = list(dict_to_cli_options(options)) + [
+        "--quiet",
+        "--metadata=%s" % argo.metadata.TYPE,
+        "--environment=%s" % argo.environment.TYPE,
+        "--datastore=%s" % argo.flow_datastore.TYPE,
+        "--datastore-root=%s" % argo.flow_datastore.datastore_root,
+        "--event-logger=%s" % argo.event_logger.TYPE,
+        "--monitor=%s" % argo.monitor.TYPE,
+        "--no-pylint",
+        "--with=argo_workflows_internal:auto-emit-argo-events=%i" % argo.auto_emit_argo_events,
+    ]
+    return entrypoint, top_level
+
+
+def argo_orig_datastore(argo):
+    """"<type>@<root>" of the flow datastore the compiler `argo` compiles for. Why: an
+    undocumented attribute of ArgoWorkflows."""
+    return orig_datastore(argo.flow_datastore)
+
+
+def argo_namespace(argo):
+    """The Metaflow namespace the compiled steps run in (`--namespace`), or None. Why: an
+    undocumented attribute of ArgoWorkflows."""
+    return argo.namespace
+
+
+def argo_pod_command(argo, step_name, run_id, task_id, attempt, step_cmds):
+    """Metaflow's pod command (code package download, log capture) around `step_cmds`, for
+    the code package the compiler `argo` uploaded. Why: Kubernetes._command is private, and it
+    is how every Metaflow pod starts; ArgoWorkflows builds its own inline."""
+    from metaflow.plugins.kubernetes.kubernetes import Kubernetes
+
+    kube = Kubernetes(argo.flow_datastore, argo.metadata, argo.environment)
+    return kube._command(flow_name=argo.flow.name, run_id=run_id, step_name=step_name,
+                         task_id=task_id, attempt=attempt,
+                         code_package_metadata=argo.code_package_metadata,
+                         code_package_url=argo.code_package_url, step_cmds=step_cmds)
+
+
+# ArgoWorkflows._container_templates: the task id a step's container computes (md5 of the
+# step's name, the workflow's creation time, its input paths and split index).
+_ARGO_TASK_ID_EXPORT = re.compile(
+    r"export METAFLOW_TASK_ID=\(t-\$\(echo [^|]* \| md5sum \| cut -d ' ' -f 1 \| tail -c 9\)\)")
+
+
+def argo_with_task_id(command, task_id):
+    """A step container's shell command (the text `bash -c` runs) with its task id set to
+    `task_id` (shell text) instead of the one it computes. Why: the container derives its
+    task id in the shell (an md5 Argo cannot compute), and tells the next step through a file
+    only a container template's outputs can read; a JobSet's task id must be one Argo knows."""
+    found = _ARGO_TASK_ID_EXPORT.findall(command)
+    if len(found) != 1:
+        raise ValueError("expected one task id export in the step's command, found %d"
+                         % len(found))
+    return _ARGO_TASK_ID_EXPORT.sub(lambda _: "export METAFLOW_TASK_ID=%s" % task_id, command)
 
 
 # -- the installed release -----------------------------------------------------------------------

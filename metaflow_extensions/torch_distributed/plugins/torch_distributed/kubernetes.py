@@ -49,7 +49,8 @@ MIN_SHARED_MEMORY_MIB = 1024
 
 def main_node_plan(environ, step_name):
     """(nodes, port, secret) when this process is node 0 (the control pod) of this step's
-    JobSet, else None."""
+    JobSet, else None. The port is None, and the secret the salt of the attempts' secrets, in
+    a JobSet compiled before its run existed (argo.py)."""
     plan = trampoline.main_node_env(environ, MAIN_NODE_ENV, step_name)
     if plan is None:
         return None
@@ -69,8 +70,11 @@ def node_zero(step_name, environ, identity, settings):
     plan = main_node_plan(environ, step_name)
     if plan is None:
         return None
+    _, port, secret = plan
+    if port is None:  # compiled before the run existed (Argo Workflows): `secret` is the salt
+        port, secret = trampoline.attempt_place(step_name, identity, secret)
     master_addr = resolve_master(step_name, 0, environ, settings.rendezvous_timeout_s)
-    return NodeZero(master_addr, plan[1], plan[2], "kubernetes")
+    return NodeZero(master_addr, port, secret, "kubernetes")
 
 
 def resolve_master(step_name, node, environ, timeout, resolve=socket.gethostbyname,
@@ -125,8 +129,9 @@ def resolve_node(spec, environ, params, top_args, resolve=socket.gethostbyname):
     node = worker_node(spec.step_name, environ)
     master_addr = resolve_master(spec.step_name, node, environ, spec.rendezvous_timeout_s, resolve)
     task = dict(spec.task, input_paths=params.get("input_paths") or "")
+    fields = trampoline.compiled_place(spec, params, node, task)  # Argo Workflows' agents
     return replace(spec, node=node, master_addr=master_addr, task=task, top_args=top_args,
-                   work_dir=tempfile.mkdtemp(prefix="torch-distributed-"))
+                   work_dir=tempfile.mkdtemp(prefix="torch-distributed-"), **fields)
 
 
 def leave_to_node_0(error):

@@ -5,10 +5,10 @@ emulates the nodes on the user's own machine (on purpose), `--with batch` submit
 Batch multi-node job (batch.py) and `--with kubernetes` creates one JobSet (kubernetes.py).
 Everywhere else the nodes would silently share one machine, so:
 
-* at deploy time, a command that compiles the flow for another scheduler (`argo-workflows
-  create`, `airflow create`, any deployer's `create`) refuses such a gang before anything is
-  deployed; `step-functions create` compiles it into one multi-node AWS Batch job
-  (stepfunctions.py);
+* at deploy time, a command that compiles the flow for another scheduler (`airflow create`,
+  any other deployer's `create`) refuses such a gang before anything is deployed;
+  `step-functions create` compiles it into one multi-node AWS Batch job (stepfunctions.py),
+  `argo-workflows create` into one JobSet (argo.py);
 * at run time, a task on a remote backend (its container carries the backend's markers) that
   was not given its nodes fails before any rank starts.
 
@@ -25,8 +25,9 @@ COMPILERS = {
     "argo-workflows": "Argo Workflows",
     "airflow": "Airflow",
 }
-# The schedulers that run a gang of N > 1 nodes as N machines (one AWS Batch multi-node job).
-MULTI_NODE = ("step-functions",)
+# The schedulers that run a gang of N > 1 nodes as N machines (one AWS Batch multi-node job,
+# one JobSet).
+MULTI_NODE = ("step-functions", "argo-workflows")
 # The subcommand that compiles (and deploys) the flow, for every scheduler above and for every
 # deployer (Metaflow's Deployer API runs `<type> create`).
 COMPILE_ACTION = "create"
@@ -65,7 +66,7 @@ def check_deploy_target(step_name, target, topology):
         "machine, so every node would share it. Deploy with nodes=1 (several processes on one "
         "machine, e.g. nproc_per_node=8 with gpu=8), or run the gang with "
         "`python flow.py run --with batch` (or `--with kubernetes`) or deploy it with "
-        "`step-functions create`."
+        "`step-functions create` or `argo-workflows create`."
         % (topology.nodes, topology.describe(), COMPILERS.get(target, "`%s`" % target)))
 
 

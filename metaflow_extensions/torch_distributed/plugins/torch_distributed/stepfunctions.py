@@ -17,9 +17,8 @@ batch.resolve_node).
 import json
 import shlex
 
-from . import batch, internals, naming
+from . import batch, internals, naming, trampoline
 from .errors import TorchDistributedConfigError
-from .gangspec import GangSpec
 from .spinstep import spin_env_additions
 
 # Runs the command after it with AWS_BATCH_JOB_ID stripped of its `#<node index>` suffix.
@@ -66,15 +65,6 @@ def agent_words(step_cli, step_name, orig_datastore):
     return words[:at] + ["spin-step"] + spin
 
 
-def agent_spec(spec_fields, salt):
-    """The GangSpec every agent node is given: what is known before the run exists. Its
-    `secret` is the job's salt, from which each attempt's secret is derived on the node
-    (naming.attempt_secret)."""
-    return GangSpec(**spec_fields, role="agent", node=-1, master_addr="", master_port=0,
-                    gang_id="", secret=salt, restart_count=0, work_dir="", task={}, top_args=[],
-                    backend="batch")
-
-
 def node_payload(payload, nodes, step_name, agent_command, agent_env, salt):
     """The SubmitJob payload of the gang's state: batch.gang_payload, with every node's
     command run under BARE_JOB_ID, no store port and the salt of the attempts' secrets (node 0
@@ -102,7 +92,8 @@ def install(step_name, graph, nodes, spec_fields, decorator_name):
             batch_obj, create_args, step_name, " ".join(words),
             dict(create_args["task_spec"], task_id=AGENT_TASK_ID))
         salt = naming.new_secret()
-        agent_env = spin_env_additions({}, agent_spec(spec_fields, salt), decorator_name)
+        agent_env = spin_env_additions(
+            {}, trampoline.compiled_agent_spec(spec_fields, salt, "batch"), decorator_name)
         built = node_payload(batch._plain(internals.job_payload(job)), nodes, step_name,
                              agent_command, agent_env, salt)
         internals.submit_as_built(job, built)  # no command rewriting in execute()

@@ -10,6 +10,7 @@ import sys
 from dataclasses import replace
 
 from . import naming
+from .errors import TorchDistributedEnvironmentError
 from .gangspec import GangSpec, TaskIdentity
 from .spinstep import spin_step_options
 
@@ -80,3 +81,47 @@ def trampoline_entrypoint(cli, step_name):
     """(entrypoint, top-level options) of the step's command in its container, as Metaflow's
     `batch step` and `kubernetes step` build them."""
     return "%s -u %s" % (cli.executable, os.path.basename(sys.argv[0])), cli.top_args
+
+
+# -- jobs compiled before their runs exist (Step Functions, Argo Workflows) ----------------------
+
+def compiled_agent_spec(spec_fields, salt, backend):
+    """The GangSpec every agent node of a job compiled at deploy time is given: what is known
+    before the run exists. Its `secret` is the job's salt, from which each attempt's secret is
+    derived on the node (naming.attempt_secret); its empty gang_id says so (compiled_place)."""
+    return GangSpec(**spec_fields, role="agent", node=-1, master_addr="", master_port=0,
+                    gang_id="", secret=salt, restart_count=0, work_dir="", task={}, top_args=[],
+                    backend=backend)
+
+
+def attempt_place(step_name, identity, salt):
+    """(port, secret) of the attempt `identity` of a job compiled with `salt`: node 0 and every
+    agent derive the same from the task's run, id and attempt, and a retry gets others."""
+    run, task, retry = identity.run_id, identity.task_id, identity.retry_count
+    gang_id = naming.gang_id(run, step_name, task, retry)
+    return naming.remote_port(run, step_name, task, retry), naming.attempt_secret(salt, gang_id)
+
+
+def compiled_place(spec, params, node, task):
+    """The GangSpec fields an agent of a job compiled before its run existed (`spec.gang_id`
+    empty) takes from its spin-step's options `params` (its hidden task id ends in
+    `-node-<node>`): the task's identity, the gang id, and the attempt's port and secret.
+    {} for an agent whose submission already knew them."""
+    if spec.gang_id:
+        return {}
+    task_id = str(params["task_id"])
+    suffix = "-node-%d" % node
+    if not task_id.endswith(suffix):
+        raise TorchDistributedEnvironmentError(
+            spec.step_name, "unexpected task id %r for the agent of node %d." % (task_id, node))
+    retry = int(params.get("retry_count") or 0)
+    split = params.get("split_index")
+    task.update(run_id=str(params["run_id"]), task_id=task_id[:-len(suffix)],
+                split_index=None if split in (None, "") else int(split), retry_count=retry,
+                max_user_code_retries=int(params.get("max_user_code_retries") or 0),
+                # spin-step's click name for --namespace
+                namespace=params.get("opt_namespace"),
+                orig_datastore=params["orig_flow_datastore"])
+    port, secret = attempt_place(spec.step_name, TaskIdentity(**task), spec.secret)
+    return dict(gang_id=naming.gang_id(task["run_id"], spec.step_name, task["task_id"], retry),
+                master_port=port, secret=secret, restart_count=retry)
