@@ -4,6 +4,7 @@ reports of several failing ranks, and client writes from rank 0. Each scenario i
 Metaflow's own core tests (test/core) in our words; one flow run serves several assertions."""
 
 import os
+import re
 import sys
 from collections import Counter
 
@@ -88,8 +89,11 @@ def promises(tmp_path_factory):
         "result = dict(\n"
         "    ok=run.successful, tags=sorted(run.user_tags),\n"
         "    timed_ok=run['timed'].task['timed_ok'].data,\n"
+        "    timed_nodes_ok=run['timed_nodes'].task['timed_nodes_ok'].data,\n"
+        "    timed_exec_ok=run['timed_exec'].task['timed_exec_ok'].data,\n"
         "    timeout_error=var('slow', 'timeout_error'),\n"
         "    slow_ran=slow['slow_interrupted'].data - slow['slow_started'].data,\n"
+        "    slow_after_group=slow['slow_interrupted'].data - slow['slow_joined'].data,\n"
         "    failure=var('caught', 'failure'),\n"
         "    retry_with_catch=run['caught'].task['retry_with_catch'].data,\n"
         "    caught_attempts=len([m for m in run['caught'].task.metadata if m.name == 'attempt']),\n"
@@ -103,13 +107,29 @@ def test_timeout_counts_the_body_not_the_gang_start_up(promises):
     _, res, got = promises
     assert res.returncode == 0, res
     # @timeout(seconds=2) on a 0.3 s body: importing torch and starting the gang (longer than
-    # 2 s on a loaded machine) is not charged to it
+    # 2 s on a loaded machine) is not charged to it, nor is the wait for a node agent or an
+    # exec'd rank to import Metaflow and torch and check in (seconds more): the clock starts
+    # once the gang is assembled
     assert got["timed_ok"] is True
-    # a body that outlives its @timeout is stopped, with the gang, after its full 2 seconds,
-    # by Metaflow's own TimeoutException (which @catch records)
+    assert got["timed_nodes_ok"] is True
+    assert got["timed_exec_ok"] is True
+
+
+def test_a_body_past_its_timeout_after_assembly_is_stopped_with_the_gang(promises):
+    _, res, got = promises
+    assert res.returncode == 0, res
+    # a body that outlives its @timeout is stopped, with the gang (2 nodes), after its full 2
+    # seconds, by rank 0's own TimeoutException (which @catch records), not by node 1's agent,
+    # whose own clock started before rank 0's
     assert got["timeout_error"]["type"].endswith("TimeoutException"), got
-    assert 1.9 <= got["slow_ran"] < 15, got
-    assert "Step slow timed out after 0 hours, 0 minutes, 2 seconds" in res.output
+    assert 1.9 <= got["slow_ran"] < 30, got
+    assert got["slow_after_group"] < 2.5, got  # the group formed on the clock: once assembled
+    # Metaflow's log line of the timeout, once, from rank 0 (an agent's lines have no prefix)
+    said = [line for line in res.output.splitlines() if "/slow/" in line and re.search(
+        r"\] (\[rank \d+\] )?[-\d]+ [:.\d]+ Step slow timed out after 0 hours, 0 minutes, "
+        r"2 seconds", line)]
+    assert len(said) == 1 and "[rank 0]" in said[0], said
+    assert "node agent exited" not in res.output, res.output
 
 
 def test_catch_keeps_the_caught_attempts_artifacts_and_the_users_exception(promises):

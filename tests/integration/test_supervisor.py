@@ -225,6 +225,47 @@ def test_no_missing_node_once_every_node_joined(gang):
     assert not sup.failed()
 
 
+def test_the_gang_is_assembled_when_the_last_expected_join_arrives(gang):
+    host, node, _ = gang
+    joins = {naming.node_join_id(1): Place(1), naming.rank_join_id(1): Place(0, 1, 1)}
+    assembled = []
+    sup = LeaderWatch([], host, Topology(2, 2), watch_nodes=[1], expected_joins=joins,
+                      join_timeout=30, on_assembled=lambda: assembled.append(time.monotonic()))
+    sup.start()
+    node.join(naming.node_join_id(1))
+    time.sleep(0.3)
+    assert assembled == [] and not sup.assembled.is_set()  # rank 1 has not checked in yet
+    joined = time.monotonic()
+    node.join(naming.rank_join_id(1))
+    assert sup.assembled.wait(5)
+    assert len(assembled) == 1 and assembled[0] >= joined
+    time.sleep(0.2)
+    assert len(assembled) == 1  # once
+    node.finish(1)
+    assert sup.wait(10) and not sup.failed()
+
+
+def test_a_gang_without_expected_joins_is_assembled_at_once(gang):
+    host, _, _ = gang
+    assembled = []
+    sup = LeaderWatch([], host, Topology(1, 2), on_assembled=lambda: assembled.append(1))
+    sup.start()
+    assert assembled == [1]  # forked ranks: nothing to wait for
+    sup.report(Failure(0, 0, "exception", time.time(), message="ValueError: x"))
+    assert sup.wait(10)
+
+
+def test_a_gang_missing_a_node_is_never_assembled(gang):
+    host, _, _ = gang
+    assembled = []
+    joins = {naming.node_join_id(1): Place(1)}
+    sup = LeaderWatch([], host, Topology(2, 1), watch_nodes=[1], expected_joins=joins,
+                      join_timeout=0.3, on_assembled=lambda: assembled.append(1)).start()
+    assert sup.wait(10)
+    assert sup.failures[0].kind == "missing"
+    assert assembled == [] and not sup.assembled.is_set()
+
+
 def test_an_agent_stops_when_node_0_aborts(gang, started):
     host, node, _ = gang
     slot = Slot(member(started, 2, "time.sleep(60)"), 1, 2, 0)

@@ -1,9 +1,12 @@
 """Metaflow's promises on ganged steps (2 ranks each), one step per scenario:
 
-- timed: @timeout(seconds=2) on a short body; the gang's start-up (importing torch, starting
-  rank 1) takes longer than that here and must not count.
-- slow: @timeout(seconds=2) on a body that sleeps; the timeout stops the gang and @catch
-  records Metaflow's TimeoutException.
+- timed, timed_nodes, timed_exec: @timeout(seconds=2) on a short body, with forked ranks, with
+  2 (emulated) nodes, and with exec'd ranks; the gang's start-up (importing torch, starting
+  rank 1, a node agent or an exec'd rank importing Metaflow and torch and checking in) takes
+  longer than that here and must not count.
+- slow: @timeout(seconds=2) on a body that sleeps, on 2 nodes: the timeout (counted from the
+  gang's assembly) stops the gang and @catch records Metaflow's TimeoutException, rank 0's:
+  node 1's agent, whose own clock started earlier, does not time out by itself.
 - caught: @retry(times=1) + @catch; every attempt, rank 0 sets an artifact and waits while rank 1
   raises the user's own DataError: @catch keeps rank 0's artifact of the last attempt and
   records DataError, not a gang error.
@@ -18,6 +21,8 @@ from metaflow import (FlowSpec, Run, catch, current, retry, step, timeout,
                       torch_distributed)
 
 GANG = dict(nodes=1, nproc_per_node=2)
+NODES = dict(nodes=2, nproc_per_node=1)  # node 1 is a node agent on this host
+EXEC = dict(nodes=1, nproc_per_node=2, start_method="exec")
 
 
 class DataError(Exception):
@@ -43,15 +48,34 @@ class PromisesFlow(FlowSpec):
         join_group()
         time.sleep(0.3)
         self.timed_ok = True
+        self.next(self.timed_nodes)
+
+    @timeout(seconds=2)
+    @torch_distributed(**NODES)
+    @step
+    def timed_nodes(self):
+        join_group()
+        time.sleep(0.3)
+        self.timed_nodes_ok = True
+        self.next(self.timed_exec)
+
+    @timeout(seconds=2)
+    @torch_distributed(**EXEC)
+    @step
+    def timed_exec(self):
+        join_group()
+        time.sleep(0.3)
+        self.timed_exec_ok = True
         self.next(self.slow)
 
     @catch(var="timeout_error")
     @timeout(seconds=2)
-    @torch_distributed(**GANG)
+    @torch_distributed(**NODES)
     @step
     def slow(self):
         self.slow_started = time.time()
         join_group()
+        self.slow_joined = time.time()
         try:
             time.sleep(60)
         finally:  # kept: @catch keeps what the body set before the timeout

@@ -13,7 +13,7 @@ from . import argo, schedulers, settings, stepfunctions
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .gangspec import GangSpec, NodeZero, current_task_identity
 from .topology import Topology, plan_line, plan_topology
-from .usertimer import PausedTimer
+from .usertimer import PausedTimer, WhenAll, disarm
 from .versions import check_metaflow_version
 
 
@@ -169,6 +169,7 @@ class TorchDistributedDecorator(StepDecorator):
         with PausedTimer():  # torch's import is ours, not the body's: keep it out of @timeout
             _require_torch(self.step_name)
         if spec is not None:  # this process is a member started by a gang
+            disarm()  # rank 0's @timeout governs the gang (usertimer.py)
             if spec.role == "agent" and retry_count > max_user_code_retries:
                 # A deployed job runs every attempt with its agents; @catch's fallback
                 # attempt runs on node 0 alone, as on any step.
@@ -230,11 +231,14 @@ class TorchDistributedDecorator(StepDecorator):
         def gang_step(*args):
             print(plan, flush=True)
             before = internals.artifact_names(flow)
-            timer = PausedTimer().pause()  # @timeout counts from rank 0's body, not the start-up
+            # @timeout counts from the gang's assembly, not its start-up (usertimer.py)
+            timer = PausedTimer().pause()
+            clock = WhenAll(timer.resume, ("body", "assembled"))
             self.led_gang = True
             try:
                 try:
-                    leader.run(step_func, args, on_body_start=timer.resume)
+                    leader.run(step_func, args, on_body_start=lambda: clock.arrive("body"),
+                               on_assembled=lambda: clock.arrive("assembled"))
                 finally:
                     self._show_gang(flow, leader.record, identity, retry_count)
             except BaseException:
@@ -244,8 +248,9 @@ class TorchDistributedDecorator(StepDecorator):
                 if not caught:
                     internals.drop_artifacts(flow, internals.artifact_names(flow) - before)
                 raise
-            finally:
-                timer.resume()
+            # A gang that failed before it was assembled keeps its timer paused: the
+            # rendezvous timeout bounded that wait, and the gang's error is the step's.
+            timer.resume()
 
         return gang_step
 

@@ -222,9 +222,11 @@ class Leader:
         self.attempt = None  # the running gang's _Attempt
         self.record = None  # the last run's record for the gang's card (events.py)
 
-    def run(self, step_func, args, on_body_start=None):
+    def run(self, step_func, args, on_body_start=None, on_assembled=None):
         """Start the gang, run rank 0's body here (calling `on_body_start` just before it),
-        supervise, and raise the gang's error if any rank failed.
+        supervise, and raise the gang's error if any rank failed. `on_assembled` is called
+        once every process node 0 expects to check in has checked in (at once when none
+        does), from this thread or the watch's.
 
         Every resource is torn down in one place, in the reverse of the order it was made:
         `running` stops what runs (the watch's abort, the log receiver, the members and the
@@ -243,7 +245,7 @@ class Leader:
             held.callback(self._settle, attempt)
             held.callback(_restore_environ, dict(os.environ))  # rank 0's body changes it
             with contextlib.ExitStack() as running:
-                self._start(attempt, listener, running)
+                self._start(attempt, listener, running, on_assembled)
                 with self.interruption:
                     self._run_rank0(attempt, step_func, args, on_body_start)
                 if not attempt.watch.wait(spec.finish_timeout_s):
@@ -251,7 +253,7 @@ class Leader:
         if attempt.outcome is not None:
             self._raise_failure(attempt)
 
-    def _start(self, attempt, listener, running):
+    def _start(self, attempt, listener, running, on_assembled=None):
         """Start node 0's members, the local agents, the store, the log receiver and the
         watch, registering on `running` how each is stopped."""
         spec, runner = attempt.spec, attempt.runner
@@ -285,7 +287,8 @@ class Leader:
             heartbeat_timeout=spec.heartbeat_timeout_s,
             leader_busy=self._body_running.is_set,
             finish_timeout=spec.finish_timeout_s,
-            on_failure=self._on_failure).start()
+            on_failure=self._on_failure,
+            on_assembled=on_assembled).start()
         running.callback(_abort_if_failed, attempt)
 
     def _settle(self, attempt):

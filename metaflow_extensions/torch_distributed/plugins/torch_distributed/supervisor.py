@@ -291,12 +291,16 @@ class LeaderWatch(Watch):
     other nodes `watch_nodes` through the control plane; the check-ins `expected_joins`
     ({join id: Place}) until `join_timeout` s; with `heartbeat_timeout`, that every node that
     started beating keeps beating; with `leader_busy` (rank 0's body still runs), that rank 0
-    and the others do not run on more than `finish_timeout` s after the other side finished."""
+    and the others do not run on more than `finish_timeout` s after the other side finished.
+    `on_assembled` is called once, when the last expected check-in arrived (from the watch's
+    thread), or by `start` when none is expected; never after the watch ended."""
 
     def __init__(self, slots, control, topology, watch_nodes=(), expected_joins=None,
                  join_timeout=None, heartbeat_timeout=None, leader_busy=None,
-                 finish_timeout=None, on_failure=None, clock=time.monotonic):
+                 finish_timeout=None, on_failure=None, on_assembled=None, clock=time.monotonic):
         super().__init__(slots, control, topology, on_failure, clock)
+        self.on_assembled = on_assembled
+        self.assembled = threading.Event()
         self.join_timeout = join_timeout
         self.join_deadline = clock() + join_timeout if join_timeout is not None else None
         self.heartbeat_timeout = heartbeat_timeout
@@ -307,6 +311,18 @@ class LeaderWatch(Watch):
         self._watched = set(watch_nodes)
         self._beats = {}  # node -> (heartbeats seen, when the count last changed)
         self._others_done_at = None
+
+    def start(self):
+        if not self._pending_joins:
+            self._assemble()
+        return super().start()
+
+    def _assemble(self):
+        if self.assembled.is_set():
+            return
+        self.assembled.set()
+        if self.on_assembled is not None:
+            self.on_assembled()
 
     def unfinished_failure(self, waited):
         """The failure to report when rank 0 finished its body `waited` seconds ago and some
@@ -377,7 +393,11 @@ class LeaderWatch(Watch):
         for join_id in list(self._pending_joins):
             if self.control.joined(join_id):
                 del self._pending_joins[join_id]
-        if not self._pending_joins or self.clock() < self.join_deadline:
+        if not self._pending_joins:
+            if not self.finished.is_set():  # a gang that already failed is not assembled
+                self._assemble()
+            return None
+        if self.clock() < self.join_deadline:
             return None
         missing = sorted(self._pending_joins.values(), key=lambda s: s.node)
         first = missing[0]

@@ -1,40 +1,58 @@
-"""Keep the gang's own start-up out of the step's @timeout.
+"""What a ganged step's @timeout counts: the step body, from the moment the gang is assembled.
 
 Metaflow's @timeout arms the process's real-time interval timer (signal.alarm) in task_pre_step,
 before any decorator's task_decorate runs. The gang then imports torch and starts its members,
-which takes a second or more: time the user's body never had, and an alarm landing there would
-interrupt torch's own import half-way. `PausedTimer` stops that timer while the package works
-and re-arms it with exactly the time that was left, so @timeout measures the step body (and the
-wait for the other ranks to finish theirs) as on a plain step. Rank 0's body starts once the
-other processes are started, not ready: ranks and node agents that start afresh (exec, other
-nodes) are waited for on the clock (docs/metaflow-semantics.md). Forked members do not inherit
-the timer (POSIX). Exec'd ranks and node agents are spin-step processes, which run @timeout too
-(Metaflow allows it in spin steps), with clocks started later than rank 0's; rank 0's timeout
-stops the gang.
+which takes a second or more, and processes that start afresh (exec'd ranks, node agents of
+other nodes) take seconds more to import Metaflow and torch and check in with node 0's control
+plane: time the user's body never had, spent waiting (rank 0 in init_process_group), and an
+alarm landing in an import would interrupt torch half-way.
+
+So rank 0 (the Metaflow task) pauses its timer while the package imports torch and starts the
+gang (`PausedTimer`), and re-arms it with exactly the time that was left once both hold
+(`WhenAll`): rank 0's body has started, and every process node 0 expects to check in (each
+other node's agent, each exec'd rank of node 0) has checked in. Rank 0's body starts as soon as
+the members are started, so its own preparation overlaps their start-up, and that part is not
+charged to the timeout either. A gang of forked ranks on one node is assembled at once. A gang
+that fails before it is assembled keeps its timer paused: the rendezvous timeout bounds that
+wait, and the gang's own error is what the step reports.
+
+Processes the gang starts (node agents, exec'd ranks) are Metaflow spin-step processes, which
+run @timeout too, with clocks started at their own task_pre_step. Rank 0's timeout governs the
+gang (when it fires, rank 0 raises Metaflow's TimeoutException and the gang is stopped), so
+they disarm theirs for good (`disarm`): an agent's alarm firing before rank 0's would otherwise
+fail the gang with a confusing error from another node. Forked members do not inherit the
+timer (POSIX).
 """
 
 import signal
+import threading
 
 
 class PausedTimer:
-    """Pause ITIMER_REAL from `pause()` until `resume()` (or the end of a `with` block)."""
+    """Pause ITIMER_REAL from `pause()` until `resume()` (or the end of a `with` block).
+    `resume` may be called from any thread, and more than once: the first call re-arms."""
 
     def __init__(self):
         self._left = None  # (seconds left, interval) while paused with an armed timer
+        self._lock = threading.Lock()
 
     def pause(self):
-        if self._left is None:
-            left, interval = signal.setitimer(signal.ITIMER_REAL, 0)
-            self._left = (left, interval) if left > 0 else (0.0, 0.0)
+        with self._lock:
+            if self._left is None:
+                left, interval = signal.setitimer(signal.ITIMER_REAL, 0)
+                self._left = (left, interval) if left > 0 else (0.0, 0.0)
         return self
 
     def resume(self):
-        if self._left is None:
-            return
-        left, interval = self._left
-        self._left = None
-        if left > 0:
-            signal.setitimer(signal.ITIMER_REAL, left, interval)
+        # setitimer is a plain system call: any thread may re-arm the process's timer, and
+        # SIGALRM's handler (Metaflow's) still runs in the main thread.
+        with self._lock:
+            if self._left is None:
+                return
+            left, interval = self._left
+            self._left = None
+            if left > 0:
+                signal.setitimer(signal.ITIMER_REAL, left, interval)
 
     def __enter__(self):
         return self.pause()
@@ -42,3 +60,32 @@ class PausedTimer:
     def __exit__(self, *exc):
         self.resume()
         return False
+
+
+class WhenAll:
+    """Call `action` once, as soon as every one of `names` has `arrive`d (from any thread)."""
+
+    def __init__(self, action, names):
+        self._action = action
+        self._waiting = set(names)
+        self._done = False
+        self._lock = threading.Lock()
+
+    def arrive(self, name):
+        """Mark `name` as arrived; True if this call ran the action."""
+        with self._lock:
+            self._waiting.discard(name)
+            if self._waiting or self._done:
+                return False
+            self._done = True
+        self._action()
+        return True
+
+    @property
+    def done(self):
+        return self._done
+
+
+def disarm():
+    """Stop this process's ITIMER_REAL for good (a gang member: rank 0's timeout governs)."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
