@@ -1,9 +1,9 @@
 """Metaflow's promises on ganged steps (2 ranks each), one step per scenario:
 
 - timed, timed_nodes, timed_exec: @timeout(seconds=2) on a short body, with forked ranks, with
-  2 (emulated) nodes, and with exec'd ranks; the gang's start-up (importing torch, starting
-  rank 1, a node agent or an exec'd rank importing Metaflow and torch and checking in) takes
-  longer than that here and must not count.
+  2 (emulated) nodes whose node 1 execs its rank, and with exec'd ranks on one node; the gang's
+  start-up (importing torch, starting rank 1, a node agent or an exec'd rank importing Metaflow
+  and torch and checking in) takes longer than that here and must not count.
 - slow: @timeout(seconds=2) on a body that sleeps, on 2 nodes: the timeout (counted from the
   gang's assembly) stops the gang and @catch records Metaflow's TimeoutException, rank 0's:
   node 1's agent, whose own clock started earlier, does not time out by itself.
@@ -22,6 +22,7 @@ from metaflow import (FlowSpec, Run, catch, current, retry, step, timeout,
 
 GANG = dict(nodes=1, nproc_per_node=2)
 NODES = dict(nodes=2, nproc_per_node=1)  # node 1 is a node agent on this host
+NODES_EXEC = dict(NODES, start_method="exec")  # whose rank starts afresh
 EXEC = dict(nodes=1, nproc_per_node=2, start_method="exec")
 
 
@@ -51,7 +52,7 @@ class PromisesFlow(FlowSpec):
         self.next(self.timed_nodes)
 
     @timeout(seconds=2)
-    @torch_distributed(**NODES)
+    @torch_distributed(**NODES_EXEC)
     @step
     def timed_nodes(self):
         join_group()

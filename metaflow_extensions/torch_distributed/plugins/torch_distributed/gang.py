@@ -32,7 +32,7 @@ from .gangspec import GangSpec
 from .spinstep import member_command
 from .procs import OutputPump, fork_member, run_member_body, spawn_member, stop_members
 from .remote_logs import LogReceiver, LogShipper
-from .supervisor import AgentWatch, LeaderWatch, Place, Slot
+from .supervisor import POLL_INTERVAL, AgentWatch, LeaderWatch, Place, Slot
 
 # Seconds a stopped member gets between SIGTERM and SIGKILL.
 STOP_GRACE = 1.0
@@ -469,6 +469,7 @@ class Agent:
                 print("cannot reach node 0 at %s:%d: %s"
                       % (self.spec.master_addr, self.spec.master_port, ex), file=sys.stderr)
                 return 2
+            self._wait_for_exec_ranks(runner, control)
             control.join(naming.node_join_id(self.spec.node))
             joined_at = time.time()
             if self.spec.backend != "local":
@@ -493,6 +494,23 @@ class Agent:
             runner.stop()
             runner.release()
             signal.signal(signal.SIGTERM, old_handler)
+
+    def _wait_for_exec_ranks(self, runner, control):
+        """A node joins once its ranks are ready: exec'd ranks import Metaflow and torch first
+        and check in with node 0 themselves (forked ones are ready at once). Node 0 counts the
+        step's @timeout from the last join (usertimer.py), so this keeps their start-up off it.
+        A rank that exits first, or node 0's abort, ends the wait: the watch reports those, and
+        node 0's rendezvous timeout bounds it."""
+        if self.spec.start_method != "exec":
+            return
+        pending = {naming.rank_join_id(s.rank) for s in runner.slots if s.rank is not None}
+        deadline = time.monotonic() + self.spec.rendezvous_timeout_s
+        while pending and time.monotonic() < deadline:
+            pending = {j for j in pending if not control.joined(j)}
+            if not pending or control.aborted() or any(
+                    s.member.poll() is not None for s in runner.slots):
+                return
+            time.sleep(POLL_INTERVAL)
 
     def _exit_code(self, code, told_node_0):
         """The exit status of a node that failed or was aborted. On Kubernetes a failed worker
