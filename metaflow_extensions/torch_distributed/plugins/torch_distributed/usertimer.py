@@ -9,10 +9,12 @@ alarm landing in an import would interrupt torch half-way.
 
 So rank 0 (the Metaflow task) pauses its timer while the package imports torch and starts the
 gang (`PausedTimer`), and re-arms it with exactly the time that was left once both hold
-(`WhenAll`): rank 0's body has started, and every process node 0 expects to check in (each
-other node's agent, each exec'd rank of node 0) has checked in. Rank 0's body starts as soon as
-the members are started, so its own preparation overlaps their start-up, and that part is not
-charged to the timeout either. A gang of forked ranks on one node is assembled at once. A gang
+(`WhenAll`): rank 0's body has started, and the gang is assembled: every process node 0
+expects to check in has checked in (each exec'd rank of node 0, and each other node's agent,
+which checks in once the ranks it exec'd have checked in themselves; LeaderWatch's
+`on_assembled`). Rank 0's body starts as soon as the members are started, so its own
+preparation overlaps their start-up, and that part is not charged to the timeout either. A
+gang of forked ranks on one node is assembled at once. A gang
 that fails before it is assembled keeps its timer paused: the rendezvous timeout bounds that
 wait, and the gang's own error is what the step reports.
 
