@@ -103,8 +103,11 @@ class PromisesFlow(FlowSpec):
         join_group()
         rank = current.torch_distributed.rank
         if rank == 0:
-            # raise once rank 1 has raised (its error file is written), before the gang stops
-            theirs = os.environ["TORCHELASTIC_ERROR_FILE"].replace("rank-0", "rank-1")
+            # raise once rank 1's failure is recorded, before the gang stops: its exception
+            # and the time it was raised (failures.save_exception, written after the
+            # torchelastic error file; waiting for that file alone let rank 0 raise while rank 1
+            # was still recording, and the gang then stopped rank 1 before it had: seen in CI)
+            theirs = os.environ["TORCHELASTIC_ERROR_FILE"].replace("rank-0", "rank-1") + ".pickle"
             while not os.path.exists(theirs):
                 time.sleep(0.001)
         raise ValueError("rank %d broke" % rank)
