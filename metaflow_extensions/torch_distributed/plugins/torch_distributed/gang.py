@@ -40,6 +40,9 @@ STOP_GRACE = 1.0
 DRAIN_TIMEOUT = 5.0
 # Seconds node 0 waits for the last output of remote nodes after the gang ended.
 REMOTE_DRAIN_TIMEOUT = 3.0
+# Seconds the watchdog leaves the task's log capture to take its last lines before it ends the
+# task (Leader._watchdog).
+LOG_SETTLE_S = 1.0
 
 
 class NodeRunner:
@@ -392,6 +395,11 @@ class Leader:
               "%ss (blocked in native code); ending the task."
               % (self.step_name, failure.describe(), self.abort_grace),
               file=sys.stderr, flush=True)
+        # On remote backends the task's output reaches its stored log through Metaflow's tee
+        # processes, which the pod's shell does not wait for before it saves the log: give them
+        # the last lines (the root cause) before this process is gone (seen on the Kubernetes
+        # emulation under load: a node that never started left a log without its cause).
+        time.sleep(LOG_SETTLE_S)
         os._exit(1)
 
     def _outcome(self, attempt):
