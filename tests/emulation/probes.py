@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
@@ -21,6 +23,32 @@ def wait_for(probe: Callable[[], object], timeout_s: float = 10.0, what: str = "
         if time.monotonic() >= deadline:
             pytest.fail("timed out after %.1f s waiting for %s" % (timeout_s, what))
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def frozen_node(node_dir: Path, timeout_s: float):
+    """Once node 1 of a 2 x 2 gang (running in `node_dir`) has joined node 0 and its rank 3 has
+    started, suspend every process of that node: a node that hangs as a whole, with no exit,
+    no report and no heartbeat. Yields when it froze (time.monotonic()); kills them after."""
+    log = node_dir / "container.log"
+
+    def read():
+        return log.read_text(errors="replace") if log.exists() else ""
+
+    wait_for(lambda: "[node 1 agent] joined the gang of node 0" in read() and
+             "[rank 3] rank 3 says hello" in read(), timeout_s, "node 1 to join and start")
+    frozen = [p for p in psutil.process_iter(["cwd"])
+              if (p.info["cwd"] or "").startswith(str(node_dir))]
+    assert frozen
+    stopped_at = time.monotonic()
+    for p in frozen:
+        p.suspend()
+    try:
+        yield stopped_at
+    finally:
+        for p in frozen:
+            if p.is_running():
+                p.kill()
 
 
 def processes_of(emulator_url: str) -> list[psutil.Process]:

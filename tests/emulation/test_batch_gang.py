@@ -14,7 +14,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed import card
 
 from .aws import validate_request
 from tests.support import isolated_env, metaflow
-from .probes import wait_for
+from .probes import frozen_node, wait_for
 
 FLOWS = Path(__file__).parent / "flows"
 # The gang records (events.py) the train task kept in the attempts %s, oldest first.
@@ -209,29 +209,13 @@ def test_a_node_that_never_starts_fails_the_step_at_the_rendezvous_timeout(aws, 
 def test_a_node_that_stops_answering_is_caught_by_its_heartbeat(gang):
     import threading
 
-    import psutil
-
     outcome = {}
     runner = threading.Thread(target=lambda: outcome.update(
         res=gang.run(TD_BUSY=120, METAFLOW_TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT=3)))
     runner.start()
     job_id = wait_for(lambda: _train_job_id(gang.batch), 120, "the train job")
-    node1 = gang.batch.node_dir(job_id, 1)
-    log = node1 / "container.log"
-    wait_for(lambda: "[node 1 agent] joined the gang of node 0" in _read(log) and
-             "[rank 3] rank 3 says hello" in _read(log), 120, "node 1 to join and start")
-    frozen = [p for p in psutil.process_iter(["cwd"])
-              if (p.info["cwd"] or "").startswith(str(node1))]
-    assert frozen
-    stopped_at = time.monotonic()
-    for p in frozen:  # the node hangs as a whole: no exit, no report, no heartbeat
-        p.suspend()
-    try:
+    with frozen_node(gang.batch.node_dir(job_id, 1), 120) as stopped_at:
         runner.join(150)
-    finally:
-        for p in frozen:
-            if p.is_running():
-                p.kill()
     res = outcome["res"]
     assert res.returncode != 0
     assert "node 1 stopped sending heartbeats 3.0s ago" in res.output, res.output
@@ -286,6 +270,3 @@ def _train_job_id(batch):
     names = [s["jobName"] for s in batch.submissions if s["jobName"].split("-")[-3] == "train"]
     return batch.api.job_ids(names[-1])[-1] if names else None
 
-
-def _read(path):
-    return path.read_text(errors="replace") if path.exists() else ""

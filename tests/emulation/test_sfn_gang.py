@@ -11,12 +11,10 @@ import shutil
 import time
 from pathlib import Path
 
-import psutil
-
 from . import sfn
 from .aws import client, validate_request
 from tests.support import isolated_env, metaflow
-from .probes import wait_for
+from .probes import frozen_node, wait_for
 from .test_batch_emulator import wait_status
 
 FLOWS = Path(__file__).parent / "flows"
@@ -132,22 +130,8 @@ def test_a_node_that_stops_answering_is_caught_by_its_heartbeat(aws, batch, tmp_
     run = Execution(aws, batch, machine)
     assert run.run_state("start")["status"] == "SUCCEEDED"
     job_id = run.submit_state("train")
-    node1 = batch.node_dir(job_id, 1)
-    log = node1 / "container.log"
-    wait_for(lambda: "[node 1 agent] joined the gang of node 0" in _read(log) and
-             "[rank 3] rank 3 says hello" in _read(log), 180, "node 1 to join and start")
-    frozen = [p for p in psutil.process_iter(["cwd"])
-              if (p.info["cwd"] or "").startswith(str(node1))]
-    assert frozen
-    stopped_at = time.monotonic()
-    for p in frozen:  # the node hangs as a whole: no exit, no report, no heartbeat
-        p.suspend()
-    try:
+    with frozen_node(batch.node_dir(job_id, 1), 180) as stopped_at:
         detail = run.wait_state("train", timeout_s=150)
-    finally:
-        for p in frozen:
-            if p.is_running():
-                p.kill()
     detected = time.monotonic() - stopped_at
     task_log = batch.node_log(job_id, 0)
     assert detail["status"] == "FAILED", task_log[-4000:]
@@ -155,9 +139,6 @@ def test_a_node_that_stops_answering_is_caught_by_its_heartbeat(aws, batch, tmp_
     assert "node 1 stopped sending heartbeats 3.0s ago" in task_log, task_log[-4000:]
     assert detected < 60, detected
 
-
-def _read(path):
-    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def test_a_foreach_of_multi_node_gangs_keeps_each_gangs_input_and_meets_at_the_join(
