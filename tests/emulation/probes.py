@@ -59,3 +59,29 @@ def processes_of(emulator_url: str) -> list[psutil.Process]:
 def processes_with(name: str, value: str) -> list[psutil.Process]:
     """Live processes whose environment has `name` set to `value`."""
     return live_processes(with_env(name, value))
+
+
+def published_secret(env: dict, flow: str, run_id: str, step: str, task_id: str,
+                     attempt: int) -> str:
+    """The secret node 0 of a remote gang published for one attempt (attempt_secret.py), read
+    from the run's datastore on moto's S3 as an agent reads it."""
+    import json
+
+    from .aws import client
+
+    bucket, _, root = env["METAFLOW_DATASTORE_SYSROOT_S3"][len("s3://"):].partition("/")
+    key = "%s/%s/%s/%s/%s/%d.torch_distributed_gang" % (root, flow, run_id, step, task_id,
+                                                        attempt)
+    body = client(env["AWS_ENDPOINT_URL"], "s3").get_object(Bucket=bucket, Key=key)["Body"]
+    return json.loads(body.read())["secret"]
+
+
+def batch_views(batch) -> str:
+    """Everything the AWS Batch API shows whoever may list jobs: every job's description and
+    every job definition, as one JSON text."""
+    import json
+
+    jobs = [batch.api.describe_jobs({"jobs": batch.api.job_ids(s["jobName"])})
+            for s in batch.submissions]
+    definitions = batch.api.describe_job_definitions({})
+    return json.dumps([batch.submissions, jobs, definitions], default=str)

@@ -14,7 +14,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed import card
 
 from .aws import validate_request
 from tests.support import isolated_env, metaflow
-from .probes import frozen_node, wait_for
+from .probes import batch_views, frozen_node, published_secret, wait_for
 
 FLOWS = Path(__file__).parent / "flows"
 # The gang records (events.py) the train task kept in the attempts %s, oldest first.
@@ -95,10 +95,13 @@ def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang):
     main, agent = (o["containerOverrides"]["command"][-1] for o in overrides)
     assert " step train " in main and "spin-step" not in main
     assert " spin-step train " in agent and "-node-$AWS_BATCH_JOB_NODE_INDEX" in agent
-    # every node gets the attempt's store secret in its job environment, and only there
-    secret = _main_plan(job)["secret"]
-    assert len(secret) == 32 and _agent_spec(job)["secret"] == secret
-    assert secret not in json.dumps(overrides[0]["containerOverrides"]["command"])
+    # the attempt's secret is in the run's datastore, where node 0 put it and node 1 read it,
+    # and in nothing the Batch API shows (job, its description, the job definitions)
+    task_id = job["jobName"].split("-")[-2]
+    secret = published_secret(gang.env, "BatchGangFlow", gang.run_id, "train", task_id, 0)
+    assert len(secret) == 64
+    assert "secret" not in _main_plan(job) and _agent_spec(job)["secret"] == ""
+    assert secret not in batch_views(gang.batch)
     places = gang.client("run['train'].task['places'].data")
     assert [p["rank"] for p in places] == [0, 1, 2, 3]
     assert [p["node_rank"] for p in places] == [0, 0, 1, 1]
@@ -141,7 +144,11 @@ def test_a_failing_rank_on_node_1_fails_the_job_and_retry_submits_a_new_one(gang
     assert all(len(j["nodeOverrides"]["nodePropertyOverrides"]) == 2 for j in (first, second))
     ports = [_main_plan(j)["master_port"] for j in (first, second)]
     assert ports[0] != ports[1]
-    assert _main_plan(first)["secret"] != _main_plan(second)["secret"]
+    task_id = first["jobName"].split("-")[-2]
+    secrets = [published_secret(gang.env, "BatchGangFlow", gang.run_id, "train", task_id, a)
+               for a in (0, 1)]
+    assert secrets[0] != secrets[1]
+    assert not [s for s in secrets if s in batch_views(gang.batch)]
     assert gang.client("run['train'].task['attempt'].data") == 1
     assert gang.client("run['train'].task['total'].data") == 10.0
     # What the card of each attempt shows has node 1's ranks, from node 1's own events and

@@ -11,6 +11,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.control imp
 )
 
 SECRET = "s3cr3t"
+GANG = "1700-train-5-0"
 
 
 @pytest.fixture
@@ -18,9 +19,9 @@ def stores():
     """Node 0's store, and a rank's client of it."""
     listener = bind_listener("127.0.0.1", 0)
     port = listener.getsockname()[1]
-    host = ControlPlane.host(listener, "1700-train-5-0", SECRET, timeout=5)
+    host = ControlPlane.host(listener, GANG, SECRET, timeout=5)
     listener.close()
-    yield host, ControlPlane.client("127.0.0.1", port, SECRET, timedelta(seconds=5)), port
+    yield host, ControlPlane.client("127.0.0.1", port, GANG, SECRET, timedelta(seconds=5)), port
 
 
 def test_rank_0_gets_every_value_in_rank_order_and_the_keys_are_gone(stores):
@@ -45,7 +46,8 @@ def test_a_rank_that_never_sends_is_named_when_the_wait_runs_out(stores):
 
 def test_another_secret_sees_none_of_the_values(stores):
     host, _, port = stores
-    intruder = ControlPlane.client("127.0.0.1", port, "not-the-secret", timedelta(seconds=5))
+    intruder = ControlPlane.client("127.0.0.1", port, GANG, "not-the-secret",
+                                   timedelta(seconds=5))
     intruder.put_gathered(0, 0, "forged")
     with pytest.raises(dist.DistStoreError):
         host.take_gathered(0, range(1), timedelta(seconds=0.2), 0.01)

@@ -301,41 +301,6 @@ def test_report_from_outside_calls_on_failure_once(gang, started):
     assert len(sup.failures) == 2
 
 
-def _intruder(port):
-    """A client that reached the store's port but was not given the gang's secret."""
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    return TCPStore("127.0.0.1", port, None, False, timedelta(seconds=5))
-
-
-def test_a_client_without_the_secret_cannot_stop_join_or_fail_the_gang(gang):
-    host, node, port = gang
-    intruder = _intruder(port)
-    bogus = Failure(1, 1, "exception", time.time(), message="ValueError: bogus", local_rank=0)
-    # the gang's keys as they were named before they lay under a secret, and guesses under it
-    for prefix in ("mftd/", "mftd//", "mftd/%s/" % GANG):
-        intruder.set(prefix + "abort", "1")
-        intruder.set(prefix + "joined/node1", "1")
-        intruder.set(prefix + "node/1/failure", bogus.to_json())
-        intruder.set(prefix + "node/1/done", "1")
-    intruder.set(naming.PUBLIC_GANG_KEY, "someone-else")
-    assert intruder.check(["mftd/abort"])  # the writes reached the store
-    for control in (host, node):
-        assert not control.aborted()
-        assert not control.joined("node1")
-        assert control.failure(1) is None
-        assert not control.finished(1)
-    # a node of the gang still joins, though the public gang key now names someone else
-    late = ControlPlane.connect("127.0.0.1", port, GANG, SECRET, timeout=5)
-    late.join("node1")
-    assert host.joined("node1")
-    # the gang's own abort still works, under its secret
-    host.abort()
-    assert node.aborted() and intruder.check([naming.Keys(SECRET).abort])
-
-
 def test_a_node_with_the_wrong_secret_is_told_it_reached_another_gang(gang):
     _, _, port = gang
     with pytest.raises(GangMismatch) as info:

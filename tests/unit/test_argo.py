@@ -1,6 +1,7 @@
 """argo.py's pure parts: which steps a gang may be compiled on, the JobSet template built from a
 step's compiled container template, the agent's command, the attempt passed in by the DAG, and
-how node 0 and the agents of such a JobSet agree on the attempt's port and secret.
+how node 0 and the agents of such a JobSet agree on the attempt's port (its secret is not
+compiled: node 0 draws it, the agents read it from the run's datastore).
 (tests/emulation/test_deploy.py compiles real flows; test_argo_gang.py runs one.)"""
 
 import hashlib
@@ -123,7 +124,7 @@ def workflow(template):
 def compiled(foreach=False, retries=True):
     wf = workflow(container_template(foreach, retries))
     argo.compile_gang(wf, "train", 3, lambda command: ["bash", "-c", "control: " + command],
-                      ["bash", "-c", "agent"], {"AGENT_SPEC": "{}"}, "salt")
+                      ["bash", "-c", "agent"], {"AGENT_SPEC": "{}"})
     return wf
 
 
@@ -178,7 +179,7 @@ def test_the_step_becomes_one_jobset_of_a_control_pod_and_n_minus_1_workers():
         assert env["METAFLOW_RETRY_COUNT"] == "{{inputs.parameters.retryCount}}"
     control, worker = env_of(jobs["control"]), env_of(jobs["worker"])
     assert json.loads(control[kubernetes.MAIN_NODE_ENV]) == {
-        "step": "train", "nodes": 3, "master_port": None, "secret": "salt"}
+        "step": "train", "nodes": 3, "master_port": None}
     assert kubernetes.MAIN_NODE_ENV not in worker and "AGENT_SPEC" not in control
     assert worker["AGENT_SPEC"] == "{}"
     assert worker[argo.INPUT_PATHS_ENV] == "{{inputs.parameters.input-paths}}"
@@ -270,9 +271,9 @@ def test_the_agent_command_is_quoted_words_and_the_pods_values():
 
 # -- node 0 and the agents agree on the attempt -------------------------------------------------
 
-def test_node_0_and_an_agent_derive_the_same_port_and_secret_and_a_retry_others():
-    spec = trampoline.compiled_agent_spec(FIELDS, "salt", "kubernetes")
-    assert spec.gang_id == "" and spec.secret == "salt"
+def test_node_0_and_an_agent_derive_the_same_port_and_a_retry_another():
+    spec = trampoline.compiled_agent_spec(FIELDS, "kubernetes")
+    assert spec.gang_id == "" and spec.secret == ""  # nothing secret is compiled
     env = {kubernetes.WORKER_INDEX: "1", kubernetes.MASTER_ADDR: "c.svc.cluster.local"}
     params = {"run_id": "argo-w", "task_id": "t-0a1b2c3d-node-2", "input_paths": "argo-w/a/t",
               "retry_count": 1, "max_user_code_retries": 2, "split_index": None,
@@ -281,19 +282,22 @@ def test_node_0_and_an_agent_derive_the_same_port_and_secret_and_a_retry_others(
     assert (agent.node, agent.master_addr) == (2, "10.0.0.5")
     assert agent.task["task_id"] == "t-0a1b2c3d" and agent.restart_count == 1
     assert agent.gang_id == naming.gang_id("argo-w", "train", "t-0a1b2c3d", 1)
-    assert agent.secret == naming.attempt_secret("salt", agent.gang_id)
+    assert agent.secret == ""  # read from the run's datastore on the pod (attempt_secret.py)
     node_env = {kubernetes.MAIN_NODE_ENV: json.dumps(
-        {"step": "train", "nodes": 3, "master_port": None, "secret": "salt"}),
+        {"step": "train", "nodes": 3, "master_port": None}),
         kubernetes.NUM_NODES: "3", kubernetes.MASTER_ADDR: "localhost"}
     identity = TaskIdentity(run_id="argo-w", task_id="t-0a1b2c3d", input_paths="",
                             split_index=None, retry_count=1, max_user_code_retries=2,
                             namespace=None, orig_datastore="s3@s3://b/mf")
     place = kubernetes.node_zero("train", node_env, identity,
                                  SimpleNamespace(rendezvous_timeout_s=5))
-    assert (place.port, place.secret) == (agent.master_port, agent.secret)
+    assert place.port == agent.master_port
+    # node 0 draws the attempt's secret: a fresh one each time, never derived from the job
+    assert len(place.secret) == 64 and place.secret != kubernetes.node_zero(
+        "train", node_env, identity, SimpleNamespace(rendezvous_timeout_s=5)).secret
     retried = kubernetes.resolve_node(spec, env, dict(params, retry_count=2), [],
                                       resolve=lambda name: "10.0.0.5")
-    assert retried.secret != agent.secret and retried.gang_id != agent.gang_id
+    assert retried.master_port != agent.master_port and retried.gang_id != agent.gang_id
     # a JobSet of `run --with kubernetes` keeps what its submission gave the agents
     submitted = GangSpec(**dict(FIELDS, nodes=2), role="agent", node=-1, master_addr="",
                          master_port=23456, gang_id="g", secret="s", restart_count=0,

@@ -17,8 +17,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec im
     TaskIdentity
 from tests.emulation.aws import validate_request
 
-MAIN_ENV = {batch.MAIN_NODE_ENV: '{"step": "train", "nodes": 2, "master_port": 23456, '
-                                 '"secret": "0123abcd"}'}
+MAIN_ENV = {batch.MAIN_NODE_ENV: '{"step": "train", "nodes": 2, "master_port": 23456}'}
 AGENT_ENV = {"METAFLOW_TORCH_DISTRIBUTED_MEMBER": "{}", "METAFLOW_SPIN_ALLOWED_DECORATORS": "[]"}
 AGENT_CMD = ["bash", "-c", "agent"]
 
@@ -122,7 +121,7 @@ def test_input_path_variables_in_numeric_order():
 
 def test_main_node_plan():
     env = {batch.MAIN_NODE_ENV: MAIN_ENV[batch.MAIN_NODE_ENV], batch.NUM_NODES: "2"}
-    assert batch.main_node_plan(env, "train") == (2, 23456, "0123abcd")
+    assert batch.main_node_plan(env, "train") == (2, 23456)
     assert batch.main_node_plan(env, "other") is None
     assert batch.main_node_plan({}, "train") is None
     with pytest.raises(TorchDistributedEnvironmentError, match="needs 2 nodes but this AWS "
@@ -161,16 +160,33 @@ def test_a_busy_port_is_a_clear_error():
         Topology
 
     holder = socket.socket()
-    holder.bind(("0.0.0.0", 0))
+    holder.bind(("127.0.0.1", 0))
     holder.listen(1)
     port = holder.getsockname()[1]
     try:
-        leader = Leader("train", Topology(2, 1), {"backend": "batch"}, 1.0, "torch_distributed",
-                        port=port)
+        leader = Leader("train", Topology(2, 1), {"backend": "batch", "master_addr": "127.0.0.1"},
+                        1.0, "torch_distributed", port=port)
         with pytest.raises(TorchDistributedEnvironmentError, match="port %d on node 0" % port):
             leader._bind()
     finally:
         holder.close()
+
+
+def test_node_0_listens_on_its_own_address_only_and_says_so_when_it_is_not_its_own():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import Leader
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import \
+        Topology
+
+    leader = Leader("train", Topology(2, 1), {"backend": "batch", "master_addr": "127.0.0.1"},
+                    1.0, "torch_distributed", port=0)
+    with leader._bind() as listener:
+        assert listener.getsockname()[0] == "127.0.0.1"  # not 0.0.0.0
+    # an address of no interface of this machine (TEST-NET-3, RFC 5737)
+    leader = Leader("train", Topology(2, 1), {"backend": "batch", "master_addr": "203.0.113.9"},
+                    1.0, "torch_distributed", port=0)
+    with pytest.raises(TorchDistributedEnvironmentError,
+                       match=r"cannot listen .* on 203\.0\.113\.9, the address its other nodes"):
+        leader._bind()
 
 
 def test_the_metaflow_internals_we_wrap_have_the_shape_we_rely_on():

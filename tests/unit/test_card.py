@@ -198,7 +198,7 @@ def test_record_keeps_numbers_and_refuses_anything_else(tmp_path):
         TorchDistributedConfigError
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
 
-    info = TorchDistributedInfo(Topology(1, 2), 0, 1, "127.0.0.1", 29500, "cpu", "s")
+    info = TorchDistributedInfo(Topology(1, 2), 0, 1, "127.0.0.1", 29500, "cpu", "g", "s")
     path = str(tmp_path / "r.json")
 
     def body():

@@ -253,6 +253,23 @@ def test_flow_datastore_get_task_datastore():
             "attempt=, mode=, allow_not_done=); got %r" % names)
 
 
+def test_an_attempt_file_round_trips_through_a_real_datastore(tmp_path):
+    """What node 0 writes beside its attempt's files, an agent reads through a FlowDataStore
+    it builds from "<type>@<root>" (attempt_secret.py), on Metaflow's own local datastore."""
+    root = str(tmp_path / ".metaflow")
+    writer = internals.flow_datastore_at("GangFlow", "local@" + root)
+    reader = internals.flow_datastore_at("GangFlow", "local@" + root)
+    where = ("5", "train", "7")
+    assert internals.load_attempt_file(reader, *where, 1, "torch_distributed_gang") is None
+    internals.save_attempt_file(writer, *where, 1, "torch_distributed_gang", {"secret": "s"})
+    assert internals.load_attempt_file(reader, *where, 1, "torch_distributed_gang") == {
+        "secret": "s"}
+    # one attempt's file is not another's, and it lies beside Metaflow's files of the attempt
+    assert internals.load_attempt_file(reader, *where, 0, "torch_distributed_gang") is None
+    assert os.path.isfile(os.path.join(root, "GangFlow", "5", "train", "7",
+                                       "1.torch_distributed_gang"))
+
+
 def test_task_datastore_persist_walks_the_flow():
     from metaflow.datastore.task_datastore import TaskDataStore
 
@@ -596,6 +613,9 @@ CONTRACTS = {
     "spin_allowed_decorators": "test_metaflow_config_spin_allowed_decorators",
     "orig_datastore": "test_flow_datastore_type_and_root",
     "attempt_datastore": "test_flow_datastore_get_task_datastore",
+    "flow_datastore_at": "test_an_attempt_file_round_trips_through_a_real_datastore",
+    "save_attempt_file": "test_an_attempt_file_round_trips_through_a_real_datastore",
+    "load_attempt_file": "test_an_attempt_file_round_trips_through_a_real_datastore",
     "artifact_names": "test_task_datastore_persist_walks_the_flow",
     "drop_artifacts": "test_task_datastore_persist_walks_the_flow",
     "render_failed_card": "test_card_decorator_private_attributes",

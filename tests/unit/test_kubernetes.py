@@ -20,13 +20,13 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec im
     TaskIdentity
 from tests.emulation.jobset_controller import pruned, validate_jobset
 
-PLAN = '{"step": "train", "nodes": 2, "master_port": 23456, "secret": "s3cr3t"}'
+PLAN = '{"step": "train", "nodes": 2, "master_port": 23456}'
 
 
 def test_main_node_plan():
     assert kubernetes.main_node_plan({}, "train") is None
     env = {kubernetes.MAIN_NODE_ENV: PLAN, "MF_WORLD_SIZE": "2"}
-    assert kubernetes.main_node_plan(env, "train") == (2, 23456, "s3cr3t")
+    assert kubernetes.main_node_plan(env, "train") == (2, 23456)
     assert kubernetes.main_node_plan(env, "other") is None  # another step's JobSet
     with pytest.raises(TorchDistributedEnvironmentError,
                        match="the gang needs 2 nodes but this Kubernetes JobSet has 3"):
@@ -91,7 +91,7 @@ def agent_spec(port=23456):
                             retry_count=0, max_user_code_retries=1, namespace="user:tester",
                             orig_datastore="s3@s3://bucket/metaflow")
     spec = GangSpec(role="agent", step_name="train", nodes=2, nproc_per_node=2, node=-1,
-                    master_addr="", master_port=port, gang_id="5-train-7-0", secret="s3cr3t",
+                    master_addr="", master_port=port, gang_id="5-train-7-0", secret="",
                     restart_count=0, accelerator="auto", rendezvous_timeout_s=30.0,
                     finish_timeout_s=30.0, start_method="auto",
                     work_dir="", task=identity.__dict__, top_args=[], backend="kubernetes")
@@ -184,15 +184,14 @@ def test_the_gang_jobset_is_valid_and_runs_the_task_on_control_and_agents_on_wor
     assert "--namespace user:tester" in agent
     env = {e["name"]: e.get("value") for e in control["env"]}
     assert json.loads(env[kubernetes.MAIN_NODE_ENV]) == {"step": "train", "nodes": 3,
-                                                         "master_port": 23456,
-                                                         "secret": "s3cr3t"}
+                                                         "master_port": 23456}
     assert env["MF_WORLD_SIZE"] == "3"
     worker_env = {e["name"]: e for e in worker["env"]}
     assert kubernetes.MAIN_NODE_ENV not in worker_env
     member = json.loads(worker_env["METAFLOW_TORCH_DISTRIBUTED_MEMBER"]["value"])
     assert (member["role"], member["backend"], member["master_port"]) == (
         "agent", "kubernetes", 23456)
-    assert member["secret"] == "s3cr3t"  # the control pod's: both from this submission
+    assert member["secret"] == ""  # read from the run's datastore on the pod
     assert worker_env["MF_WORKER_REPLICA_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
         "metadata.annotations['jobset.sigs.k8s.io/job-index']"
     # @kubernetes(labels=...) reaches the JobSet (a queue label such as Kueue's passes through)

@@ -72,7 +72,7 @@ def sfn_payload():
 
 def test_node_payload_keeps_step_functions_paths_and_defers_the_port():
     got = stepfunctions.node_payload(sfn_payload(), 2, "train", ["bash", "-c", "agent"],
-                                     AGENT_ENV, "salt")
+                                     AGENT_ENV)
     main, agent = got["nodeOverrides"]["nodePropertyOverrides"]
     assert main["containerOverrides"]["command"] == stepfunctions.BARE_JOB_ID + [
         "bash", "-c", "task"]
@@ -83,16 +83,16 @@ def test_node_payload_keeps_step_functions_paths_and_defers_the_port():
         assert {"name": "METAFLOW_RUN_ID", "value.$": "$.Parameters.['metaflow.run_id']"} in env
     plan = {e["name"]: e.get("value") for e in main["containerOverrides"]["environment"]}
     assert json.loads(plan[batch.MAIN_NODE_ENV]) == {"step": "train", "nodes": 2,
-                                                     "master_port": None, "secret": "salt"}
+                                                     "master_port": None}
     assert batch.main_node_plan({batch.MAIN_NODE_ENV: plan[batch.MAIN_NODE_ENV],
-                                 batch.NUM_NODES: "2"}, "train") == (2, None, "salt")
+                                 batch.NUM_NODES: "2"}, "train") == (2, None)
 
 
 def test_an_agent_takes_its_task_from_its_spin_step_and_meets_node_0():
     spec = trampoline.compiled_agent_spec(dict(
         step_name="train", nodes=2, nproc_per_node=2, accelerator="auto",
         rendezvous_timeout_s=60.0, finish_timeout_s=60.0, start_method="auto", heartbeat_timeout_s=30.0,
-        group_check_default="error"), "salt", "batch")
+        group_check_default="error"), "batch")
     params = {"run_id": "sfn-x", "task_id": "0f1e-node-1", "input_paths": "sfn-x/start/a",
               "retry_count": 1, "max_user_code_retries": 2, "split_index": 3,
               "opt_namespace": "user:ana", "orig_flow_datastore": "s3@s3://b/mf"}
@@ -104,22 +104,22 @@ def test_an_agent_takes_its_task_from_its_spin_step_and_meets_node_0():
     assert got.restart_count == 1
     assert got.task["task_id"] == "0f1e" and got.task["split_index"] == 3
     assert got.task["namespace"] == "user:ana"  # exec'd members get the run's namespace
-    # the attempt's secret, derived from the job's salt as node 0 derives it: another attempt
-    # (a Batch retry of the same job) gets another one
-    assert got.secret == naming.attempt_secret("salt", got.gang_id)
-    assert len(got.secret) == 32 and got.secret != "salt"
+    # no secret in the job: the agent reads the attempt's from the run's datastore
+    assert got.secret == ""
     retried = batch.resolve_node(spec, env, dict(params, retry_count=2), [])
-    assert retried.secret not in (got.secret, "salt")
-    # node 0 places itself from the same job's plan and its own task: the same port and secret
+    assert retried.master_port != got.master_port
+    # node 0 places itself from the same job's plan and its own task: the same port, and a
+    # secret it draws itself
     node_env = {batch.MAIN_NODE_ENV: json.dumps({"step": "train", "nodes": 2,
-                                                 "master_port": None, "secret": "salt"}),
+                                                 "master_port": None}),
                 batch.NUM_NODES: "2", "MF_PARALLEL_MAIN_IP": "10.0.0.5"}
     identity = gangspec.TaskIdentity(run_id="sfn-x", task_id="0f1e", input_paths="",
                                    split_index=3, retry_count=1, max_user_code_retries=2,
                                    namespace=None, orig_datastore="s3@s3://b/mf")
     place = batch.node_zero("train", node_env, identity, None)
-    assert (place.master_addr, place.port, place.secret, place.backend) == (
-        "10.0.0.5", got.master_port, got.secret, "batch")
+    assert (place.master_addr, place.port, place.backend) == (
+        "10.0.0.5", got.master_port, "batch")
+    assert len(place.secret) == 64
     # a `run --with batch` agent keeps what it was submitted with
     assert batch.resolve_node(agent_spec(), env, params, []).gang_id == "g"
 

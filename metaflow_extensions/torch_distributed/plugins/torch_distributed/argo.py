@@ -16,8 +16,9 @@ creates one JobSet (internals.wrap_argo_workflow):
   done) and fails when one fails; Argo waits for `status.terminalState`, as for @parallel;
 * Metaflow's retries stay the template's retryStrategy; the step's DAG task passes Argo's
   `{{retries}}` in, where the JobSet's name, the task's `--retry-count` and the agents' read it,
-  so each attempt is a new JobSet and a new gang (port and store secret derived from the task
-  and attempt on every node, from a salt compiled into the template: naming.attempt_secret).
+  so each attempt is a new JobSet and a new gang (its port derived from the task and attempt
+  on every node; its store's secret drawn by node 0 and read by the workers from the run's
+  datastore, never compiled into the template: attempt_secret.py).
 
 What a template cannot know before the run (workflow name, input paths, split index, attempt)
 is left to Argo's substitution; the pure parts below build the template from plain data, and
@@ -28,7 +29,7 @@ import copy
 import json
 import shlex
 
-from . import internals, kubernetes, naming, trampoline
+from . import internals, kubernetes, trampoline
 from .errors import TorchDistributedConfigError
 from .spinstep import spin_env_additions
 
@@ -270,8 +271,7 @@ def pass_attempt(templates, template_name, retried):
     return found
 
 
-def compile_gang(workflow, step_name, nodes, control_command_of, agent_command, agent_env,
-                 salt):
+def compile_gang(workflow, step_name, nodes, control_command_of, agent_command, agent_env):
     """Turn the step's container template in the compiled `workflow` (JSON tree) into the
     gang's JobSet template. `control_command_of(command text) -> argv` gives node 0's command;
     `agent_command` is the workers' argv."""
@@ -285,7 +285,7 @@ def compile_gang(workflow, step_name, nodes, control_command_of, agent_command, 
     foreach = "split-index" in {p["name"] for p in template["inputs"]["parameters"]}
     control_command = control_command_of(container["command"][-1])
     plan = {kubernetes.MAIN_NODE_ENV: json.dumps(
-        {"step": step_name, "nodes": nodes, "master_port": None, "secret": salt})}
+        {"step": step_name, "nodes": nodes, "master_port": None})}
     manifest = jobset_manifest(
         template, nodes, step_name, control_command, agent_command, agent_env, plan,
         env.get("ARGO_WORKFLOW_NAMESPACE") or "default", foreach,
@@ -315,14 +315,12 @@ def install(step_name, graph, nodes, spec_fields, decorator_name):
                                         internals.argo_namespace(argo), foreach)
         agent_command = internals.argo_pod_command(argo, step_name, run_id, AGENT_TASK_ID,
                                                    ATTEMPT, [agent_cli])
-        salt = naming.new_secret()
         agent_env = spin_env_additions(
-            {}, trampoline.compiled_agent_spec(spec_fields, salt, "kubernetes"), decorator_name)
+            {}, trampoline.compiled_agent_spec(spec_fields, "kubernetes"), decorator_name)
 
         def control_command_of(command):
             return ["bash", "-c", internals.argo_with_task_id(command, "${%s}" % TASK_ID_ENV)]
 
-        compile_gang(workflow, step_name, nodes, control_command_of, agent_command, agent_env,
-                     salt)
+        compile_gang(workflow, step_name, nodes, control_command_of, agent_command, agent_env)
 
     internals.wrap_argo_workflow(build)

@@ -10,8 +10,9 @@ in a command string; see reference/metaflow_internals.md, sections 4 and 5 (opti
 On the nodes: node 0 is the Metaflow task and hosts the gang's store on a port fixed by run,
 step, task and attempt (`naming.remote_port`); the agents find it through
 AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS, which AWS Batch sets on child nodes only. The
-port is predictable; the store's keys are not: they lie under a random secret drawn for each
-submission and given to every node in its job environment (naming.Keys).
+port is predictable, and anyone who reaches it can read the store; what the package reads
+from it is sealed under a secret node 0 draws for each attempt and the agents read from the
+run's datastore (sealed.py, attempt_secret.py), never from the job.
 """
 
 import copy
@@ -28,8 +29,8 @@ from .spinstep import spin_env_additions
 
 # Set by the decorator's runtime_step_cli on the trampoline of a multi-node step (the step's name).
 TRAMPOLINE_ENV = "METAFLOW_TORCH_DISTRIBUTED_BATCH_STEP"
-# In node 0's job environment: {"step": .., "nodes": N, "master_port": P, "secret": S}; the
-# agents find the same secret in their GangSpec (both are set where the job is submitted).
+# In node 0's job environment: {"step": .., "nodes": N, "master_port": P} (P None in a job
+# compiled before its run existed); the agents find the same in their GangSpec.
 MAIN_NODE_ENV = "METAFLOW_TORCH_DISTRIBUTED_BATCH_MAIN"
 
 NODE_INDEX = "AWS_BATCH_JOB_NODE_INDEX"
@@ -80,7 +81,7 @@ def _merged_env(entries, extra):
 
 
 def main_node_plan(environ, step_name):
-    """(nodes, port, secret) when this process is node 0 of this step's multi-node job, else
+    """(nodes, port) when this process is node 0 of this step's multi-node job, else
     None. The port is None when the job was compiled before its run existed (Step Functions):
     node 0 derives it from its task (naming.remote_port), as its agents do (resolve_node)."""
     plan = trampoline.main_node_env(environ, MAIN_NODE_ENV, step_name)
@@ -92,21 +93,21 @@ def main_node_plan(environ, step_name):
             step_name, "the gang needs %d nodes but this AWS Batch job has %s (%s=%r). The "
             "job was not submitted by this version of @torch_distributed; rerun the step."
             % (plan["nodes"], found, NUM_NODES, environ.get(NUM_NODES)))
-    return plan["nodes"], plan["master_port"], plan["secret"]
+    return plan["nodes"], plan["master_port"]
 
 
 def node_zero(step_name, environ, identity, settings):
     """The NodeZero of this process when it is node 0 of `step_name`'s AWS Batch multi-node
-    job (the task `identity`), else None. The port and secret come from the submission, which
-    gave the agents the same; a job compiled before its run existed (Step Functions) carries
-    no port and a salt, and node 0 derives both from its task, as its agents do."""
+    job (the task `identity`), else None. The port comes from the submission, which gave the
+    agents the same; a job compiled before its run existed (Step Functions) carries none, and
+    node 0 derives it from its task, as its agents do. The attempt's secret is drawn here."""
     plan = main_node_plan(environ, step_name)
     if plan is None:
         return None
-    _, port, secret = plan
-    if port is None:  # compiled before the run existed: `secret` is the job's salt
-        port, secret = trampoline.attempt_place(step_name, identity, secret)
-    return NodeZero(main_node_address(environ), port, secret, "batch")
+    _, port = plan
+    if port is None:  # compiled before the run existed
+        port = trampoline.attempt_port(step_name, identity)
+    return NodeZero(main_node_address(environ), port, naming.new_secret(), "batch")
 
 
 def main_node_address(environ):
@@ -177,7 +178,7 @@ def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name)
     agent_task_spec = dict(a["task_spec"], task_id=AGENT_TASK_ID % identity.task_id)
     agent_command = internals.batch_command(batch, a, step_name, agent_cli, agent_task_spec)
     main_env = {MAIN_NODE_ENV: json.dumps({"step": step_name, "nodes": nodes,
-                                           "master_port": port, "secret": spec.secret})}
+                                           "master_port": port})}
     agent_env = spin_env_additions(os.environ, spec, decorator_name)
     built = gang_payload(_plain(internals.job_payload(job)), nodes, main_env, agent_command,
                          agent_env)

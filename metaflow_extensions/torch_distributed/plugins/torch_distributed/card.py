@@ -6,6 +6,7 @@ VegaChart), which `attach` adds to the step's default card when the step has `@c
 `render_failed` renders the cards of a failed attempt, which Metaflow's @card leaves unrendered.
 """
 
+from . import sealed
 from .failures import Failure, FailureKind
 
 # Colours of the timeline's bars, by state.
@@ -58,6 +59,7 @@ def card_data(record, history=()):
         tails={int(r): streams for r, streams in record.get("tails", {}).items()},
         scalars=_scalars(record),
         attempts=[_attempt_row(r) for r in [*history, record]],
+        ignored=record.get("ignored_messages") or {},
     )
 
 
@@ -242,6 +244,8 @@ def components(data):
            Table(data["nodes"], headers=["Node", "Ranks", "Host", "IP", "Scheduler's name"]),
            Markdown("### Timeline"), VegaChart(timeline_spec(data))]
     out += _outcome_components(data["outcome"], Markdown)
+    if data["ignored"]:
+        out.append(Markdown("### Ignored messages\n\n%s" % ignored_note(data["ignored"])))
     if len(data["attempts"]) > 1:
         out += [Markdown("### Attempts"),
                 Table(data["attempts"], headers=["Attempt", "Duration", "Outcome"])]
@@ -276,6 +280,14 @@ def _outcome_components(outcome, Markdown):
             text.append("Last %s lines of %s:\n\n%s" % (stream, outcome["where"],
                                                          _code(outcome[stream])))
     return [Markdown("\n\n".join(text))]
+
+
+def ignored_note(counts):
+    """What the log and the card say of the messages the gang ignored (sealed.IGNORED)."""
+    return ("The gang ignored %s messages in its rendezvous store that were not sealed under "
+            "the attempt's secret (forged or corrupt): a process outside the gang wrote to "
+            "the store at MASTER_ADDR:MASTER_PORT. None of them steered the gang. See "
+            "docs/security.md." % sealed.describe(counts))
 
 
 def _code(lines):

@@ -50,7 +50,7 @@ def from_leader(spec):
     try:
         control = ControlPlane.connect(spec.master_addr, spec.master_port, spec.gang_id,
                                        spec.secret, spec.rendezvous_timeout_s)
-        return control.checkpoint()
+        return control.checkpoint(spec.rendezvous_timeout_s)
     except (GangMismatch, RuntimeError):
         return None
 

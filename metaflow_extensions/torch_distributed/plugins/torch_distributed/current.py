@@ -19,14 +19,15 @@ class TorchDistributedInfo:
     """
 
     def __init__(self, topology, node, local_rank, master_addr, master_port, accelerator,
-                 secret):
+                 gang_id, secret):
         self._topology = topology
         self._node = node
         self._local_rank = local_rank
         self._master_addr = master_addr
         self._master_port = master_port
         self._accelerator = accelerator
-        self._secret = secret  # gather's keys lie under the gang's secret
+        self._gang_id = gang_id
+        self._secret = secret  # gather's values are sealed under the attempt's secret
         self._control = None
         self._gather_seq = 0
 
@@ -136,7 +137,7 @@ class TorchDistributedInfo:
             from .control import ControlPlane
 
             self._control = ControlPlane.client(self._master_addr, self._master_port,
-                                                self._secret, GATHER_TIMEOUT)
+                                                self._gang_id, self._secret, GATHER_TIMEOUT)
         return self._control
 
     def __repr__(self):

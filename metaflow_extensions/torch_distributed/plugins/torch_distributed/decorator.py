@@ -6,7 +6,7 @@ import sys
 
 from metaflow.decorators import StepDecorator
 
-from . import batch, checkpoints, devices, kubernetes
+from . import attempt_secret, batch, checkpoints, devices, kubernetes
 from . import current as current_mod
 from . import groupcheck, internals
 from . import argo, schedulers, settings, stepfunctions
@@ -178,7 +178,7 @@ class TorchDistributedDecorator(StepDecorator):
                 os._exit(0)
             if spec.backend in ("batch", "kubernetes") and spec.role == "agent":
                 try:
-                    spec = self._place_remote_agent(spec)
+                    spec = self._place_remote_agent(spec, flow.name)
                 except TorchDistributedEnvironmentError as ex:
                     if spec.backend != "kubernetes":
                         raise
@@ -207,11 +207,14 @@ class TorchDistributedDecorator(StepDecorator):
             place = NodeZero("127.0.0.1", 0, naming.new_secret(), "local")
         else:  # node 0 of a multi-node job or JobSet, on its own machine
             accelerator, blocks = self._node_devices(), {}
+        gang_id = naming.gang_id(identity.run_id, self.step_name, identity.task_id, retry_count)
+        if place.backend != "local":  # the agents on the other machines read it there
+            attempt_secret.publish(self.flow_datastore, identity, self.step_name, gang_id,
+                                   place.secret)
         fields = dict(
             self._common_fields(),
             master_addr=place.master_addr,
-            gang_id=naming.gang_id(identity.run_id, self.step_name, identity.task_id,
-                                   retry_count),
+            gang_id=gang_id,
             secret=place.secret,
             restart_count=retry_count,
             accelerator=accelerator,
@@ -278,11 +281,14 @@ class TorchDistributedDecorator(StepDecorator):
 
             card.render_failed(self.step_decorators)
 
-    def _place_remote_agent(self, spec):
-        """Complete the GangSpec of a node agent on its AWS Batch node or Kubernetes pod."""
+    def _place_remote_agent(self, spec, flow_name):
+        """Complete the GangSpec of a node agent on its AWS Batch node or Kubernetes pod: its
+        place, and the attempt's secret from the run's datastore (attempt_secret.py)."""
         # spin-step keeps its options in its click context only (not in cli_args)
         spec = REMOTE_BACKENDS[spec.backend].resolve_node(
             spec, os.environ, internals.command_params(), internals.top_level_args())
+        spec = dataclasses.replace(spec, secret=attempt_secret.fetch(
+            flow_name, spec.identity(), spec.step_name, spec.gang_id, spec.rendezvous_timeout_s))
         return dataclasses.replace(
             spec, accelerator=self._node_devices(),
             start_method=devices.resolve_start_method(spec.start_method),

@@ -14,7 +14,7 @@ import os
 import socket
 import time
 
-from . import internals
+from . import internals, sealed
 from .failures import communication_error
 
 # Lines of each rank's stdout and of its stderr kept for the card.
@@ -147,8 +147,9 @@ def _local_ip(peer):
 
 def node_record(info, slots, spawned, joined_at, work_dir=None):
     """A node's share of the record: where it ran, when each of its ranks was started
-    (`spawned`, {rank: time}) and how its process ended, and (when `work_dir` is given) its
-    ranks' own files."""
+    (`spawned`, {rank: time}) and how its process ended, (when `work_dir` is given) its
+    ranks' own files, and the messages of the gang's store this process ignored because
+    their seal did not open (sealed.IGNORED)."""
     ranks = {}
     for slot in slots:
         if slot.rank is None:
@@ -157,7 +158,8 @@ def node_record(info, slots, spawned, joined_at, work_dir=None):
         if work_dir is not None:
             entry["events"] = read_json(rank_file(work_dir, slot.rank))
         ranks[str(slot.rank)] = entry
-    return dict(info, joined_gang=joined_at, ranks=ranks)
+    return dict(info, joined_gang=joined_at, ranks=ranks,
+                ignored_messages=sealed.IGNORED.counts())
 
 
 def earlier_attempts(flow_datastore, identity, step_name, attempt):
@@ -280,4 +282,6 @@ class GangRecorder:
             root_cause=json.loads(root.to_json()) if root is not None else None,
             stopped=list(stopped),
             tails=tails,
+            ignored_messages=sealed.merge_counts(
+                *(n.get("ignored_messages") for n in nodes.values())),
         )

@@ -20,7 +20,7 @@ import traceback
 
 from . import current as current_mod
 from . import events, groupcheck, naming
-from .control import ControlPlane, GangMismatch, bind_listener, is_port_in_use, \
+from .control import ControlPlane, GangMismatch, bind_error, bind_listener, is_port_in_use, \
     port_in_use_error
 from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
 from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
@@ -184,7 +184,8 @@ def run_rank_body(spec, topology, local_rank, step_func, args):
 
 def rank_info(spec, topology, local_rank):
     return current_mod.TorchDistributedInfo(topology, spec.node, local_rank, spec.master_addr,
-                                            spec.master_port, spec.accelerator, spec.secret)
+                                            spec.master_port, spec.accelerator, spec.gang_id,
+                                            spec.secret)
 
 
 @dataclasses.dataclass
@@ -276,7 +277,7 @@ class Leader:
             attempt.control.publish_checkpoint(spec.checkpoint)
         if self.remote and self.topology.nodes > 1:
             attempt.receiver = LogReceiver(
-                ControlPlane.connect("127.0.0.1", spec.master_port, spec.gang_id,
+                ControlPlane.connect(spec.master_addr, spec.master_port, spec.gang_id,
                                      spec.secret, spec.rendezvous_timeout_s),
                 range(1, self.topology.nodes),
                 {1: runner.saved_fds[0], 2: runner.saved_fds[1]},
@@ -299,6 +300,12 @@ class Leader:
         if attempt.watch is not None and attempt.watch.failed():
             attempt.outcome, attempt.member_exception = self._outcome(attempt)
         self.record = self._collect(attempt)
+        ignored = (self.record or {}).get("ignored_messages")
+        if ignored:
+            from .card import ignored_note
+
+            print("@torch_distributed on step *%s*: %s" % (self.step_name, ignored_note(ignored)),
+                  file=sys.stderr, flush=True)
 
     def _collect(self, attempt):
         """The record of this gang attempt for its card, or None if it cannot be put together
@@ -319,12 +326,15 @@ class Leader:
             return None
 
     def _bind(self):
+        """The store's listening socket, on the one address the gang's peers reach (locally
+        the loopback address; remotely node 0's own, MASTER_ADDR), never every interface."""
+        address = self.spec_fields["master_addr"]
         try:
-            return bind_listener("0.0.0.0", self.port)
+            return bind_listener(address, self.port)
         except OSError as ex:
             if self.port and is_port_in_use(ex):
                 raise port_in_use_error(self.step_name, self.port)
-            raise
+            raise bind_error(self.step_name, address, ex) from ex
 
     def _expected_joins(self, attempt):
         joins = {naming.node_join_id(n): Place(n) for n in range(1, self.topology.nodes)}

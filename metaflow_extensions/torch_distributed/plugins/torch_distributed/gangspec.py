@@ -22,7 +22,9 @@ class GangSpec:
     master_addr: str
     master_port: int
     gang_id: str
-    # The attempt's secret, under which the gang's store keys lie (naming.Keys); never logged
+    # The attempt's secret, under which the values of the gang's store are sealed (sealed.py);
+    # never logged. "" in what a remote agent is submitted with: it reads it on its node
+    # (attempt_secret.py)
     secret: str
     restart_count: int
     accelerator: str

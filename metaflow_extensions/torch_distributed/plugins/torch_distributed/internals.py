@@ -137,6 +137,37 @@ def attempt_datastore(flow_datastore, run_id, step_name, task_id, attempt):
                                              mode="r", allow_not_done=True)
 
 
+def flow_datastore_at(flow_name, orig_datastore):
+    """The FlowDataStore of flow `flow_name` at `orig_datastore` ("<type>@<root>", as
+    orig_datastore gives it), built as spin-step builds its --orig-flow-datastore. Why: a node
+    agent is a spin-step, whose own datastore is not the run's."""
+    from metaflow.datastore import FlowDataStore
+    from metaflow.plugins import DATASTORES
+
+    ds_type, ds_root = orig_datastore.split("@", 1)
+    [impl] = [d for d in DATASTORES if d.TYPE == ds_type]
+    return FlowDataStore(flow_name, environment=None, storage_impl=impl, ds_root=ds_root)
+
+
+def save_attempt_file(flow_datastore, run_id, step_name, task_id, attempt, name, value):
+    """Write the JSON-able `value` as the file `<attempt>.<name>` in the task's datastore
+    directory, beside Metaflow's own files of the attempt. Why: TaskDataStore.save_metadata
+    is the one writer of a task's per-attempt files; the client reads only the names it
+    knows."""
+    ds = flow_datastore.get_task_datastore(run_id, step_name, task_id, attempt=attempt,
+                                           mode="w")
+    ds.save_metadata({name: value})
+
+
+def load_attempt_file(flow_datastore, run_id, step_name, task_id, attempt, name):
+    """The value save_attempt_file wrote, or None while there is none. Why: the same
+    TaskDataStore files, read for an attempt that is still running (allow_not_done)."""
+    ds = attempt_datastore(flow_datastore, run_id, step_name, task_id, attempt)
+    if not ds.has_metadata(name):
+        return None
+    return ds.load_metadata([name])[name]
+
+
 def artifact_names(flow):
     """Names the flow instance holds now. Why: Metaflow persists every non-ephemeral
     attribute of the flow (TaskDataStore.persist walks dir(flow)), a failed attempt's too."""

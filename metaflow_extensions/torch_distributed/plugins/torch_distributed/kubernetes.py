@@ -22,14 +22,15 @@ import tempfile
 import time
 from dataclasses import replace
 
-from . import internals, trampoline
+from . import internals, naming, trampoline
 from .errors import TorchDistributedEnvironmentError
 from .gangspec import NodeZero
 from .spinstep import spin_env_additions
 
 # Set by the decorator's runtime_step_cli on the trampoline of a multi-node step (the step's name).
 TRAMPOLINE_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_STEP"
-# In the control pod's environment: {"step": .., "nodes": N, "master_port": P, "secret": S}.
+# In the control pod's environment: {"step": .., "nodes": N, "master_port": P} (P None in a
+# JobSet compiled before its run existed).
 MAIN_NODE_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_MAIN"
 
 # Set by Metaflow on every pod of its JobSets (Kubernetes.create_jobset).
@@ -48,9 +49,8 @@ MIN_SHARED_MEMORY_MIB = 1024
 # -- pure parts: what the JobSet's pods know ----------------------------------------------------
 
 def main_node_plan(environ, step_name):
-    """(nodes, port, secret) when this process is node 0 (the control pod) of this step's
-    JobSet, else None. The port is None, and the secret the salt of the attempts' secrets, in
-    a JobSet compiled before its run existed (argo.py)."""
+    """(nodes, port) when this process is node 0 (the control pod) of this step's JobSet, else
+    None. The port is None in a JobSet compiled before its run existed (argo.py)."""
     plan = trampoline.main_node_env(environ, MAIN_NODE_ENV, step_name)
     if plan is None:
         return None
@@ -60,21 +60,22 @@ def main_node_plan(environ, step_name):
             step_name, "the gang needs %d nodes but this Kubernetes JobSet has %s (%s=%r). The "
             "JobSet was not created by this version of @torch_distributed; rerun the step."
             % (plan["nodes"], found, NUM_NODES, found))
-    return plan["nodes"], plan["master_port"], plan["secret"]
+    return plan["nodes"], plan["master_port"]
 
 
 def node_zero(step_name, environ, identity, settings):
     """The NodeZero of this process when it is the control pod of `step_name`'s JobSet, else
-    None: the port and secret the worker pods got from the same submission, and the control
-    pod's own address as its DNS name resolves."""
+    None: the port the worker pods got from the same submission (or derive, in a JobSet
+    compiled before its run existed), the control pod's own address as its DNS name resolves,
+    and the attempt's secret, drawn here."""
     plan = main_node_plan(environ, step_name)
     if plan is None:
         return None
-    _, port, secret = plan
-    if port is None:  # compiled before the run existed (Argo Workflows): `secret` is the salt
-        port, secret = trampoline.attempt_place(step_name, identity, secret)
+    _, port = plan
+    if port is None:  # compiled before the run existed (Argo Workflows)
+        port = trampoline.attempt_port(step_name, identity)
     master_addr = resolve_master(step_name, 0, environ, settings.rendezvous_timeout_s)
-    return NodeZero(master_addr, port, secret, "kubernetes")
+    return NodeZero(master_addr, port, naming.new_secret(), "kubernetes")
 
 
 def resolve_master(step_name, node, environ, timeout, resolve=socket.gethostbyname,
@@ -163,16 +164,15 @@ def install_trampoline(step_name, nodes, spec_fields, decorator_name):
 def gang_jobset(kube, jobset, kw, identity, spec, entrypoint, top_args, nodes, decorator_name):
     """Make the JobSet Metaflow built for the task (`Kubernetes.create_jobset(**kw)` with
     num_parallel=nodes) the gang's: the worker pods run the node agent of `spec`, the control
-    pod keeps the task's command and learns the gang's plan (its secret included: both come
-    from this submission, and a retry is another one)."""
+    pod keeps the task's command and learns the gang's plan (both come from this submission,
+    and a retry is another one; neither holds the attempt's secret: attempt_secret.py)."""
     step_name = kw["step_name"]
     agent_cli = trampoline.agent_shell_command(entrypoint, top_args, step_name, identity,
                                           trampoline.input_path_vars(kw["env"]),
                                           hidden_pattern=_AGENT_TASK_ID)
     agent_command = internals.kubernetes_command(kube, kw, _AGENT_TASK_ID % identity.task_id,
                                                  [agent_cli])
-    plan = {"step": step_name, "nodes": nodes, "master_port": spec.master_port,
-            "secret": spec.secret}
+    plan = {"step": step_name, "nodes": nodes, "master_port": spec.master_port}
     internals.jobset_pods(jobset, agent_command,
                           spin_env_additions(os.environ, spec, decorator_name),
                           {MAIN_NODE_ENV: json.dumps(plan)})

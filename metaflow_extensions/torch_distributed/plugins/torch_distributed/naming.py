@@ -2,14 +2,15 @@
 labels."""
 
 import hashlib
-import hmac
 import secrets
 
 # Prefix of every key our control plane writes to the gang's TCPStore; torch's own keys
-# (written by init_process_group) live under other prefixes.
+# (written by init_process_group) live under other prefixes. Key names are public (anyone who
+# reaches the store can list them): nothing secret is in them, and every value the package
+# reads is sealed under the attempt's secret instead (sealed.py).
 _KEY_PREFIX = "mftd/"
-# The one key outside the gang's secret: the gang id, so that a node that reached another
-# gang's store can say whose it is (ControlPlane.connect). Nothing is decided on its value.
+# The one value not sealed: the gang id, so that a node that reached another gang's store can
+# say whose it is (ControlPlane.connect). Nothing is decided on its value.
 PUBLIC_GANG_KEY = _KEY_PREFIX + "gang"
 
 
@@ -32,17 +33,12 @@ def remote_port(run_id, step_name, task_id, attempt):
 
 
 def new_secret():
-    """A gang attempt's secret: every other key of its store lies under it, so only a process
-    given the secret (its GangSpec, or on AWS Batch the job's environment) can read or write
-    them; a client that merely reaches node 0's port cannot stop or confuse the gang."""
-    return secrets.token_hex(16)
-
-
-def attempt_secret(salt, gang_id):
-    """The secret of the attempt `gang_id` of a job compiled before its runs existed (Step
-    Functions): its nodes share `salt` from the job definition and derive the same secret;
-    each attempt gets another, and nobody without the salt can compute one."""
-    return hmac.new(salt.encode(), gang_id.encode(), hashlib.sha256).hexdigest()[:32]
+    """A gang attempt's secret, drawn by node 0 when the attempt starts: every value the
+    package reads from the gang's store is sealed under it (sealed.py), so a client that
+    merely reaches node 0's port can neither steer the gang nor run code in it. Locally it
+    reaches members in memory or in their process environment; remote nodes read it from the
+    attempt's place in the run's datastore (secret_store.py), never from a job definition."""
+    return secrets.token_hex(32)
 
 
 def hidden_task_id(task_id, node, local_rank=None):
@@ -71,14 +67,14 @@ def rank_join_id(rank):
 
 
 class Keys:
-    """Keys of the control plane in the gang's store, all under the gang attempt's secret."""
+    """Keys of the control plane in the gang's store (public names: see _KEY_PREFIX)."""
 
-    def __init__(self, secret):
-        self._prefix = "%s%s/" % (_KEY_PREFIX, secret)
+    _prefix = _KEY_PREFIX
 
     @property
     def gang(self):
-        return self._prefix + "gang"
+        """node 0's claim of the store for its gang attempt (sealed: ControlPlane.connect)"""
+        return self._prefix + "claim"
 
     @property
     def abort(self):
@@ -107,14 +103,11 @@ class Keys:
         return "%srank/%d/done" % (self._prefix, rank)
 
     def beat(self, node):
-        """A counter node `node` increments while it is alive."""
+        """How many heartbeats node `node` has sent while it is alive."""
         return "%snode/%d/beat" % (self._prefix, node)
 
-    def log_count(self, node):
-        """How many log chunks node `node` has shipped to node 0."""
-        return "%snode/%d/log" % (self._prefix, node)
-
     def log_chunk(self, node, seq):
+        """The `seq`-th (from 1) chunk of output node `node` shipped to node 0."""
         return "%snode/%d/log/%d" % (self._prefix, node, seq)
 
     def log_end(self, node):

@@ -17,7 +17,7 @@ batch.resolve_node).
 import json
 import shlex
 
-from . import batch, internals, naming, trampoline
+from . import batch, internals, trampoline
 from .errors import TorchDistributedConfigError
 from .spinstep import spin_env_additions
 
@@ -65,12 +65,11 @@ def agent_words(step_cli, step_name, orig_datastore):
     return words[:at] + ["spin-step"] + spin
 
 
-def node_payload(payload, nodes, step_name, agent_command, agent_env, salt):
+def node_payload(payload, nodes, step_name, agent_command, agent_env):
     """The SubmitJob payload of the gang's state: batch.gang_payload, with every node's
-    command run under BARE_JOB_ID, no store port and the salt of the attempts' secrets (node 0
-    derives both, as its agents do)."""
+    command run under BARE_JOB_ID and no store port (node 0 derives it, as its agents do)."""
     main_env = {batch.MAIN_NODE_ENV: json.dumps({"step": step_name, "nodes": nodes,
-                                                 "master_port": None, "secret": salt})}
+                                                 "master_port": None})}
     built = batch.gang_payload(payload, nodes, main_env, agent_command, agent_env)
     for override in built["nodeOverrides"]["nodePropertyOverrides"]:
         container = override["containerOverrides"]
@@ -91,11 +90,10 @@ def install(step_name, graph, nodes, spec_fields, decorator_name):
         agent_command = internals.batch_command(
             batch_obj, create_args, step_name, " ".join(words),
             dict(create_args["task_spec"], task_id=AGENT_TASK_ID))
-        salt = naming.new_secret()
         agent_env = spin_env_additions(
-            {}, trampoline.compiled_agent_spec(spec_fields, salt, "batch"), decorator_name)
+            {}, trampoline.compiled_agent_spec(spec_fields, "batch"), decorator_name)
         built = node_payload(batch._plain(internals.job_payload(job)), nodes, step_name,
-                             agent_command, agent_env, salt)
+                             agent_command, agent_env)
         internals.submit_as_built(job, built)  # no command rewriting in execute()
         return job
 

@@ -54,8 +54,8 @@ def trampoline_agent_spec(cli, step_name, spec_fields, backend):
     """(TaskIdentity, agent GangSpec) of the task a `batch step` or `kubernetes step` process
     (`cli`, internals.TrampolineCli) submits; the agent's node and master address are filled
     in on its node. The store's port is fixed by run, step, task and attempt; the attempt's
-    secret is drawn here and reaches the nodes in their job's environment only, never through
-    the store."""
+    secret is drawn by node 0 when the attempt starts, and the agent reads it from the run's
+    datastore on its node (attempt_secret.py): the submission never holds it."""
     params = cli.params
     retry_count = int(params.get("retry_count") or 0)
     identity = TaskIdentity(
@@ -71,7 +71,7 @@ def trampoline_agent_spec(cli, step_name, spec_fields, backend):
     port = naming.remote_port(identity.run_id, step_name, identity.task_id, retry_count)
     spec = GangSpec(**spec_fields, role="agent", node=-1, master_addr="", master_port=port,
                     gang_id=naming.gang_id(identity.run_id, step_name, identity.task_id,
-                                           retry_count), secret=naming.new_secret(),
+                                           retry_count), secret="",
                     restart_count=retry_count, work_dir="", task=identity.__dict__,
                     top_args=[], backend=backend)
     return identity, spec
@@ -85,28 +85,27 @@ def trampoline_entrypoint(cli, step_name):
 
 # -- jobs compiled before their runs exist (Step Functions, Argo Workflows) ----------------------
 
-def compiled_agent_spec(spec_fields, salt, backend):
+def compiled_agent_spec(spec_fields, backend):
     """The GangSpec every agent node of a job compiled at deploy time is given: what is known
-    before the run exists. Its `secret` is the job's salt, from which each attempt's secret is
-    derived on the node (naming.attempt_secret); its empty gang_id says so (compiled_place)."""
+    before the run exists; its empty gang_id says so (compiled_place). Like every remote
+    agent's, it holds no secret: the agent reads the attempt's from the run's datastore."""
     return GangSpec(**spec_fields, role="agent", node=-1, master_addr="", master_port=0,
-                    gang_id="", secret=salt, restart_count=0, work_dir="", task={}, top_args=[],
+                    gang_id="", secret="", restart_count=0, work_dir="", task={}, top_args=[],
                     backend=backend)
 
 
-def attempt_place(step_name, identity, salt):
-    """(port, secret) of the attempt `identity` of a job compiled with `salt`: node 0 and every
-    agent derive the same from the task's run, id and attempt, and a retry gets others."""
-    run, task, retry = identity.run_id, identity.task_id, identity.retry_count
-    gang_id = naming.gang_id(run, step_name, task, retry)
-    return naming.remote_port(run, step_name, task, retry), naming.attempt_secret(salt, gang_id)
+def attempt_port(step_name, identity):
+    """The store port of the attempt `identity` of a job compiled before its run existed: node
+    0 and every agent derive the same from the task's run, id and attempt; a retry another."""
+    return naming.remote_port(identity.run_id, step_name, identity.task_id,
+                              identity.retry_count)
 
 
 def compiled_place(spec, params, node, task):
     """The GangSpec fields an agent of a job compiled before its run existed (`spec.gang_id`
     empty) takes from its spin-step's options `params` (its hidden task id ends in
-    `-node-<node>`): the task's identity, the gang id, and the attempt's port and secret.
-    {} for an agent whose submission already knew them."""
+    `-node-<node>`): the task's identity, the gang id and the attempt's port. {} for an agent
+    whose submission already knew them."""
     if spec.gang_id:
         return {}
     task_id = str(params["task_id"])
@@ -122,6 +121,6 @@ def compiled_place(spec, params, node, task):
                 # spin-step's click name for --namespace
                 namespace=params.get("opt_namespace"),
                 orig_datastore=params["orig_flow_datastore"])
-    port, secret = attempt_place(spec.step_name, TaskIdentity(**task), spec.secret)
     return dict(gang_id=naming.gang_id(task["run_id"], spec.step_name, task["task_id"], retry),
-                master_port=port, secret=secret, restart_count=retry)
+                master_port=attempt_port(spec.step_name, TaskIdentity(**task)),
+                restart_count=retry)
