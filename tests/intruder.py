@@ -6,8 +6,10 @@ failure, ranks' done, a checkpoint, and a gather value of every rank but 0 that 
 with a side effect (it creates OUT_DIR/pwned when unpickled); it replays a genuine value under
 the abort key. It writes what it saw and did to OUT_DIR/intruder.json.
 
-Test flows start it from rank 0 before the other ranks can send their gather values (they wait
-in init_process_group), with an environment that holds nothing of the gang's."""
+Test flows call `runpy.run_path(path)["intrude_from"](rank, world size, nodes, out dir)` in
+every rank before init_process_group: rank 0 starts it there, before the other ranks can send
+their gather values (they wait in init_process_group), with an environment that holds nothing
+of the gang's; the other ranks then send theirs late, so that rank 0 reads the forged ones."""
 
 import json
 import os
@@ -71,16 +73,21 @@ def main(addr, port, world_size, nodes, out_dir):
           % (len(keys), len(wrote), prefixes(keys)), flush=True)
 
 
-def run_from_rank_0(world_size, nodes, out_dir):
-    """Start the intruder as a process of its own, given only MASTER_ADDR and MASTER_PORT and
-    an environment without the gang's, and wait for it; then leave the watches time to look."""
+def intrude_from(rank, world_size, nodes, out_dir):
+    """On rank 0: start the intruder as a process of its own, given only MASTER_ADDR and
+    MASTER_PORT and an environment without the gang's, and wait for it; then leave the watches
+    time to look. Every rank then returns; the others after a delay that lets rank 0 wait in
+    its first gather first (reading the forged values) when they go straight to it."""
     import subprocess
 
+    if rank != 0:
+        return lambda: time.sleep(1.0)
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.pathsep.join(sys.path)}
-    subprocess.run([sys.executable, __file__, os.environ["MASTER_ADDR"],
+    subprocess.run([sys.executable, os.path.abspath(__file__), os.environ["MASTER_ADDR"],
                     os.environ["MASTER_PORT"], str(world_size), str(nodes), out_dir],
                    env=env, check=True, timeout=60)
     time.sleep(1.0)
+    return lambda: None
 
 
 if __name__ == "__main__":

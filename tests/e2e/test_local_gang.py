@@ -72,6 +72,12 @@ def test_an_outside_process_with_the_gang_address_can_neither_steer_it_nor_run_c
         assert {"abort", "joined", "failure"} <= set(kinds), said
     for word in ("ValueError: forged", "cannot reach node 0", "another job", "Traceback"):
         assert word not in res.output, res
+    # every socket the gang listens on (its store, gloo's) is on the loopback address
+    listening = flow_runner.client(TRAIN + "result = t['listening'].data")
+    port = int(envs[0]["MASTER_PORT"])
+    assert [port] == [p for _, p in listening if p == port], listening
+    assert len(listening) > nodes * nproc and {a for a, _ in listening} == {"127.0.0.1"}, \
+        listening
 
 def test_logs_command_shows_every_rank(flow_runner):
     res = flow_runner.run("gang_flow.py", env={"TD_NODES": 2, "TD_NPROC": 1})

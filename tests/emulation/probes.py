@@ -85,3 +85,11 @@ def batch_views(batch) -> str:
             for s in batch.submissions]
     definitions = batch.api.describe_job_definitions({})
     return json.dumps([batch.submissions, jobs, definitions], default=str)
+
+
+def intruder_env(out_dir: Path) -> dict:
+    """The TD_* variables that make a test flow's rank 0 start tests/intruder.py, which writes
+    to `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return {"TD_INTRUDER": str(Path(__file__).parent.parent / "intruder.py"),
+            "TD_INTRUDER_DIR": str(out_dir)}

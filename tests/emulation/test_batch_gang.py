@@ -14,7 +14,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed import card
 
 from .aws import validate_request
 from tests.support import isolated_env, metaflow
-from .probes import batch_views, frozen_node, published_secret, wait_for
+from .probes import batch_views, frozen_node, intruder_env, published_secret, wait_for
 
 FLOWS = Path(__file__).parent / "flows"
 # The gang records (events.py) the train task kept in the attempts %s, oldest first.
@@ -84,8 +84,10 @@ def gang(aws, batch, tmp_path):
     return BatchRun(aws, batch, tmp_path, "batch_gang_flow.py")
 
 
-def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang):
-    res = gang.run()
+def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang, tmp_path):
+    """... while an outside process that knows only MASTER_ADDR and MASTER_PORT forges messages
+    into the gang's store (tests/intruder.py)."""
+    res = gang.run(**intruder_env(tmp_path / "intruder"))
     assert res.returncode == 0, res.output
     [job] = gang.jobs_of("train")
     for submission in gang.batch.submissions:  # what Metaflow and we sent is valid AWS input
@@ -102,6 +104,12 @@ def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang):
     assert len(secret) == 64
     assert "secret" not in _main_plan(job) and _agent_spec(job)["secret"] == ""
     assert secret not in batch_views(gang.batch)
+    # the intruder listed the store's keys, and neither they nor what it forged steered the
+    # gang (its total and gather are right, below) or ran its pickle
+    seen = json.loads((tmp_path / "intruder" / "intruder.json").read_text())
+    assert "mftd/abort" in seen["wrote"] and not [k for k in seen["keys"] if secret in k]
+    assert not (tmp_path / "intruder" / "pwned").exists()
+    assert "The gang ignored " in res.output and "gather 3" in res.output, res.output
     places = gang.client("run['train'].task['places'].data")
     assert [p["rank"] for p in places] == [0, 1, 2, 3]
     assert [p["node_rank"] for p in places] == [0, 0, 1, 1]

@@ -15,7 +15,7 @@ import pytest
 from .jobset_controller import validate_jobset
 from .k8s_api import KubernetesEmulator
 from tests.support import isolated_env, metaflow
-from .probes import wait_for
+from .probes import intruder_env, published_secret, wait_for
 
 FLOWS = Path(__file__).parent / "flows"
 MAIN_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_MAIN"
@@ -85,11 +85,13 @@ def env_of(jobset, name):
 
 @pytest.fixture(scope="module")
 def shared(aws, tmp_path_factory):
-    """One 2 x 2 run that succeeds, checked by several tests."""
+    """One 2 x 2 run that succeeds, checked by several tests, while an outside process that
+    knows only MASTER_ADDR and MASTER_PORT forges messages into its store (tests/intruder.py)."""
     tmp = tmp_path_factory.mktemp("k8s-shared")
     with KubernetesEmulator(image_env=aws.container_env, workdir=tmp / "k8s") as kubernetes:
         gang = KubernetesRun(aws, kubernetes, tmp, "k8s_gang_flow.py")
-        res = gang.run()
+        gang.intruder_dir = tmp / "intruder"
+        res = gang.run(**intruder_env(gang.intruder_dir))
         yield gang, res
 
 
@@ -126,6 +128,25 @@ def test_two_nodes_of_two_processes_are_one_jobset_and_one_task(shared):
     # one task for the gang: the agent's hidden task never reaches the metadata
     task_id = jobset["metadata"]["annotations"]["metaflow/control-task-id"]
     assert gang.client("[t.id for t in run['train']]") == [task_id]
+
+
+def test_an_outside_process_in_the_store_neither_steers_the_gang_nor_sees_its_secret(shared):
+    gang, res = shared
+    assert res.returncode == 0, res.output
+    [jobset] = gang.jobsets_of("train")
+    task_id = jobset["metadata"]["annotations"]["metaflow/control-task-id"]
+    secret = published_secret(gang.env, "KubernetesGangFlow", gang.run_id, "train", task_id, 0)
+    assert len(secret) == 64
+    # nothing the Kubernetes API shows holds it: the JobSet, every pod (kubectl get -o yaml)
+    pods = gang.kubernetes.controller.pods("default", {})
+    assert len(pods) >= 2 and secret not in json.dumps([gang.kubernetes.created, pods])
+    assert not [v for v in env_of(jobset, "worker").values() if v and secret in str(v)]
+    # the intruder listed the store's keys, and neither they nor what it forged steered the
+    # gang (its total and gather are right, above) or ran its pickle
+    seen = json.loads((gang.intruder_dir / "intruder.json").read_text())
+    assert "mftd/abort" in seen["wrote"] and not [k for k in seen["keys"] if secret in k]
+    assert not (gang.intruder_dir / "pwned").exists()
+    assert "The gang ignored " in res.output and "gather 3" in res.output, res.output
 
 
 def test_the_gangs_card_shows_the_jobset_and_its_pods(shared):

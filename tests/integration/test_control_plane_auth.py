@@ -101,8 +101,7 @@ def test_forged_messages_are_ignored_and_counted_once(gang, tmp_path):
             assert control.take_logs(1, 0) == ([], 0)
             assert not control.log_ended(1)
             assert control.node_events(1) is None
-    with pytest.raises(dist.DistStoreError):
-        node.checkpoint(0.2)
+    assert node.checkpoint(0.2) is None
     ignored = _new_ignored(before)
     assert sum(ignored.values()) == len(forged), ignored  # each (key, value) once
     assert set(ignored) == {"abort", "joined", "done", "failure", "running", "rank done",

@@ -15,6 +15,7 @@ TD_INTRUDER (the path of tests/intruder.py): rank 0 first starts it, an outside 
 reached the gang's store with MASTER_ADDR and MASTER_PORT only; it writes to $TD_MARK_DIR."""
 
 import os
+import runpy
 import signal
 import sys
 import time
@@ -94,6 +95,22 @@ def start_stubborn_child():
         time.sleep(0.01)
 
 
+def listening_addresses():
+    """(address, port) of every listening TCP socket of the gang: this task process (rank 0,
+    the store), its members and agents, and theirs; every rank is in its process group."""
+    import psutil
+
+    me = psutil.Process()
+    found = set()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            found |= {(c.laddr.ip, c.laddr.port) for c in proc.net_connections("tcp")
+                      if c.status == psutil.CONN_LISTEN}
+        except psutil.NoSuchProcess:
+            continue
+    return sorted(found)
+
+
 class GangFlow(FlowSpec):
     @step
     def start(self):
@@ -110,13 +127,9 @@ class GangFlow(FlowSpec):
 
         # An artifact set before anything can fail: a failed attempt must not show it.
         self.started_attempt = current.retry_count
-        if os.environ.get("TD_INTRUDER") and os.environ["RANK"] == "0":
-            import importlib.util
-
-            where = importlib.util.spec_from_file_location("intruder", os.environ["TD_INTRUDER"])
-            intruder = importlib.util.module_from_spec(where)
-            where.loader.exec_module(intruder)
-            intruder.run_from_rank_0(NODES * NPROC, NODES, os.environ["TD_MARK_DIR"])
+        before_gather = runpy.run_path(os.environ["TD_INTRUDER"])["intrude_from"](
+            int(os.environ["RANK"]), NODES * NPROC, NODES, os.environ["TD_MARK_DIR"]) \
+            if os.environ.get("TD_INTRUDER") else (lambda: None)
         if os.environ.get("TD_ALL_SLEEP"):
             open(os.path.join(os.environ["TD_MARK_DIR"], "sleeping-%s" % os.environ["RANK"]), "w").close()
             time.sleep(3600)
@@ -125,6 +138,8 @@ class GangFlow(FlowSpec):
         timeout = os.environ.get("TD_PG_TIMEOUT")
         dist.init_process_group("gloo", timeout=timedelta(seconds=float(timeout)) if timeout else None)
         maybe_fail("after_init")
+        if os.environ.get("TD_INTRUDER") and dist.get_rank() == 0:
+            self.listening = listening_addresses()
         if os.environ.get("TD_FAIL_WHEN") == "in_loader":
             train_on_loader(dist)
         t = torch.tensor([float(dist.get_rank() + 1)])
@@ -136,8 +151,7 @@ class GangFlow(FlowSpec):
             "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
             "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
         info = current.torch_distributed
-        if os.environ.get("TD_INTRUDER") and dist.get_rank() > 0:
-            time.sleep(1.0)  # rank 0 waits in gather, reading the intruder's values, meanwhile
+        before_gather()
         self.envs = info.gather(self.env_seen)
         self.info = dict(rank=info.rank, local_rank=info.local_rank, world_size=info.world_size,
                          local_world_size=info.local_world_size, node_rank=info.node_rank,

@@ -3,9 +3,12 @@
 The launching environment's TD_* variables choose the topology and failures; @environment
 carries them into the JobSet, so every pod imports this file with the same values.
 TD_FAIL_RANK raises on that rank (in attempt TD_FAIL_ATTEMPT only, if set); TD_BUSY keeps every
-rank in all-reduces for that many seconds (a test stops a node meanwhile)."""
+rank in all-reduces for that many seconds (a test stops a node meanwhile). TD_INTRUDER (the path
+of tests/intruder.py): rank 0 starts it first, an outside process that reached the gang's store
+with MASTER_ADDR and MASTER_PORT only; it writes to TD_INTRUDER_DIR."""
 
 import os
+import runpy
 import sys
 import time
 
@@ -40,6 +43,9 @@ class KubernetesGangFlow(FlowSpec):
         rank = int(os.environ["RANK"])
         print("rank %d says hello from pod %s" % (rank, os.environ.get("METAFLOW_KUBERNETES_POD_NAME")))
         print("rank %d writes to stderr" % rank, file=sys.stderr)
+        before_gather = runpy.run_path(TD["TD_INTRUDER"])["intrude_from"](
+            rank, NODES * NPROC, NODES, TD["TD_INTRUDER_DIR"]) if TD.get("TD_INTRUDER") \
+            else (lambda: None)
         dist.init_process_group("gloo")
         total = torch.tensor([float(rank + 1)])
         dist.all_reduce(total)
@@ -50,6 +56,7 @@ class KubernetesGangFlow(FlowSpec):
         if failing(rank):
             print("last words of rank %d" % rank, file=sys.stderr, flush=True)
             raise ValueError("injected failure on rank %d" % rank)
+        before_gather()
         self.places = current.torch_distributed.gather(dict(
             rank=rank,
             node_rank=int(os.environ["NODE_RANK"]),

@@ -39,6 +39,12 @@ def bind_listener(host, port=0):
     return sock
 
 
+def loopback_interface():
+    """The name of this host's loopback interface ("lo" on Linux, "lo0" on macOS), or None."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
 def port_in_use_error(step_name, port):
     return TorchDistributedEnvironmentError(
         step_name, "port %d on node 0, where the gang's rendezvous store listens, is taken by "
@@ -277,17 +283,15 @@ class ControlPlane:
         self._set(self._keys.checkpoint, json.dumps(fields).encode())
 
     def checkpoint(self, timeout_s):
-        """What node 0 published with publish_checkpoint (waits up to `timeout_s` for it)."""
-        from torch.distributed import DistStoreError
-
+        """What node 0 published with publish_checkpoint (waits up to `timeout_s` for it;
+        None if nothing that opens came by then)."""
         deadline = time.monotonic() + timeout_s
         while True:
             payload = self._read(self._keys.checkpoint, "checkpoint")
             if payload is not None:
                 return json.loads(payload.decode())
             if time.monotonic() >= deadline:
-                raise DistStoreError("node 0 did not publish its checkpoint within %ss"
-                                     % timeout_s)
+                return None
             time.sleep(0.05)
 
     def send_node_events(self, node, record):

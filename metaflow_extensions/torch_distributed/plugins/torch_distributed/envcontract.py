@@ -28,9 +28,11 @@ class Rendezvous:
 
 
 def rank_env(topology, node, local_rank, rendezvous, accelerator="cpu", error_file=None,
-             cuda_visible_devices=None, base_env=None, cpu_count=1):
+             cuda_visible_devices=None, base_env=None, cpu_count=1, loopback_interface=None):
     """The variables to set for (node, local_rank); `base_env` is the environment they go into,
-    read only to honour what the user set there already."""
+    read only to honour what the user set there already. `loopback_interface` (the name of
+    this host's loopback interface) is given when every node runs on this host: gloo then
+    listens there, not on the address the host name resolves to."""
     base_env = base_env or {}
     nodes, nproc = topology.nodes, topology.nproc_per_node
     rank = topology.rank(node, local_rank)
@@ -77,6 +79,8 @@ def rank_env(topology, node, local_rank, rendezvous, accelerator="cpu", error_fi
         env["JSONARGPARSE_DEFAULT_ENV"] = "true"
     if cuda_visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    if loopback_interface and "GLOO_SOCKET_IFNAME" not in base_env:
+        env["GLOO_SOCKET_IFNAME"] = loopback_interface
     if "OMP_NUM_THREADS" not in base_env:
         env["OMP_NUM_THREADS"] = str(max(1, cpu_count // nproc))
     return env

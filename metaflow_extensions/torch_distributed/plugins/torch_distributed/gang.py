@@ -21,7 +21,7 @@ import traceback
 from . import current as current_mod
 from . import events, groupcheck, naming
 from .control import ControlPlane, GangMismatch, bind_error, bind_listener, is_port_in_use, \
-    port_in_use_error
+    loopback_interface, port_in_use_error
 from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
 from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
     TorchDistributedRendezvousTimeout
@@ -87,7 +87,9 @@ class NodeRunner:
         return rank_env(self.topology, self.spec.node, local_rank, self.rendezvous(),
                         accelerator=self.spec.accelerator, error_file=self.error_file(rank),
                         cuda_visible_devices=self.spec.cuda_visible_devices,
-                        base_env=os.environ, cpu_count=os.cpu_count() or 1)
+                        base_env=os.environ, cpu_count=os.cpu_count() or 1,
+                        loopback_interface=loopback_interface()
+                        if self.spec.backend == "local" else None)
 
     def start_ranks(self, local_ranks, close_fds=()):
         for local_rank in local_ranks:

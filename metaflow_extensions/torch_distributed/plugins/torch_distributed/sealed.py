@@ -27,9 +27,8 @@ def _tag(secret: str, gang_id: str, key: str, payload: bytes) -> bytes:
 
 
 def seal(secret: str, gang_id: str, key: str, payload: bytes) -> bytes:
-    """The value to store under `key` for the attempt `gang_id`: VERSION, tag, payload."""
-    if not secret:
-        raise ValueError("cannot seal a value without the attempt's secret")
+    """The value to store under `key` for the attempt `gang_id`: VERSION, tag, payload. (A
+    value sealed without a secret never opens: unseal refuses an empty secret.)"""
     return VERSION + _tag(secret, gang_id, key, payload) + payload
 
 
