@@ -21,6 +21,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed import nami
 from . import argo
 from .jobset_controller import validate_jobset
 from tests.support import isolated_env, metaflow
+from .probes import published_secret
 
 FLOWS = Path(__file__).parent / "flows"
 FLOW = "k8s_gang_flow.py"
@@ -151,6 +152,12 @@ def test_the_compiled_jobset_of_a_two_node_gang_runs_and_hands_its_task_to_the_n
     assert {k.split("/")[4] for k in keys} <= {task_id, task_id + "-node-1"}, keys
     assert any(k.split("/")[4] == task_id + "-node-1" and k.endswith("0.task_stdout.log")
                for k in keys), keys
+    # node 0 drew the attempt's secret and put it beside its files, where the worker pod read
+    # it; the compiled WorkflowTemplate, the JobSet and its pods hold neither it nor anything
+    # to derive it
+    secret = published_secret(run.env, "KubernetesGangFlow", run.run_id, "train", task_id, 0)
+    assert len(secret) == 64
+    assert secret not in json.dumps([run.wf, jobset, kubernetes.controller.pods("default", {})])
 
 
 def test_a_failed_attempt_is_retried_as_a_new_jobset_on_a_new_port(aws, kubernetes, tmp_path):

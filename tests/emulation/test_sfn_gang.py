@@ -7,6 +7,7 @@ item of the Map state and the join)."""
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 from . import sfn
 from .aws import client, validate_request
 from tests.support import isolated_env, metaflow
-from .probes import frozen_node, wait_for
+from .probes import batch_views, frozen_node, published_secret, wait_for
 from .test_batch_emulator import wait_status
 
 FLOWS = Path(__file__).parent / "flows"
@@ -104,6 +105,12 @@ def test_a_two_node_gang_runs_as_one_multi_node_job_of_the_state_machine(aws, ba
     assert {k.split("/")[4] for k in keys} == {train, train + "-node-1"}, keys
     assert {k.split("/")[5] for k in keys if "-node-1/" in k} == {
         "0.task_stdout.log", "0.task_stderr.log"}, keys
+    # node 0 drew the attempt's secret and put it beside its files, where node 1 read it; the
+    # compiled state machine and what Batch shows hold neither it nor anything to derive it
+    secret = published_secret(env, "BatchGangFlow", "sfn-%s" % EXECUTION, "train", train, 0)
+    assert len(secret) == 64
+    assert secret not in json.dumps(machine) and secret not in batch_views(batch)
+    assert "METAFLOW_TORCH_DISTRIBUTED_MEMBER" in json.dumps(machine)  # the agents' plan
 
 
 def test_a_failing_rank_on_node_1_fails_the_gangs_job_with_its_root_cause(aws, batch,
