@@ -201,3 +201,17 @@ def test_missing_node_fails_after_rendezvous_timeout(flow_runner):
     assert res.returncode != 0, res
     assert "rendezvous timeout of 4" in res.output, res
     assert "node 1 (ranks 2-3)" in res.output, res
+
+
+def test_rank_0s_collective_after_its_peers_left_fails_the_step_naming_rank_0(flow_runner):
+    """Ranks 1..3 leave the body; rank 0 then calls all_reduce, and gloo raises. The step
+    fails with rank 0's error (before the fix the task was recorded as a success and Metaflow
+    failed the run on a missing self.next)."""
+    res = flow_runner.run("gang_flow.py", env={"TD_NODES": 1, "TD_NPROC": 4,
+                                               "TD_RANK0_LATE_COLLECTIVE": 1})
+    assert res.returncode != 0, res
+    assert "rank 0 (node 0, local rank 0) raised RuntimeError" in res.output, res
+    assert not [line for line in res.output.splitlines()
+                if "/train/" in line and "Task finished successfully" in line], res
+    assert "self.next() was called with" not in res.output, res
+    flow_runner.assert_no_leftovers()

@@ -11,6 +11,7 @@ How (TD_FAIL_HOW): raise, exit (code 3), sigkill, hang (sleeps; TD_PG_TIMEOUT gi
 group a short timeout so that the peers of a hung rank give up), raise_with_child (raises with
 a torch.multiprocessing child running that ignores SIGTERM; the child writes its pid to
 $TD_MARK_DIR/child-pid).
+TD_RANK0_LATE_COLLECTIVE: rank 0 calls one more all_reduce after the others left the body.
 TD_INTRUDER (the path of tests/intruder.py): rank 0 first starts it, an outside process that
 reached the gang's store with MASTER_ADDR and MASTER_PORT only; it writes to $TD_MARK_DIR."""
 
@@ -160,6 +161,9 @@ class GangFlow(FlowSpec):
         info.record("samples_per_s", 100.0 + dist.get_rank())  # a value for the gang's card
         print("hello from rank %d" % dist.get_rank())
         print("stderr of rank %d" % dist.get_rank(), file=sys.stderr)
+        if os.environ.get("TD_RANK0_LATE_COLLECTIVE") and dist.get_rank() == 0:
+            time.sleep(1.0)  # the other ranks leave the body meanwhile
+            dist.all_reduce(t)  # a collective nobody else joins: gloo raises
         dist.destroy_process_group()
         maybe_fail("after_body")
         self.attempt = current.retry_count

@@ -91,11 +91,20 @@ class Watch:
         self._hold_until = None
         self._seen_slots = set()  # ids of slots whose failure is already recorded
         self._seen_nodes = set()  # nodes whose reported failure is already recorded
+        self._polling = False  # the thread polls (or a test drives poll_once)
         self._thread = threading.Thread(target=self._run, name="torch-distributed-supervisor",
                                         daemon=True)
 
     def start(self):
+        self.begin()
         self._thread.start()
+        return self
+
+    def begin(self):
+        """Mark the watch as polling without its thread, for a caller that drives poll_once
+        itself (tests, with an injected clock)."""
+        with self._lock:
+            self._polling = True
         return self
 
     @property
@@ -111,9 +120,11 @@ class Watch:
 
     def report(self, failure):
         """Record a failure seen outside the thread (rank 0's exception in the main thread).
-        A symptom joins the thread's wait for a root cause while the thread runs."""
+        A symptom joins the thread's wait for a root cause while the thread polls; it is never
+        lost: the watch cannot end as FINISHED while it holds one (_finish), and once the watch
+        has ended any report is recorded at once."""
         with self._lock:
-            held = (failure.is_symptom() and not self.failures and self._thread.is_alive()
+            held = (failure.is_symptom() and not self.failures and self._polling
                     and not self.finished.is_set())
             if held:
                 self._hold(failure)
@@ -133,17 +144,7 @@ class Watch:
 
     def _run(self):
         try:
-            while not self.finished.is_set():
-                self._tick()
-                failure = self._check()
-                if failure is not None and self._settle(failure):
-                    return
-                if self.phase is Phase.HOLDING and self.clock() >= self._hold_until:
-                    if not self._waiting_for_timeouts():
-                        self._flush()  # no root cause came: report the symptoms
-                        return
-                if self._all_done() and self._finish():
-                    return
+            while not self.poll_once():
                 time.sleep(POLL_INTERVAL)
         except GangAborted:
             self._fail(F.Failure(None, -1, "aborted", time.time(), message="gang aborted by node 0"),
@@ -151,13 +152,39 @@ class Watch:
         except Exception as ex:  # the store is gone: node 0 died or the network broke
             self._fail(F.Failure(None, -1, "control", time.time(),
                                  message="lost the gang's control plane: %s" % ex))
+        finally:
+            with self._lock:
+                self._polling = False
+
+    def poll_once(self):
+        """One look at everything this watch watches; True once the watch has ended."""
+        if self.finished.is_set():
+            return True
+        self._tick()
+        failure = self._check()
+        if failure is not None and self._settle(failure):
+            return True
+        if self.phase is Phase.HOLDING and self.clock() >= self._hold_until:
+            if not self._waiting_for_timeouts():
+                self._flush()  # no root cause came: report the symptoms
+                return True
+        return self._all_done() and self._finish()
 
     def _tick(self):
         """What this node does on every poll besides watching (an agent's heartbeat)."""
 
     def _finish(self):
-        """Every watched process and node finished: True once the watch ended."""
-        self._end(Phase.FINISHED)
+        """Every watched process and node finished: True once the watch ended. A symptom held
+        while waiting for its cause is then the outcome, as nothing else can come: the watch
+        fails with it rather than finish (a rank 0 whose collective failed after its peers
+        left the body)."""
+        with self._lock:
+            held = bool(self._held)
+            if not held:
+                self.phase = Phase.FINISHED
+                self.finished.set()
+        if held:
+            self._flush()
         return True
 
     def _check(self):
@@ -237,11 +264,6 @@ class Watch:
             self.finished.set()
             if self.on_failure:
                 self.on_failure(failures[0])
-
-    def _end(self, phase):
-        with self._lock:
-            self.phase = phase
-        self.finished.set()
 
     def _waiting_for_timeouts(self):
         """Ranks that wait for a hung peer time out one by one, as they started (other nodes

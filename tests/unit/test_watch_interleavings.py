@@ -1,0 +1,91 @@
+"""No failure is ever lost: node 0's watch driven through every interleaving of rank 0's report
+and the rest of the gang ending, with an injected clock and fake members (no thread, no
+sleep). The bug this pins: rank 0's collective failed (a symptom) after its peers had left the
+body, the watch held the symptom for its cause, then saw every member finished and ended as
+FINISHED, and the step was recorded as a success."""
+
+import itertools
+
+import pytest
+
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor import (
+    SYMPTOM_WAIT,
+    LeaderWatch,
+    Phase,
+    Slot,
+)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakeMember:
+    label = "[rank 1]"
+
+    def __init__(self):
+        self.code = None
+
+    def poll(self):
+        return self.code
+
+
+def rank0_failure(symptom):
+    # gloo's word for a peer that went away, raised inside torch.distributed: a symptom; a
+    # user's ValueError: a cause
+    return Failure(0, 0, "exception", 1.0, local_rank=0,
+                   message=("RuntimeError: Connection closed by peer" if symptom
+                            else "ValueError: bad batch"), symptom=symptom)
+
+
+EVENTS = ("peers_done", "body_ends", "report", "poll", "poll")
+# rank 0's body ends (it raised) before its failure is reported
+ORDERS = sorted(o for o in set(itertools.permutations(EVENTS))
+                if o.index("body_ends") < o.index("report"))
+
+
+@pytest.mark.parametrize("symptom", [True, False], ids=["symptom", "cause"])
+@pytest.mark.parametrize("order", ORDERS, ids=lambda o: "-".join(o))
+def test_rank_0s_failure_fails_the_watch_whatever_the_order(order, symptom):
+    clock = Clock()
+    members = [FakeMember() for _ in range(3)]
+    busy = [True]
+    calls = []
+    watch = LeaderWatch([Slot(m, 0, r, r) for r, m in enumerate(members, 1)], None,
+                        Topology(1, 4), leader_busy=lambda: busy[0], finish_timeout=30,
+                        on_failure=calls.append, clock=clock).begin()
+    failure = rank0_failure(symptom)
+    for event in order:
+        if event == "peers_done":
+            for m in members:
+                m.code = 0
+        elif event == "body_ends":
+            busy[0] = False
+        elif event == "report":
+            watch.report(failure)
+        else:
+            watch.poll_once()
+        clock.now += 0.05
+    for _ in range(int(SYMPTOM_WAIT / 0.05) + 5):  # the thread goes on polling
+        if watch.poll_once():
+            break
+        clock.now += 0.05
+    assert watch.finished.is_set()
+    assert watch.phase is Phase.FAILED, order
+    assert watch.failures == [failure] and calls == [failure]
+
+
+def test_a_report_after_the_watch_finished_is_still_recorded():
+    clock = Clock()
+    member = FakeMember()
+    watch = LeaderWatch([Slot(member, 0, 1, 1)], None, Topology(1, 2), clock=clock).begin()
+    member.code = 0
+    assert watch.poll_once() and watch.phase is Phase.FINISHED
+    watch.report(rank0_failure(True))
+    assert watch.failed() and watch.phase is Phase.FAILED
