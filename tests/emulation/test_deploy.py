@@ -257,3 +257,34 @@ def test_a_gang_on_the_last_step_of_a_foreach_is_refused_on_argo_workflows(deplo
     assert ("@torch_distributed on step train: a gang of 2 nodes cannot be deployed to Argo "
             "Workflows on the last step of a foreach") in output, output
     assert "Add a step between the gang and join" in output and '"kind"' not in res.stdout
+
+
+def test_two_gang_steps_compile_to_two_gangs_on_step_functions(aws, deploy):
+    res = deploy("step-functions", nodes=2, flow="deploy_two_gangs_flow.py",
+                 args=["step-functions", "create", "--only-json"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    machine = sfn.state_machine(res.stdout)
+    for step in ("pretrain", "finetune"):
+        params = sfn.state(machine, step)["Parameters"]
+        assert "ContainerOverrides" not in params
+        main, agent = params["NodeOverrides"]["NodePropertyOverrides"]
+        # each gang's job runs its own step on both nodes
+        assert " step %s " % step in main["ContainerOverrides"]["Command"][-1]
+        assert " spin-step %s " % step in agent["ContainerOverrides"]["Command"][-1]
+        env = {e["Name"]: e.get("Value") for e in agent["ContainerOverrides"]["Environment"]}
+        assert json.loads(env["METAFLOW_TORCH_DISTRIBUTED_MEMBER"])["step_name"] == step
+    for step in ("start", "end"):  # plain steps stay single-node jobs
+        assert "NodeOverrides" not in sfn.state(machine, step)["Parameters"]
+
+
+def test_two_gang_steps_compile_to_two_jobsets_on_argo_workflows(aws, deploy):
+    res = deploy("argo-workflows", nodes=2, flow="deploy_two_gangs_flow.py")
+    assert res.returncode == 0, res.stdout + res.stderr
+    wf = argo.workflow(res.stdout)
+    argo.validate_workflow(wf)
+    for step in ("pretrain", "finetune"):
+        manifest = json.loads(argo.template(wf, step)["resource"]["manifest"])
+        assert manifest["kind"] == "JobSet"
+        worker = [r for r in manifest["spec"]["replicatedJobs"] if r["name"] == "worker"][0]
+        command = worker["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert " spin-step %s " % step in command[-1]

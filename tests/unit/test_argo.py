@@ -7,6 +7,7 @@ compiled: node 0 draws it, the agents read it from the run's datastore).
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 from types import SimpleNamespace
 
@@ -256,7 +257,9 @@ def test_the_agent_command_is_quoted_words_and_the_pods_values():
     env = dict(os.environ, **{argo.TASK_ID_ENV: "t-0a1b2c3d", argo.INPUT_PATHS_ENV:
                               "argo-w/start/t-1", argo.SPLIT_INDEX_ENV: "4",
                               kubernetes.WORKER_INDEX: "1"})
-    words = subprocess.run(["bash", "-c", text], env=env, capture_output=True, text=True,
+    # as the pod runs it: Metaflow's shlex.split('bash -c "%s"' % command), then bash
+    [bash, c, inner] = shlex.split('bash -c "%s"' % text)
+    words = subprocess.run([bash, c, inner], env=env, capture_output=True, text=True,
                            check=True).stdout.splitlines()
     assert words == [
         "--with", "kubernetes:cpu=1", "--quiet", "spin-step", "train",
@@ -305,3 +308,16 @@ def test_node_0_and_an_agent_derive_the_same_port_and_a_retry_another():
     kept = kubernetes.resolve_node(submitted, env, {"input_paths": "x"}, [],
                                    resolve=lambda name: "10.0.0.5")
     assert (kept.gang_id, kept.master_port, kept.secret) == ("g", 23456, "s")
+
+
+@pytest.mark.parametrize("value", ["o'brien", 'say "hi"', "back\\slash", "$HOME", "a'\"b"])
+def test_any_namespace_and_datastore_reach_the_agent_unchanged(value):
+    text = argo.agent_shell_command(["printf", "'%s\\n'"], [], "train", "argo-w", 0,
+                                    "s3@s3://b/" + value, value, foreach=False)
+    env = dict(os.environ, **{argo.TASK_ID_ENV: "t-0a1b2c3d", argo.INPUT_PATHS_ENV: "p",
+                              kubernetes.WORKER_INDEX: "0"})
+    [bash, c, inner] = shlex.split('bash -c "%s"' % text)  # Metaflow's pod command
+    words = subprocess.run([bash, c, inner], env=env, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    assert words[words.index("--namespace") + 1] == value
+    assert words[words.index("--orig-flow-datastore") + 1] == "s3@s3://b/" + value

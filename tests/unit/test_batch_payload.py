@@ -3,14 +3,18 @@ against the AWS Batch API model that ships with botocore."""
 
 import inspect
 import json
+import os
+import shlex
 import socket
+import subprocess
 
 import pytest
 
 import metaflow  # noqa: F401  (loads the extension)
 from metaflow.plugins.aws.batch.batch import Batch
 from metaflow.plugins.aws.batch.batch_client import BatchJob
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import batch, naming, trampoline
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import batch, naming, spinstep, \
+    trampoline
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
     TorchDistributedEnvironmentError
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import GangSpec, \
@@ -104,6 +108,34 @@ def test_agent_command_quotes_what_bash_must_not_expand():
     cmd = trampoline.agent_shell_command("python -u flow.py", [], "train", identity,
                                          ["METAFLOW_INPUT_PATHS_0"], batch.AGENT_TASK_ID)
     assert "--namespace 'a b$c'" in cmd and "--split-index 3" in cmd
+
+
+TRICKY = ["o'brien", 'say "hi"', "back\\slash", "$HOME", "`id`", "two  spaces", "a'\"b", "!x"]
+
+
+def metaflow_runs(text, env=None):
+    """The argv that `text` becomes on the node: Metaflow embeds it in
+    shlex.split('bash -c "%s"' % command) (Batch._command, Kubernetes._command), then bash
+    runs it; here with printf in place of the interpreter."""
+    [bash, c, inner] = shlex.split('bash -c "%s"' % text)
+    return subprocess.run([bash, c, inner], env=dict(os.environ, **(env or {})),
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+@pytest.mark.parametrize("value", TRICKY)
+def test_any_namespace_and_option_reach_the_agent_unchanged_through_metaflows_bash_c(value):
+    identity = TaskIdentity(**{**IDENTITY.__dict__, "namespace": value,
+                               "orig_datastore": "s3@s3://b/" + value})
+    text = trampoline.agent_shell_command("printf '%s\\n'", [spinstep.nested_word(value)],
+                                          "train", identity, ["METAFLOW_INPUT_PATHS_0"],
+                                          batch.AGENT_TASK_ID)
+    words = metaflow_runs(text, {"METAFLOW_INPUT_PATHS_0": "5/start/1",
+                                 "AWS_BATCH_JOB_NODE_INDEX": "1"})
+    assert words[0] == value  # a top-level option's value
+    assert words[words.index("--namespace") + 1] == value
+    assert words[words.index("--orig-flow-datastore") + 1] == "s3@s3://b/" + value
+    assert words[words.index("--task-id") + 1] == "7-node-1"  # still expanded on the node
+    assert words[words.index("--input-paths") + 1] == "5/start/1"
 
 
 def test_agent_command_refuses_an_unexpected_task_id():

@@ -334,6 +334,15 @@ def test_batch_create_job_is_wrapped_per_step(monkeypatch):
     assert Batch.create_job(batch, "other", **common) == ("metaflow's", "other", 0)
     assert Batch.create_job(batch, "train", **common) == (
         "ours", ("metaflow's", "train", 3), "q")
+    # a second gang step of the flow (step-functions create compiles every step in one
+    # process): each step's job is built by its own build, the first's as before
+    internals.wrap_batch_create_job(
+        "finetune", lambda create, batch, args: ("ours too", create(num_parallel=2)))
+    assert Batch.create_job(batch, "finetune", **common) == (
+        "ours too", ("metaflow's", "finetune", 2))
+    assert Batch.create_job(batch, "train", **common) == (
+        "ours", ("metaflow's", "train", 3), "q")
+    assert Batch.create_job(batch, "other", **common) == ("metaflow's", "other", 0)
 
 
 def test_batch_launch_job_and_wait():

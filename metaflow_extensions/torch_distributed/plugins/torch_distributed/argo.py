@@ -27,11 +27,10 @@ tests/unit/test_argo.py, tests/emulation/test_argo_gang.py pin them.
 
 import copy
 import json
-import shlex
 
 from . import internals, kubernetes, trampoline
 from .errors import TorchDistributedConfigError
-from .spinstep import spin_env_additions
+from .spinstep import nested_word, spin_env_additions
 
 # The JobSet's label that carries the gang's task id: the template's `task-id` output.
 TASK_ID_LABEL = "torch_distributed_task_id"
@@ -132,18 +131,18 @@ def agent_shell_command(entrypoint, top_level, step_name, run_id, max_user_code_
     quoted by Metaflow); every other word is quoted here, but the values the pod's shell expands
     from its environment (task id, input paths, split index), which Argo filled in. No double
     quote: the text runs inside Metaflow's `bash -c "..."`."""
-    words = list(entrypoint) + list(top_level) + ["spin-step", shlex.quote(step_name),
-                      "--run-id", shlex.quote(run_id),
+    words = list(entrypoint) + list(top_level) + ["spin-step", nested_word(step_name),
+                      "--run-id", nested_word(run_id),
                       "--task-id", AGENT_TASK_ID,
                       "--input-paths", "${%s}" % INPUT_PATHS_ENV,
-                      "--retry-count", shlex.quote(ATTEMPT),
+                      "--retry-count", nested_word(ATTEMPT),
                       "--max-user-code-retries", str(int(max_user_code_retries)),
-                      "--orig-flow-datastore", shlex.quote(orig_datastore),
+                      "--orig-flow-datastore", nested_word(orig_datastore),
                       "--no-persist"]
     if foreach:
         words += ["--split-index", "${%s}" % SPLIT_INDEX_ENV]
     if namespace is not None:
-        words += ["--namespace", shlex.quote(namespace)]
+        words += ["--namespace", nested_word(namespace)]
     return " ".join(words)
 
 

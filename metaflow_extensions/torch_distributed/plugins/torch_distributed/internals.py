@@ -200,26 +200,49 @@ def render_failed_card(deco):
 
 # -- AWS Batch: the `batch step` trampoline and the Step Functions compiler ------------------------
 
+# What each step's wrap asked for, by step name: a process that compiles a flow
+# (`step-functions create`) wraps once per gang step, and each step's job is its own.
+_BATCH_JOB_BUILDS = {}
+_CHILD_NODES = {}
+_WRAPPED = "_torch_distributed_wrap"  # marks a method replaced by this module
+
+
+def _wrap_once(owner, name, make):
+    """Replace `owner.name` by `make(original)` unless this module replaced it already (a
+    second gang step of the same flow registers its own part, which the one wrapper finds)."""
+    original = getattr(owner, name)
+    if getattr(original, _WRAPPED, False):
+        return
+    wrapper = make(original)
+    setattr(wrapper, _WRAPPED, True)
+    setattr(owner, name, wrapper)
+
+
 def wrap_batch_create_job(step_name, build):
     """In this process, Batch.create_job for `step_name` returns `build(create, batch, args)`:
     `create(**overrides)` is Metaflow's own create_job with `args` (its arguments by name)
-    changed by `overrides`. Why: only Metaflow's create_job builds the task's job (queue, image,
-    resources, code package), and no hook lets a decorator give the job N nodes and commands."""
+    changed by `overrides`; every step has its own `build`. Why: only Metaflow's create_job
+    builds the task's job (queue, image, resources, code package), and no hook lets a
+    decorator give the job N nodes and commands."""
     from metaflow.plugins.aws.batch.batch import Batch
 
-    original = Batch.create_job
-    signature = inspect.signature(original)
+    _BATCH_JOB_BUILDS[step_name] = build
 
-    def create_job(self, *args, **kwargs):
-        call = signature.bind(self, *args, **kwargs)
-        call.apply_defaults()
-        arguments = {k: v for k, v in call.arguments.items() if k != "self"}
-        if arguments["step_name"] != step_name:
-            return original(self, *args, **kwargs)
-        return build(lambda **overrides: original(self, **dict(arguments, **overrides)), self,
-                     arguments)
+    def make(original):
+        signature = inspect.signature(original)
 
-    Batch.create_job = create_job
+        def create_job(self, *args, **kwargs):
+            call = signature.bind(self, *args, **kwargs)
+            call.apply_defaults()
+            arguments = {k: v for k, v in call.arguments.items() if k != "self"}
+            step_build = _BATCH_JOB_BUILDS.get(arguments["step_name"])
+            if step_build is None:
+                return original(self, *args, **kwargs)
+            return step_build(lambda **overrides: original(self, **dict(arguments, **overrides)),
+                              self, arguments)
+        return create_job
+
+    _wrap_once(Batch, "create_job", make)
 
 
 def show_child_nodes(step_name, nodes):
@@ -228,17 +251,21 @@ def show_child_nodes(step_name, nodes):
     it from the CLI's --num-parallel, which our job has no use for."""
     from metaflow.plugins.aws.batch.batch import Batch
 
-    original = Batch.launch_job
-    signature = inspect.signature(original)
+    _CHILD_NODES[step_name] = nodes
 
-    def launch_job(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        call = signature.bind(self, *args, **kwargs)
-        if call.arguments["step_name"] == step_name and self.job is not None:
-            self.num_parallel = nodes
-        return result
+    def make(original):
+        signature = inspect.signature(original)
 
-    Batch.launch_job = launch_job
+        def launch_job(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            call = signature.bind(self, *args, **kwargs)
+            step_nodes = _CHILD_NODES.get(call.arguments["step_name"])
+            if step_nodes is not None and self.job is not None:
+                self.num_parallel = step_nodes
+            return result
+        return launch_job
+
+    _wrap_once(Batch, "launch_job", make)
 
 
 def is_fargate_refusal(ex):
@@ -349,23 +376,24 @@ def jobset_pods(jobset, worker_command, worker_env, control_env):
 def wrap_state_machine_job(node_overrides):
     """In this process (`step-functions create`), a Batch job's state submits
     `node_overrides(job payload)` (in PascalCase) instead of its ContainerOverrides whenever that
-    returns a value. Why: State.batch turns a BatchJob into the state's Parameters with no hook,
-    and knows nothing of multi-node overrides."""
+    returns a value (once per process: it is the same for every gang step). Why: State.batch
+    turns a BatchJob into the state's Parameters with no hook, and knows nothing of multi-node
+    overrides."""
     from metaflow.plugins.aws.step_functions.step_functions import State
     from metaflow.util import to_pascalcase
 
-    original = State.batch
+    def make(original):
+        def batch(self, job):
+            state = original(self, job)
+            overrides = node_overrides(job.payload)
+            if overrides is not None:
+                parameters = self.payload["Parameters"]
+                parameters.pop("ContainerOverrides")
+                parameters["NodeOverrides"] = to_pascalcase(overrides)
+            return state
+        return batch
 
-    def batch(self, job):
-        state = original(self, job)
-        overrides = node_overrides(job.payload)
-        if overrides is not None:
-            parameters = self.payload["Parameters"]
-            parameters.pop("ContainerOverrides")
-            parameters["NodeOverrides"] = to_pascalcase(overrides)
-        return state
-
-    State.batch = batch
+    _wrap_once(State, "batch", make)
 
 
 # -- Argo Workflows: the `argo-workflows create` compiler -------------------------------------------

@@ -8,9 +8,25 @@ from the environment), and leaves no trace in the run's metadata or datastore
 
 import json
 import os
+import re
 import sys
 
 from . import internals
+
+# Words that read the same in every shell context: left as they are.
+_PLAIN_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def nested_word(word):
+    """`word` written so that it reaches the remote process unchanged through Metaflow's pod and
+    job commands, which embed a command's text in `bash -c "..."` and split that with shlex
+    first (a double-quoted string, where only \\ and \" are escapes): quoted for bash with
+    single quotes (a ' inside as '\\''), then \\ and " escaped for shlex. No double quote
+    and no lone backslash remain for shlex to take."""
+    if _PLAIN_WORD.match(word):
+        return word
+    quoted = "'%s'" % word.replace("'", "'\\''")
+    return quoted.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def member_command(spec, hidden_task_id, decorator_name, base_env):

@@ -15,11 +15,10 @@ batch.resolve_node).
 """
 
 import json
-import shlex
 
 from . import batch, internals, trampoline
 from .errors import TorchDistributedConfigError
-from .spinstep import spin_env_additions
+from .spinstep import nested_word, spin_env_additions
 
 # Runs the command after it with AWS_BATCH_JOB_ID stripped of its `#<node index>` suffix.
 BARE_JOB_ID = ["bash", "-c", 'export AWS_BATCH_JOB_ID="${AWS_BATCH_JOB_ID%%#*}"; exec "$@"',
@@ -60,7 +59,7 @@ def agent_words(step_cli, step_name, orig_datastore):
     for name in _SPIN_OPTIONS:
         if name in options:
             spin += [name, options[options.index(name) + 1]]
-    spin += ["--orig-flow-datastore", shlex.quote(orig_datastore), "--no-persist"]
+    spin += ["--orig-flow-datastore", nested_word(orig_datastore), "--no-persist"]
     spin += [w for w in options if w.startswith("--namespace=")]
     return words[:at] + ["spin-step"] + spin
 

@@ -5,14 +5,13 @@ and the plan node 0 finds in its environment."""
 import json
 import os
 import re
-import shlex
 import sys
 from dataclasses import replace
 
 from . import naming
 from .errors import TorchDistributedEnvironmentError
 from .gangspec import GangSpec, TaskIdentity
-from .spinstep import spin_step_options
+from .spinstep import nested_word, spin_step_options
 
 _INPUT_PATHS_VAR = re.compile(r"^METAFLOW_INPUT_PATHS_(\d+)$")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -30,7 +29,7 @@ def agent_shell_command(entrypoint, top_args, step_name, identity, input_path_va
     hidden = hidden_pattern % identity.task_id
     words = spin_step_options(step_name, replace(identity, input_paths=inputs), hidden)
     # bash expands these two words on the node; every other word is quoted
-    quoted = [w if w in (inputs, hidden) else shlex.quote(w) for w in words]
+    quoted = [w if w in (inputs, hidden) else nested_word(w) for w in words]
     return " ".join([entrypoint, *top_args, "spin-step", *quoted])
 
 
