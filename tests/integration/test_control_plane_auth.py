@@ -20,6 +20,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.control imp
     bind_listener,
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure
+from tests.integration.conftest import hosted_store
 
 GANG = "1700-train-5-0"
 SECRET = naming.new_secret()
@@ -39,10 +40,7 @@ class SideEffect:
 @pytest.fixture
 def gang():
     """Node 0's control plane, a node's client, an intruder's raw store client."""
-    listener = bind_listener("127.0.0.1", 0)
-    port = listener.getsockname()[1]
-    host = ControlPlane.host(listener, GANG, SECRET, timeout=5)
-    listener.close()
+    host, port = hosted_store(GANG, SECRET)
     node = ControlPlane.connect("127.0.0.1", port, GANG, SECRET, timeout=5)
     intruder = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=5))
     before = sealed.IGNORED.counts()

@@ -5,10 +5,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.control import (
-    ControlPlane,
-    bind_listener,
-)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.control import ControlPlane
+from tests.integration.conftest import hosted_store
 
 SECRET = "s3cr3t"
 GANG = "1700-train-5-0"
@@ -17,10 +15,7 @@ GANG = "1700-train-5-0"
 @pytest.fixture
 def stores():
     """Node 0's store, and a rank's client of it."""
-    listener = bind_listener("127.0.0.1", 0)
-    port = listener.getsockname()[1]
-    host = ControlPlane.host(listener, GANG, SECRET, timeout=5)
-    listener.close()
+    host, port = hosted_store(GANG, SECRET)
     yield host, ControlPlane.client("127.0.0.1", port, GANG, SECRET, timedelta(seconds=5)), port
 
 

@@ -29,6 +29,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor 
     Slot,
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from tests.integration.conftest import hosted_store
 
 GANG = "1700-train-5-0"
 SECRET = "0123456789abcdef0123456789abcdef"
@@ -37,10 +38,7 @@ SECRET = "0123456789abcdef0123456789abcdef"
 @pytest.fixture
 def gang():
     """Node 0's control plane on a kernel-chosen port, and a second client of it (a node)."""
-    listener = bind_listener("127.0.0.1", 0)
-    port = listener.getsockname()[1]
-    host = ControlPlane.host(listener, GANG, SECRET, timeout=5)
-    listener.close()  # as the leader does: the store serves on a descriptor of its own
+    host, port = hosted_store(GANG, SECRET)
     node = ControlPlane.connect("127.0.0.1", port, GANG, SECRET, timeout=5)
     yield host, node, port
 
