@@ -1,0 +1,82 @@
+"""`python flow.py --with batch torch-distributed preflight` (or `--with kubernetes`): the
+preflight of every gang step of the flow (preflight.py), a command of Metaflow's CLI.
+
+Metaflow initialises the step decorators of any command but run and resume (their step_init
+runs, the top-level --with included), so each gang step's topology and its @batch or
+@kubernetes attributes are those `run` would use. The command only reads the APIs, and exits
+non-zero when a check fails.
+"""
+
+from . import internals, preflight, preflight_batch
+from .errors import TorchDistributedPreflightFailed
+
+click = internals.cli_click()
+
+
+def gang_steps(steps):
+    """(step name, its topology, its decorators) of every step our decorator gangs."""
+    found = []
+    for name, decorators in steps:
+        ours = [d for d in decorators if d.name == "torch_distributed"]
+        if ours and getattr(ours[0], "active", False):
+            found.append((name, ours[0].topology, decorators))
+    return found
+
+
+def batch_findings(needs, datastore_root, clients=internals.aws_client):
+    from botocore.exceptions import ClientError
+
+    facts = preflight_batch.gather(needs, clients, datastore_root, ClientError)
+    return preflight_batch.check(needs, facts)
+
+
+BACKEND_NAMES = {"batch": "AWS Batch"}
+BACKENDS = {"batch": batch_findings}
+
+
+def run_preflight(steps, datastore_root, echo, backends=None):
+    """Every finding of the flow's gang steps, echoed as a report; raises when one failed."""
+    backends = BACKENDS if backends is None else backends
+    gangs = gang_steps(steps)
+    if not gangs:
+        raise TorchDistributedPreflightFailed(
+            [], "the flow has no step decorated with @torch_distributed, so there is nothing "
+            "to check. Decorate the step that trains, or run the preflight of another flow.")
+    findings = []
+    for name, topology, decorators in gangs:
+        needs = preflight.step_needs(name, topology, decorators)
+        echo("checking step %s: a gang of %s on %s" % (
+            name, needs.describe(), BACKEND_NAMES.get(needs.backend, "this machine")))
+        findings += preflight.check_backend(needs)
+        if needs.backend:
+            findings += backends[needs.backend](needs, datastore_root)
+    for line in preflight.report_lines(findings):
+        echo(line)
+    failing = preflight.failures(findings)
+    if failing:
+        raise TorchDistributedPreflightFailed(sorted({f.step for f in failing}), "%d check%s "
+                                              "failed: %s. Each failure above says its fix."
+                                              % (len(failing), "" if len(failing) == 1 else "s",
+                                                 ", ".join("%s (%s)" % (f.check, f.step)
+                                                           for f in failing)))
+    return findings
+
+
+@click.group()
+def cli():
+    pass
+
+
+@cli.group(name="torch-distributed", help="Commands of @torch_distributed.")
+def torch_distributed():
+    pass
+
+
+@torch_distributed.command(name="preflight", help="Check, without changing anything, that the infrastructure "
+                                "each gang step runs on (--with batch or --with kubernetes) "
+                                "can run it: exits non-zero when a check fails.")
+@click.pass_obj
+def preflight_command(obj):
+    steps, _, root = internals.cli_flow_steps(obj)
+    run_preflight(steps, root, lambda line: click.echo(line))
+

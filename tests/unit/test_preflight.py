@@ -1,0 +1,224 @@
+"""The preflight's checks as pure functions of what the APIs answered (tables), and its report.
+The same checks against moto and the loopback Kubernetes API: tests/emulation/test_preflight_*."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import preflight
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import preflight_batch as pb
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+    TorchDistributedPreflightFailed
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight_cli import (
+    gang_steps, run_preflight)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+
+
+def needs(nodes=2, cpu=4, memory=1024, gpu=0, shared_memory=None, **options):
+    options.setdefault("queue", "q")
+    options.setdefault("iam_role", "arn:aws:iam::1:role/job")
+    return preflight.GangNeeds("train", "batch", nodes, 1, cpu, memory, gpu, shared_memory,
+                               options=options)
+
+
+def env(name="ce", kind="EC2", max_vcpus=64, types=("optimal",), groups=("sg-1",),
+        state="ENABLED", status="VALID"):
+    return {"computeEnvironmentName": name, "state": state, "status": status,
+            "computeResources": {"type": kind, "maxvCpus": max_vcpus,
+                                 "instanceTypes": list(types),
+                                 "securityGroupIds": list(groups)}}
+
+
+def statuses(findings):
+    return [(f.check, f.status) for f in findings]
+
+
+@pytest.mark.parametrize("queue, refused, expected", [
+    ({"state": "ENABLED", "status": "VALID"}, {}, "ok"),
+    ({"state": "DISABLED", "status": "VALID"}, {}, "FAILED"),
+    ({"state": "ENABLED", "status": "INVALID", "statusReason": "x"}, {}, "FAILED"),
+    (None, {}, "FAILED"),
+    (None, {"queue": "AccessDenied: no"}, "unknown"),
+])
+def test_queue(queue, refused, expected):
+    [found] = pb.check_queue(needs(), pb.BatchFacts(queue=queue, refused=refused))
+    assert found.status == expected, found
+
+
+def test_no_queue_configured_names_the_setting():
+    [found] = pb.check_queue(needs(queue=None), pb.BatchFacts())
+    assert found.status == "FAILED" and "METAFLOW_BATCH_JOB_QUEUE" in found.fix
+
+
+@pytest.mark.parametrize("nodes, cpu, environments, expected", [
+    (2, 4, [env(max_vcpus=8)], [("capacity", "ok")]),
+    (2, 4, [env(max_vcpus=7)], [("capacity", "FAILED")]),
+    (2, 4, [env("a", max_vcpus=4), env("b", max_vcpus=16)], [("capacity", "ok")]),
+    (2, 1, [env(kind="FARGATE")], [("compute environment", "FAILED")]),
+    (1, 1, [env(kind="FARGATE_SPOT")], [("capacity", "ok")]),  # one node: Fargate may run it
+    (2, 1, [env(kind="SPOT")], [("capacity", "ok")]),
+    (2, 1, [env(state="DISABLED")], [("compute environment", "FAILED"), ("capacity", "ok")]),
+    (2, 1, [{"computeEnvironmentName": "u", "state": "ENABLED", "status": "VALID"}],
+     [("capacity", "unknown")]),
+])
+def test_environments(nodes, cpu, environments, expected):
+    assert statuses(pb.check_environments(needs(nodes, cpu), environments)) == expected
+
+
+def test_capacity_fix_rounds_the_vcpus_up():
+    [found] = pb.check_environments(needs(3, 1.5), [env(max_vcpus=2)])
+    assert found.fix.endswith("--compute-environment ce --compute-resources maxvCpus=5")
+
+
+SELF_IN = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-1"}]}
+ALL_OUT = {"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}
+SELF_OUT = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-1"}]}
+TCP_IN = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
+          "UserIdGroupPairs": [{"GroupId": "sg-1"}]}
+
+
+@pytest.mark.parametrize("ingress, egress, expected, fixes", [
+    ([SELF_IN], [ALL_OUT], "ok", 0),
+    ([SELF_IN], [SELF_OUT], "ok", 0),
+    ([TCP_IN], [ALL_OUT], "FAILED", 1),
+    ([], [], "FAILED", 2),
+    ([SELF_IN], [], "FAILED", 1),
+    ([{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-other"}]}], [ALL_OUT],
+     "FAILED", 1),
+])
+def test_security_group_self_rule(ingress, egress, expected, fixes):
+    group = {"GroupId": "sg-1", "IpPermissions": ingress, "IpPermissionsEgress": egress}
+    [found] = pb.check_security_groups(needs(), pb.BatchFacts(
+        environments=[env()], security_groups=[group]))
+    assert found.status == expected, found
+    assert len([f for f in found.fix.split("; ") if f]) == fixes, found.fix
+
+
+def test_security_groups_unknown_when_none_is_named_or_refused():
+    [none] = pb.check_security_groups(needs(), pb.BatchFacts(environments=[env(groups=())]))
+    [refused] = pb.check_security_groups(needs(), pb.BatchFacts(
+        environments=[env()], refused={"security_groups": "UnauthorizedOperation: no"}))
+    assert (none.status, refused.status) == ("unknown", "unknown")
+    assert pb.check_security_groups(needs(nodes=1), pb.BatchFacts(environments=[env()])) == []
+
+
+def itype(name, vcpus, mib, gpus=0):
+    entry = {"InstanceType": name, "VCpuInfo": {"DefaultVCpus": vcpus},
+             "MemoryInfo": {"SizeInMiB": mib}}
+    if gpus:
+        entry["GpuInfo"] = {"Gpus": [{"Count": gpus}]}
+    return entry
+
+
+@pytest.mark.parametrize("types, known, cpu, gpu, expected, says", [
+    (["optimal"], None, 4, 0, "ok", "Batch chooses"),
+    (["optimal"], None, 4, 1, "FAILED", "never have GPUs"),
+    (["g5"], [itype("g5.xlarge", 4, 16384, 1)], 4, 1, "ok", "g5.xlarge holds one node"),
+    (["m5"], [itype("m5.large", 2, 8192)], 4, 0, "FAILED", "too small for one node"),
+    (["m5"], [itype("m5.xlarge", 4, 16384)], 4, 1, "FAILED", "has no GPUs"),
+    (["g5"], None, 4, 1, "unknown", "could not be read"),
+])
+def test_instance_types(types, known, cpu, gpu, expected, says):
+    [found] = pb.check_instance_types(needs(cpu=cpu, gpu=gpu), pb.BatchFacts(
+        environments=[env(types=types)], instance_types=known))
+    assert found.status == expected and says in found.message, found
+
+
+def test_instance_type_patterns_ask_for_families_and_types():
+    assert pb.instance_type_patterns([env(types=["optimal", "g5", "p4d.24xlarge"])]) == [
+        "g5.*", "p4d.24xlarge"]
+
+
+TRUST = {"Statement": [{"Effect": "Allow", "Principal": {"Service": "ecs-tasks.amazonaws.com"},
+                        "Action": "sts:AssumeRole"}]}
+
+
+def allow(action, resource, effect="Allow"):
+    return {"Statement": [{"Effect": effect, "Action": action, "Resource": resource}]}
+
+
+@pytest.mark.parametrize("policies, expected", [
+    ([allow("s3:*", "*")], "ok"),
+    ([allow("*", "*")], "ok"),
+    ([allow(["s3:Get*", "s3:Put*", "s3:List*"], ["arn:aws:s3:::b", "arn:aws:s3:::b/*"])], "ok"),
+    ([allow("s3:*", "arn:aws:s3:::b/root/*"), allow("s3:ListBucket", "arn:aws:s3:::b")], "ok"),
+    ([allow("s3:*", "arn:aws:s3:::other/*")], "FAILED"),
+    ([allow("s3:GetObject", "*")], "FAILED"),
+    ([allow("s3:*", "*"), allow("s3:PutObject", "*", "Deny")], "FAILED"),
+    ([], "FAILED"),
+])
+def test_role_datastore_access(policies, expected):
+    facts = pb.BatchFacts(role={"AssumeRolePolicyDocument": TRUST}, policies=policies,
+                          datastore_root="s3://b/root")
+    [found] = pb.check_role(needs(), facts)
+    assert found.status == expected, found
+
+
+def test_role_trust_and_existence():
+    untrusted = pb.BatchFacts(role={"AssumeRolePolicyDocument": {"Statement": []}})
+    [found] = pb.check_role(needs(), untrusted)
+    assert found.status == "FAILED" and "update-assume-role-policy" in found.fix
+    [missing] = pb.check_role(needs(), pb.BatchFacts())
+    assert missing.status == "FAILED" and "does not exist" in missing.message
+    [unset] = pb.check_role(needs(iam_role=None), pb.BatchFacts())
+    assert "METAFLOW_ECS_S3_ACCESS_IAM_ROLE" in unset.fix
+    # the query API's URL-encoded trust policy
+    encoded = pb.BatchFacts(role={"AssumeRolePolicyDocument": "%7B%22Statement%22%3A%5B%5D%7D"})
+    assert pb.check_role(needs(), encoded)[0].status == "FAILED"
+
+
+@pytest.mark.parametrize("gpu, shared_memory, expected", [
+    (0, None, []),
+    (1, None, [("shared memory", "FAILED")]),
+    (1, "512", [("shared memory", "FAILED")]),
+    (1, 1024, [("shared memory", "ok")]),
+])
+def test_shared_memory(gpu, shared_memory, expected):
+    assert statuses(preflight.check_shared_memory(
+        needs(gpu=gpu, shared_memory=shared_memory), "batch")) == expected
+
+
+def deco(name, **attributes):
+    return SimpleNamespace(name=name, attributes=attributes)
+
+
+def test_step_needs_reads_the_backend_decorator():
+    ours = SimpleNamespace(name="torch_distributed", active=True, topology=Topology(2, 8))
+    decorators = [ours, deco("batch", cpu="8", memory="30000", gpu="8", queue="gpu-q",
+                             shared_memory="8000", image="img")]
+    [(name, topology, decos)] = gang_steps([("train", decorators), ("end", [])])
+    found = preflight.step_needs(name, topology, decos)
+    assert (found.backend, found.nodes, found.cpu, found.memory, found.gpu, found.image) == (
+        "batch", 2, 8.0, 30000, 8, "img")
+    assert found.options["queue"] == "gpu-q"
+    assert preflight.step_needs("train", topology, [ours]).backend == ""
+    inactive = SimpleNamespace(name="torch_distributed", active=False)
+    assert gang_steps([("start", [inactive])]) == []
+
+
+def test_run_preflight_reports_and_fails_naming_the_checks():
+    ours = SimpleNamespace(name="torch_distributed", active=True, topology=Topology(2, 1))
+    steps = [("train", [ours, deco("batch", cpu="1", memory="1024", gpu="0")])]
+    lines = []
+
+    def backend(needs, root):
+        return [preflight.passed(needs.step, "job queue", "fine"),
+                preflight.failed(needs.step, "capacity", "too small", "do this")]
+
+    with pytest.raises(TorchDistributedPreflightFailed) as raised:
+        run_preflight(steps, "s3://b", lines.append, {"batch": backend})
+    assert "1 check failed: capacity (train)" in str(raised.value)
+    assert lines[1:] == ["step train:", "  [ok] job queue: fine",
+                         "  [FAILED] capacity: too small", "       fix: do this"]
+    ok = run_preflight(steps, "s3://b", lines.append, {"batch": lambda n, r: []})
+    assert ok == []
+
+
+def test_run_preflight_without_a_backend_or_a_gang():
+    ours = SimpleNamespace(name="torch_distributed", active=True, topology=Topology(2, 1))
+    lines = []
+    with pytest.raises(TorchDistributedPreflightFailed, match="backend"):
+        run_preflight([("train", [ours])], "", lines.append, {})
+    assert "fix: python flow.py --with batch torch-distributed preflight" in lines[-1]
+    with pytest.raises(TorchDistributedPreflightFailed, match="nothing to check"):
+        run_preflight([("start", [])], "", lambda line: None, {})
