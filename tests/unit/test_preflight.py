@@ -7,6 +7,8 @@ import pytest
 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import preflight
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import preflight_batch as pb
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import \
+    preflight_kubernetes as pk
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
     TorchDistributedPreflightFailed
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight_cli import (
@@ -222,3 +224,97 @@ def test_run_preflight_without_a_backend_or_a_gang():
     assert "fix: python flow.py --with batch torch-distributed preflight" in lines[-1]
     with pytest.raises(TorchDistributedPreflightFailed, match="nothing to check"):
         run_preflight([("start", [])], "", lambda line: None, {})
+
+
+# -- Kubernetes ---------------------------------------------------------------------------------
+
+def kneeds(nodes=2, gpu=0, **options):
+    options.setdefault("namespace", "ml")
+    return preflight.GangNeeds("train", "kubernetes", nodes, 1, 1, 1024, gpu, options=options)
+
+
+def crd(spec=("startupPolicy",), status=("terminalState",), version="v1alpha2"):
+    props = {"spec": {"properties": {k: {} for k in spec}},
+             "status": {"properties": {k: {} for k in status}}}
+    return {"spec": {"versions": [{"name": version,
+                                   "schema": {"openAPIV3Schema": {"properties": props}}}]}}
+
+
+@pytest.mark.parametrize("facts, expected, says", [
+    (pk.KubernetesFacts(jobset_resources=["jobsets"], jobset_crd=crd()), "ok", "v0.6 or later"),
+    (pk.KubernetesFacts(jobset_resources=["jobsets"], jobset_crd=crd(status=())), "ok",
+     "older than v0.6"),
+    (pk.KubernetesFacts(jobset_resources=["jobsets"], jobset_crd=crd(spec=())), "FAILED",
+     "older than v0.4"),
+    (pk.KubernetesFacts(jobset_resources=["jobsets"], refused={"jobset_crd": "403 Forbidden"}),
+     "ok", "could not be read: 403 Forbidden"),
+    (pk.KubernetesFacts(), "FAILED", "not installed"),
+    (pk.KubernetesFacts(jobset_resources=["other"]), "FAILED", "not installed"),
+    (pk.KubernetesFacts(refused={"jobset_api": "403 Forbidden"}), "unknown", "could not be read"),
+])
+def test_jobset(facts, expected, says):
+    [found] = pk.check_jobset(kneeds(), facts)
+    assert found.status == expected and says in found.message, found
+    assert pk.check_jobset(kneeds(nodes=1), facts) == []
+
+
+def granted(denied=(), wanted=pk.GANG_ACCESS):
+    return {a: (a not in denied, "") for a in wanted}
+
+
+@pytest.mark.parametrize("nodes, access, refused, expected", [
+    (2, granted(), {}, "ok"),
+    (2, granted({("delete", "jobset.x-k8s.io", "jobsets")}), {}, "FAILED"),
+    (2, {}, {}, "FAILED"),  # no answer is no permission
+    (1, granted(wanted=pk.JOB_ACCESS), {}, "ok"),
+    (1, granted({("create", "batch", "jobs")}, pk.JOB_ACCESS), {}, "FAILED"),
+    (2, {}, {"access": "403 Forbidden"}, "unknown"),
+])
+def test_access(nodes, access, refused, expected):
+    [found] = pk.check_access(kneeds(nodes), pk.KubernetesFacts(access=access, refused=refused))
+    assert found.status == expected, found
+
+
+def test_access_fix_names_only_what_is_denied():
+    [found] = pk.check_access(kneeds(), pk.KubernetesFacts(access=granted(
+        {("list", "", "pods")})))
+    assert found.fix.startswith("kubectl create role metaflow-gang -n ml --verb=list "
+                                "--resource=pods, then kubectl create rolebinding")
+
+
+def local_queue(active="True"):
+    return {"spec": {"clusterQueue": "cq"},
+            "status": {"conditions": [{"type": "Active", "status": active, "reason": "R",
+                                       "message": "m"}]}}
+
+
+@pytest.mark.parametrize("facts, expected, says", [
+    (pk.KubernetesFacts(kueue_served=True, local_queue=local_queue()), "ok", "ClusterQueue cq"),
+    (pk.KubernetesFacts(kueue_served=True, local_queue=local_queue("False")), "FAILED",
+     "is not active"),
+    (pk.KubernetesFacts(kueue_served=True), "FAILED", "does not exist in namespace ml"),
+    (pk.KubernetesFacts(kueue_served=False), "FAILED", "Kueue is not installed"),
+    (pk.KubernetesFacts(refused={"local_queue": "403 Forbidden"}), "unknown", "could not be read"),
+])
+def test_kueue_queue(facts, expected, says):
+    labelled = kneeds(labels={pk.QUEUE_LABEL: "q"})
+    [found] = pk.check_queue(labelled, facts)
+    assert found.status == expected and says in found.message, found
+    assert pk.check_queue(kneeds(), facts) == []  # no label, no queue to check
+
+
+def node(**allocatable):
+    return {"status": {"allocatable": allocatable}}
+
+
+@pytest.mark.parametrize("gpu, vendor, nodes, expected", [
+    (8, None, [node(**{"nvidia.com/gpu": "8"})], "ok"),
+    (8, None, [node(**{"nvidia.com/gpu": "4"}), node()], "FAILED"),
+    (1, "amd", [node(**{"nvidia.com/gpu": "8"})], "FAILED"),
+    (1, "amd", [node(**{"amd.com/gpu": "1"})], "ok"),
+    (1, None, [], "FAILED"),
+])
+def test_gpus(gpu, vendor, nodes, expected):
+    [found] = pk.check_gpus(kneeds(gpu=gpu, gpu_vendor=vendor), pk.KubernetesFacts(nodes=nodes))
+    assert found.status == expected, found
+    assert pk.check_gpus(kneeds(gpu=0), pk.KubernetesFacts(nodes=nodes)) == []

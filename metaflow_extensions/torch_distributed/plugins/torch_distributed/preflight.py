@@ -65,7 +65,7 @@ class GangNeeds:
         return "%d node%s x (%s)" % (self.nodes, "" if self.nodes == 1 else "s", self.per_node())
 
 
-BACKEND_DECORATORS = ("batch",)
+BACKEND_DECORATORS = ("batch", "kubernetes")
 
 
 def _number(value, default=0.0):

@@ -30,8 +30,17 @@ def batch_findings(needs, datastore_root, clients=internals.aws_client):
     return preflight_batch.check(needs, facts)
 
 
-BACKEND_NAMES = {"batch": "AWS Batch"}
-BACKENDS = {"batch": batch_findings}
+def kubernetes_findings(needs, datastore_root, client=None, api=None):
+    from . import preflight_kubernetes
+
+    client = internals.kubernetes_client() if client is None else client
+    facts = preflight_kubernetes.gather(needs, client, client.ApiClient() if api is None else api,
+                                        client.ApiException)
+    return preflight_kubernetes.check(needs, facts)
+
+
+BACKEND_NAMES = {"batch": "AWS Batch", "kubernetes": "Kubernetes"}
+BACKENDS = {"batch": batch_findings, "kubernetes": kubernetes_findings}
 
 
 def run_preflight(steps, datastore_root, echo, backends=None):
