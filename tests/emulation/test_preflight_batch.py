@@ -187,16 +187,40 @@ def preflight_cli(aws, tmp_path, queue, role, **td):
     return res
 
 
-def test_the_command_passes_on_a_good_queue(account, tmp_path):
-    res = preflight_cli(account.aws, tmp_path, account.ok_queue, account.role)
-    assert res.returncode == 0, res
-    assert "checking step train: a gang of 2 nodes x (2 CPU, 1024 MiB) on AWS Batch" in res.output, res
-    assert "[ok] security group" in res.output, res
-
-
 def test_the_command_fails_naming_each_fix(account, tmp_path):
     res = preflight_cli(account.aws, tmp_path, "preflight-small", account.no_s3_role, TD_CPU=4)
     assert res.returncode != 0, res
     assert "@torch_distributed preflight failed" in res.output, res
     assert "fix: aws batch update-compute-environment" in res.output, res
     assert "fix: aws iam put-role-policy" in res.output, res
+
+
+# -- --smoke: one real 2-node job on the emulated AWS Batch -------------------------------------
+
+def test_the_checks_pass_then_the_smoke_job_forms_a_gang_across_two_nodes(account, batch,
+                                                                         tmp_path):
+    """The whole command on a queue that can run the gang: every check passes, then it says
+    it runs a job, runs it (a multi-node job on the emulator) and reports every node."""
+    workdir = tmp_path / "flow"
+    workdir.mkdir()
+    shutil.copy(FLOWS / "preflight_flow.py", workdir)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = isolated_env(account.aws.env, batch.env,
+                       {"METAFLOW_BATCH_JOB_QUEUE": account.ok_queue,
+                        "METAFLOW_ECS_S3_ACCESS_IAM_ROLE": account.role}, home=home)
+    res = metaflow("preflight_flow.py", ["--with", "batch", "torch-distributed", "preflight",
+                                         "--smoke", "--smoke-timeout", "240"],
+                   workdir, env, timeout_s=300)
+    output = res.stdout + res.stderr
+    assert res.returncode == 0, output[-6000:]
+    assert "checking step train: a gang of 2 nodes x (2 CPU, 1024 MiB) on AWS Batch" in output
+    assert "[ok] security group" in output and "[ok] IAM role" in output, output[-6000:]
+    announced = output.index("smoke: this RUNS one job: a gang of 2 nodes x (2 CPU, 1024 MiB) "
+                             "on AWS Batch queue preflight-ok")
+    assert announced < output.index("Workflow starting"), output[-6000:]
+    for node in (0, 1):
+        assert "[ok] smoke node %d: torch " % node in output, output[-6000:]
+    assert "[ok] smoke: a process group formed across 2 nodes and all-reduced once" in output
+    [job] = [s for s in batch.submissions if s["jobName"].split("-")[-3] == "smoke"]
+    assert job["jobQueue"] == account.ok_queue and "nodeOverrides" in job

@@ -133,25 +133,19 @@ def test_nodes_the_caller_may_not_list_are_unknown(cluster):
 
 # -- through Metaflow's CLI ----------------------------------------------------------------
 
-def preflight_cli(aws, emulator, tmp_path, **td):
+def preflight_cli(aws, emulator, tmp_path, *extra, timeout_s=120, **td):
     workdir = tmp_path / "flow"
     workdir.mkdir()
     shutil.copy(FLOWS / "preflight_k8s_flow.py", workdir)
     home = tmp_path / "home"
     home.mkdir()
-    env = isolated_env(aws.env, emulator.env, {k: str(v) for k, v in td.items()}, home=home)
+    env = isolated_env(aws.env, emulator.env, {"METAFLOW_KUBERNETES_NAMESPACE": "default"},
+                       {k: str(v) for k, v in td.items()}, home=home)
     res = metaflow("preflight_k8s_flow.py", ["--with", "kubernetes", "torch-distributed",
-                                             "preflight"], workdir, env, timeout_s=120)
+                                             "preflight", *extra], workdir, env,
+                   timeout_s=timeout_s)
     res.output = res.stdout + res.stderr
     return res
-
-
-def test_the_command_passes_on_a_cluster_that_can_run_the_gang(aws, cluster, tmp_path):
-    res = preflight_cli(aws, cluster(), tmp_path)
-    assert res.returncode == 0, res
-    assert "checking step start: a gang of 2 nodes x (1 CPU, 1024 MiB) on Kubernetes" in \
-        res.output, res
-    assert "[ok] JobSet: JobSet v0.6 or later is installed" in res.output, res
 
 
 def test_the_command_fails_naming_each_fix(aws, cluster, tmp_path):
@@ -162,3 +156,26 @@ def test_the_command_fails_naming_each_fix(aws, cluster, tmp_path):
     for fix in ("fix: kubectl apply --server-side", "fix: kubectl create role metaflow-gang",
                 "fix: install Kueue"):
         assert fix in res.output, res
+
+
+# -- --smoke: one real 2-node JobSet on the emulated cluster ------------------------------------
+
+def test_the_checks_pass_then_the_smoke_job_forms_a_gang_across_two_pods(aws, kubernetes,
+                                                                        tmp_path):
+    """The whole command on a cluster that can run the gang: every check passes, then it says
+    it runs a job, runs it (a JobSet of 2 pods on the emulated controller) and reports every
+    node."""
+    res = preflight_cli(aws, kubernetes, tmp_path, "--smoke", "--smoke-timeout", "240",
+                        timeout_s=300)
+    output = res.output
+    assert res.returncode == 0, output[-6000:]
+    assert "checking step start: a gang of 2 nodes x (1 CPU, 1024 MiB) on Kubernetes" in output
+    assert "[ok] JobSet: JobSet v0.6 or later is installed" in output, output[-6000:]
+    announced = output.index("smoke: this RUNS one job: a gang of 2 nodes x (1 CPU, 1024 MiB) "
+                             "on Kubernetes namespace default")
+    assert announced < output.index("Workflow starting"), output[-6000:]
+    for node in (0, 1):
+        assert "[ok] smoke node %d: torch " % node in output, output[-6000:]
+    assert "[ok] smoke: a process group formed across 2 nodes and all-reduced once" in output
+    [jobset] = kubernetes.created  # the smoke step's; start and end are plain Jobs
+    assert [r["replicas"] for r in jobset["spec"]["replicatedJobs"]] == [1, 1]

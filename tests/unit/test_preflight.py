@@ -1,6 +1,9 @@
 """The preflight's checks as pure functions of what the APIs answered (tables), and its report.
 The same checks against moto and the loopback Kubernetes API: tests/emulation/test_preflight_*."""
 
+import json
+import os
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -9,6 +12,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed import pref
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import preflight_batch as pb
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import \
     preflight_kubernetes as pk
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import preflight_smoke as ps
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
     TorchDistributedPreflightFailed
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight_cli import (
@@ -318,3 +322,99 @@ def test_gpus(gpu, vendor, nodes, expected):
     [found] = pk.check_gpus(kneeds(gpu=gpu, gpu_vendor=vendor), pk.KubernetesFacts(nodes=nodes))
     assert found.status == expected, found
     assert pk.check_gpus(kneeds(gpu=0), pk.KubernetesFacts(nodes=nodes)) == []
+
+
+# -- --smoke ------------------------------------------------------------------------------------
+
+def rank(node, cuda=False, shm=64, total=2.0):
+    return {"rank": node, "node": node, "torch": "2.13.0", "cuda": cuda,
+            "cuda_version": "12.8" if cuda else None, "nccl": cuda,
+            "nccl_version": "2.27.3" if cuda else None, "shm_mib": shm, "all_reduce": total}
+
+
+def output_of(*ranks, world_size=2):
+    return "[rank 0] %s%s\n" % (ps.REPORT_MARK, json.dumps(
+        {"world_size": world_size, "ranks": list(ranks)}))
+
+
+@pytest.mark.parametrize("gpu, returncode, output, expected", [
+    (0, 0, output_of(rank(0), rank(1)), [("smoke node 0", "ok"), ("smoke node 1", "ok"),
+                                         ("smoke", "ok")]),
+    (1, 0, output_of(rank(0, True, 4096), rank(1, True, 4096)),
+     [("smoke node 0", "ok"), ("smoke node 1", "ok"), ("smoke", "ok")]),
+    (1, 0, output_of(rank(0, True, 4096), rank(1, False, 4096)),
+     [("smoke node 0", "ok"), ("smoke node 1", "ok"), ("smoke", "FAILED"), ("smoke", "ok")]),
+    (1, 0, output_of(rank(0, True, 64), rank(1, True, 4096)),
+     [("smoke node 0", "ok"), ("smoke node 1", "ok"), ("smoke", "FAILED"), ("smoke", "ok")]),
+    (0, 0, output_of(rank(0, total=1.0), rank(1)),
+     [("smoke node 0", "ok"), ("smoke node 1", "ok"), ("smoke", "FAILED")]),
+    (0, 1, "ModuleNotFoundError: No module named 'torch'\n", [("smoke", "FAILED")]),
+    (0, 1, "something else broke\n", [("smoke", "FAILED")]),
+    (0, None, "Job is waiting\n", [("smoke", "FAILED")]),
+])
+def test_smoke_verdict(gpu, returncode, output, expected):
+    found = ps.verdict(needs(gpu=gpu), returncode, output, 600)
+    assert statuses(found) == expected, found
+
+
+def test_smoke_verdict_messages_say_what_happened():
+    [missing] = ps.verdict(needs(), 1, "E: No module named 'torch'\n", 600)
+    assert "lacks the Python module torch" in missing.message
+    [late] = ps.verdict(needs(), None, "a\nb\n", 600)
+    assert "did not finish in 600 s" in late.message and late.message.endswith("a\nb")
+    cpu_build = ps.verdict(needs(gpu=1), 0, output_of(rank(0, False, 4096), rank(1, False, 4096)),
+                           600)
+    assert "torch sees no CUDA device on node 0, 1" in cpu_build[2].message
+
+
+def test_smoke_flow_keeps_the_backend_attributes():
+    batch = preflight.GangNeeds("train", "batch", 2, 1, 8, 1024, 1, options={
+        "queue": "gpu-q", "iam_role": "arn:role", "image": "img:1", "cpu": "8", "gpu": "1",
+        "host_volumes": None, "aws_batch_tags": {"a": "b"}})
+    assert ps.kept_attributes(batch) == {"queue": "gpu-q", "iam_role": "arn:role",
+                                         "image": "img:1", "cpu": "8", "gpu": "1"}
+    source = ps.flow_source(batch, 600)
+    compile(source, "smoke_flow.py", "exec")
+    assert "@batch(**{'queue': 'gpu-q'" in source
+    assert "@torch_distributed(nodes=2, nproc_per_node=1, rendezvous_timeout=300)" in source
+    k8s = kneeds(labels={pk.QUEUE_LABEL: "q"}, shared_memory=None)
+    assert "@kubernetes(**{'namespace': 'ml', 'labels': {'kueue.x-k8s.io/queue-name': 'q'}})" \
+        in ps.flow_source(k8s, 600)
+
+
+def test_smoke_announces_then_runs_and_keeps_a_failed_job_folder():
+    said, ran = [], []
+
+    def runner(argv, cwd, env, timeout_s, echo):
+        ran.append((argv[1:], timeout_s))
+        assert said and said[0].startswith("smoke: this RUNS one job: a gang of 2 nodes")
+        return 1, "No module named 'torch'\n"
+
+    found = ps.smoke(needs(queue="q"), said.append, 300, runner, environ={})
+    assert ran == [(ran[0][0], 300)] and ran[0][0][1:] == ["--no-pylint", "run"]
+    assert found[0].status == "FAILED"
+    assert "its flow is kept in" in said[-1]
+    folder = said[-1].rsplit(" ", 1)[-1]
+    assert os.path.isfile(folder + "/smoke_flow.py")
+    shutil.rmtree(folder)
+
+
+def test_run_preflight_smokes_only_steps_whose_checks_passed():
+    ours = SimpleNamespace(name="torch_distributed", active=True, topology=Topology(2, 1))
+    steps = [("good", [ours, deco("batch")]), ("bad", [ours, deco("batch")])]
+    smoked, lines = [], []
+
+    def backend(n, root):
+        if n.step == "bad":
+            return [preflight.failed(n.step, "capacity", "too small", "fix")]
+        return [preflight.passed(n.step, "capacity", "fine")]
+
+    def smoke(n):
+        smoked.append(n.step)
+        return [preflight.failed(n.step, "smoke", "no torch", "install it")]
+
+    with pytest.raises(TorchDistributedPreflightFailed) as raised:
+        run_preflight(steps, "", lines.append, {"batch": backend}, smoke)
+    assert smoked == ["good"]
+    assert "smoke: not run for step bad: fix the failed checks first" in lines
+    assert "2 checks failed" in str(raised.value)

@@ -122,8 +122,8 @@ def check_image(needs, backend):
     return [unknown(
         needs.step, "image", "image %s: whether it has torch (a CUDA build for GPUs) and what "
         "the flow imports is known only by running it" % (needs.image or "(Metaflow's default)"),
-        "build it as docs/images.md says, then run one small gang on it with "
-        "`python flow.py --with %s run` before a long one" % backend)]
+        "python flow.py --with %s torch-distributed preflight --smoke (runs one small job on "
+        "it); docs/images.md says what it needs" % backend)]
 
 
 # -- the report ----------------------------------------------------------------------------

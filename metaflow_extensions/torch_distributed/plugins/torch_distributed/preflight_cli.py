@@ -7,7 +7,7 @@ runs, the top-level --with included), so each gang step's topology and its @batc
 non-zero when a check fails.
 """
 
-from . import internals, preflight, preflight_batch
+from . import internals, preflight, preflight_batch, preflight_smoke
 from .errors import TorchDistributedPreflightFailed
 
 click = internals.cli_click()
@@ -43,15 +43,17 @@ BACKEND_NAMES = {"batch": "AWS Batch", "kubernetes": "Kubernetes"}
 BACKENDS = {"batch": batch_findings, "kubernetes": kubernetes_findings}
 
 
-def run_preflight(steps, datastore_root, echo, backends=None):
-    """Every finding of the flow's gang steps, echoed as a report; raises when one failed."""
+def run_preflight(steps, datastore_root, echo, backends=None, smoke=None):
+    """Every finding of the flow's gang steps, echoed as a report; raises when one failed.
+    `smoke(needs)`, when given, runs the smoke job of each gang step whose checks all passed
+    and returns its findings."""
     backends = BACKENDS if backends is None else backends
     gangs = gang_steps(steps)
     if not gangs:
         raise TorchDistributedPreflightFailed(
             [], "the flow has no step decorated with @torch_distributed, so there is nothing "
             "to check. Decorate the step that trains, or run the preflight of another flow.")
-    findings = []
+    findings, checked = [], []
     for name, topology, decorators in gangs:
         needs = preflight.step_needs(name, topology, decorators)
         echo("checking step %s: a gang of %s on %s" % (
@@ -59,8 +61,18 @@ def run_preflight(steps, datastore_root, echo, backends=None):
         findings += preflight.check_backend(needs)
         if needs.backend:
             findings += backends[needs.backend](needs, datastore_root)
+            checked.append(needs)
     for line in preflight.report_lines(findings):
         echo(line)
+    if smoke is not None:
+        for needs in checked:
+            if preflight.failures([f for f in findings if f.step == needs.step]):
+                echo("smoke: not run for step %s: fix the failed checks first" % needs.step)
+                continue
+            ran = smoke(needs)
+            for line in preflight.report_lines(ran):
+                echo(line)
+            findings += ran
     failing = preflight.failures(findings)
     if failing:
         raise TorchDistributedPreflightFailed(sorted({f.step for f in failing}), "%d check%s "
@@ -84,8 +96,18 @@ def torch_distributed():
 @torch_distributed.command(name="preflight", help="Check, without changing anything, that the infrastructure "
                                 "each gang step runs on (--with batch or --with kubernetes) "
                                 "can run it: exits non-zero when a check fails.")
+@click.option("--smoke", is_flag=True, default=False,
+              help="Then RUN one small job per gang step (2 nodes, its queue or namespace and "
+                   "image): torch, CUDA, NCCL and /dev/shm on every node, one all-reduce.")
+@click.option("--smoke-timeout", default=preflight_smoke.DEFAULT_TIMEOUT_S, show_default=True,
+              type=int, help="Seconds the smoke job may take, waiting for instances included.")
 @click.pass_obj
-def preflight_command(obj):
+def preflight_command(obj, smoke, smoke_timeout):
     steps, _, root = internals.cli_flow_steps(obj)
-    run_preflight(steps, root, lambda line: click.echo(line))
+
+    def echo(line):
+        click.echo(line)
+
+    run_preflight(steps, root, echo, smoke=(
+        lambda needs: preflight_smoke.smoke(needs, echo, smoke_timeout)) if smoke else None)
 
