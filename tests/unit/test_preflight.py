@@ -418,3 +418,24 @@ def test_run_preflight_smokes_only_steps_whose_checks_passed():
     assert smoked == ["good"]
     assert "smoke: not run for step bad: fix the failed checks first" in lines
     assert "2 checks failed" in str(raised.value)
+
+
+def test_unreachable_apis_fail_the_preflight_with_the_setting_to_fix():
+    from botocore.exceptions import NoCredentialsError
+    from kubernetes import client as kube_client
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight_cli import (
+        batch_findings, kubernetes_findings)
+
+    def no_credentials(service):
+        raise NoCredentialsError()
+
+    with pytest.raises(TorchDistributedPreflightFailed, match="AWS could not be reached "
+                       r"\(NoCredentialsError: Unable to locate credentials\)"):
+        batch_findings(needs(), "s3://b", no_credentials)
+    configuration = kube_client.Configuration()
+    configuration.host = "http://127.0.0.1:9"  # the discard port: nothing listens
+    configuration.retries = False
+    with pytest.raises(TorchDistributedPreflightFailed, match="the Kubernetes API could not be "
+                       "reached"):
+        kubernetes_findings(kneeds(), "", kube_client, kube_client.ApiClient(configuration))

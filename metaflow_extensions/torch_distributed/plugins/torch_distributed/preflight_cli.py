@@ -7,7 +7,7 @@ runs, the top-level --with included), so each gang step's topology and its @batc
 non-zero when a check fails.
 """
 
-from . import internals, preflight, preflight_batch, preflight_smoke
+from . import internals, preflight, preflight_batch, preflight_kubernetes, preflight_smoke
 from .errors import TorchDistributedPreflightFailed
 
 click = internals.cli_click()
@@ -24,19 +24,39 @@ def gang_steps(steps):
 
 
 def batch_findings(needs, datastore_root, clients=internals.aws_client):
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
-    facts = preflight_batch.gather(needs, clients, datastore_root, ClientError)
+    try:
+        facts = preflight_batch.gather(needs, clients, datastore_root, ClientError)
+    except BotoCoreError as ex:  # no credentials, no region, no connection: nothing was read
+        raise TorchDistributedPreflightFailed([needs.step], "AWS could not be reached (%s: "
+                                              "%s). Give this shell the credentials and region "
+                                              "`run --with batch` uses (aws configure, "
+                                              "AWS_PROFILE, AWS_DEFAULT_REGION)."
+                                              % (type(ex).__name__, ex)) from ex
     return preflight_batch.check(needs, facts)
 
 
 def kubernetes_findings(needs, datastore_root, client=None, api=None):
-    from . import preflight_kubernetes
+    from urllib3.exceptions import HTTPError
 
-    client = internals.kubernetes_client() if client is None else client
-    facts = preflight_kubernetes.gather(needs, client, client.ApiClient() if api is None else api,
-                                        client.ApiException)
+    try:
+        client = internals.kubernetes_client() if client is None else client
+        facts = preflight_kubernetes.gather(
+            needs, client, client.ApiClient() if api is None else api, client.ApiException)
+    except (HTTPError, OSError, _config_error()) as ex:  # no kubeconfig, no connection
+        raise TorchDistributedPreflightFailed([needs.step], "the Kubernetes API could not be "
+                                              "reached (%s: %s). Point KUBECONFIG (or "
+                                              "~/.kube/config) at the cluster `run --with "
+                                              "kubernetes` uses; `kubectl get ns` must work."
+                                              % (type(ex).__name__, ex)) from ex
     return preflight_kubernetes.check(needs, facts)
+
+
+def _config_error():
+    from kubernetes.config import ConfigException
+
+    return ConfigException
 
 
 BACKEND_NAMES = {"batch": "AWS Batch", "kubernetes": "Kubernetes"}
