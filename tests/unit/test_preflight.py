@@ -439,3 +439,39 @@ def test_unreachable_apis_fail_the_preflight_with_the_setting_to_fix():
     with pytest.raises(TorchDistributedPreflightFailed, match="the Kubernetes API could not be "
                        "reached"):
         kubernetes_findings(kneeds(), "", kube_client, kube_client.ApiClient(configuration))
+
+
+class Refused(Exception):
+    def __init__(self, code):
+        super().__init__(code)
+        self.response = {"Error": {"Code": code, "Message": "not for you"}}
+
+
+class FakeBatch:
+    """describe_job_queues answers; describe_compute_environments is refused."""
+
+    def describe_job_queues(self, jobQueues):
+        return {"jobQueues": [{"jobQueueName": "q", "state": "ENABLED", "status": "VALID",
+                               "computeEnvironmentOrder": [{"order": 1,
+                                                            "computeEnvironment": "arn:ce"}]}]}
+
+    def describe_compute_environments(self, computeEnvironments):
+        raise Refused("AccessDeniedException")
+
+
+class FakeIam:
+    def get_role(self, RoleName):
+        raise Refused("NoSuchEntity")
+
+
+def test_gather_records_refusals_and_check_reports_them_as_unknown():
+    clients = {"batch": FakeBatch(), "iam": FakeIam()}
+    facts = pb.gather(needs(), clients.__getitem__, "s3://b", Refused)
+    assert facts.refused == {"environments": "AccessDeniedException: not for you"}
+    assert facts.role is None  # NoSuchEntity is an answer: the role does not exist
+    found = {f.check: f for f in pb.check(needs(), facts)}
+    assert found["job queue"].status == "ok"
+    assert found["compute environment"].status == "unknown"
+    assert "could not be read (AccessDeniedException: not for you)" in \
+        found["compute environment"].message
+    assert found["IAM role"].status == "FAILED" and "does not exist" in found["IAM role"].message

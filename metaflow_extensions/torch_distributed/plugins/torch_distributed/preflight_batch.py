@@ -40,7 +40,12 @@ class BatchFacts:
 def check(needs, facts):
     """Every finding for a gang step (`needs`, a GangNeeds) from what the APIs said."""
     findings = check_queue(needs, facts)
-    if facts.queue is not None:
+    if facts.queue is not None and "environments" in facts.refused:
+        findings.append(unknown(needs.step, "compute environment", "the compute environments "
+                                "of queue %s could not be read (%s)" % (
+                                    needs.options.get("queue"), facts.refused["environments"]),
+                                "aws batch describe-compute-environments"))
+    elif facts.queue is not None:
         findings += check_environments(needs, facts.environments)
         findings += check_security_groups(needs, facts)
         findings += check_instance_types(needs, facts)
@@ -383,8 +388,9 @@ def gather(needs, clients, datastore_root, client_error):
     if facts.queue is not None:
         arns = [e["computeEnvironment"] for e in sorted(
             facts.queue.get("computeEnvironmentOrder", []), key=lambda e: e["order"])]
-        facts.environments = ask("queue", lambda: clients("batch").describe_compute_environments(
-            computeEnvironments=arns)["computeEnvironments"]) or []
+        facts.environments = ask("environments", lambda: clients(
+            "batch").describe_compute_environments(
+                computeEnvironments=arns)["computeEnvironments"]) or []
         groups = sorted({g for e in facts.environments
                          for g in _resources(e).get("securityGroupIds", [])})
         if groups and needs.nodes > 1:
