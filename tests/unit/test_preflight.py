@@ -475,3 +475,10 @@ def test_gather_records_refusals_and_check_reports_them_as_unknown():
     assert "could not be read (AccessDeniedException: not for you)" in \
         found["compute environment"].message
     assert found["IAM role"].status == "FAILED" and "does not exist" in found["IAM role"].message
+
+
+def test_a_one_node_gang_is_smoked_on_one_node():
+    source = ps.flow_source(needs(nodes=1), 600)
+    assert "@torch_distributed(nodes=1, nproc_per_node=1" in source
+    assert ps.announcement(needs(nodes=1), 600).startswith("smoke: this RUNS one job: a gang "
+                                                           "of 1 node x")

@@ -133,7 +133,8 @@ def check_access(needs, facts):
         resources = sorted({_resource_name(group, resource) for _, group, resource in denied})
         fix = ("kubectl create role metaflow-gang -n %s --verb=%s --resource=%s, then "
                "kubectl create rolebinding metaflow-gang -n %s --role=metaflow-gang "
-               "--user=<your user> (check with `kubectl auth can-i %s %s -n %s`)"
+               "--user=\"$(kubectl auth whoami -o jsonpath='{.status.userInfo.username}')\" "
+               "(check with `kubectl auth can-i %s %s -n %s`)"
                % (namespace, ",".join(verbs), ",".join(resources), namespace, denied[0][0],
                   _resource_name(denied[0][1], denied[0][2]), namespace))
         return [failed(needs.step, "RBAC", "in namespace %s you may not %s"

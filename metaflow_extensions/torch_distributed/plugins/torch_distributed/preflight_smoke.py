@@ -2,7 +2,8 @@
 namespace) and image, which is what the preflight cannot learn by reading APIs.
 
 A flow of three steps is written to a temporary folder: its gang step carries the gang step's
-@batch (or @kubernetes) attributes and @torch_distributed(nodes=2, nproc_per_node=1). Every
+@batch (or @kubernetes) attributes and @torch_distributed(nodes=2, nproc_per_node=1) (one node
+for a one-node gang, which needs no second machine and may run where multi-node jobs cannot). Every
 rank imports torch, reports CUDA and NCCL availability and the size of /dev/shm, forms a
 process group across the two nodes (NCCL on GPUs, else gloo) and all-reduces once; rank 0
 prints what every rank reported as one line the preflight reads from the run's output. The run
@@ -24,6 +25,11 @@ from .preflight import FAILED, failed, passed
 from .kubernetes import MIN_SHARED_MEMORY_MIB
 
 NODES = 2
+
+
+def smoke_nodes(needs):
+    return NODES if needs.nodes > 1 else 1
+
 REPORT_MARK = "TORCH_DISTRIBUTED_SMOKE "
 DEFAULT_TIMEOUT_S = 1200
 # Seconds Metaflow gets after SIGTERM to stop its remote job (its atexit hook) before SIGKILL.
@@ -93,7 +99,7 @@ def kept_attributes(needs):
 
 def flow_source(needs, timeout_s):
     """The smoke flow's source for the gang step of `needs`."""
-    return _FLOW % {"backend": needs.backend, "name": FLOW_NAME, "nodes": NODES,
+    return _FLOW % {"backend": needs.backend, "name": FLOW_NAME, "nodes": smoke_nodes(needs),
                     "attributes": repr(kept_attributes(needs)),
                     "rendezvous": max(60, timeout_s // 2), "mark": REPORT_MARK}
 
@@ -101,8 +107,10 @@ def flow_source(needs, timeout_s):
 def announcement(needs, timeout_s):
     where = ("AWS Batch queue %s" % needs.options.get("queue") if needs.backend == "batch"
              else "Kubernetes namespace %s" % (needs.options.get("namespace") or "default"))
-    return ("smoke: this RUNS one job: a gang of %d nodes x (%s) on %s with image %s, for up to "
-            "%d s (Ctrl-C stops it and its job)" % (NODES, needs.per_node(), where,
+    nodes = smoke_nodes(needs)
+    return ("smoke: this RUNS one job: a gang of %d node%s x (%s) on %s with image %s, for up "
+            "to %d s (Ctrl-C stops it and its job)" % (nodes, "s" if nodes > 1 else "",
+                                                       needs.per_node(), where,
                                                     needs.image or "(Metaflow's default)",
                                                     timeout_s))
 
@@ -175,7 +183,8 @@ def verdict(needs, returncode, output, timeout_s):
                                "report it with the smoke job's log"))
     else:
         findings.append(passed(step, "smoke", "a process group formed across %d nodes and "
-                               "all-reduced once (%d ranks)" % (NODES, report["world_size"])))
+                               "all-reduced once (%d ranks)" % (len({i["node"] for i in ranks}),
+                                                                report["world_size"])))
     return findings
 
 
