@@ -482,3 +482,15 @@ def test_a_one_node_gang_is_smoked_on_one_node():
     assert "@torch_distributed(nodes=1, nproc_per_node=1" in source
     assert ps.announcement(needs(nodes=1), 600).startswith("smoke: this RUNS one job: a gang "
                                                            "of 1 node x")
+
+
+@pytest.mark.parametrize("max_vcpus, expected, says", [
+    (192, "ok", "(2 nodes x g5.24xlarge of 96 vCPUs)"),
+    (100, "FAILED", "the gang needs 192 vCPUs at once (2 nodes x g5.24xlarge of 96 vCPUs)"),
+])
+def test_capacity_counts_whole_instances_where_their_types_are_known(max_vcpus, expected, says):
+    types = [itype("g5.24xlarge", 96, 393216, 4), itype("g5.48xlarge", 192, 786432, 8),
+             itype("g5.xlarge", 4, 16384, 1)]
+    [found] = pb.check_environments(needs(2, cpu=8, gpu=4), [env(max_vcpus=max_vcpus,
+                                                                 types=["g5"])], types)
+    assert found.status == expected and says in found.message, found

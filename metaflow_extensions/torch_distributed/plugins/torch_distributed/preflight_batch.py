@@ -46,7 +46,7 @@ def check(needs, facts):
                                     needs.options.get("queue"), facts.refused["environments"]),
                                 "aws batch describe-compute-environments"))
     elif facts.queue is not None:
-        findings += check_environments(needs, facts.environments)
+        findings += check_environments(needs, facts.environments, facts.instance_types)
         findings += check_security_groups(needs, facts)
         findings += check_instance_types(needs, facts)
     findings += check_role(needs, facts)
@@ -86,9 +86,11 @@ def _resources(environment):
     return environment.get("computeResources") or {}
 
 
-def check_environments(needs, environments):
+def check_environments(needs, environments, instance_types=None):
     """Each compute environment of the queue: usable, EC2 for a multi-node gang, and one of
-    them large enough for all the gang's nodes at once."""
+    them large enough for all the gang's nodes at once. Each node takes a whole instance, so
+    where the instance types are known a node counts the vCPUs of the smallest that holds it
+    (`instance_types`: DescribeInstanceTypes entries)."""
     findings = []
     for env in environments:
         name = env["computeEnvironmentName"]
@@ -118,7 +120,11 @@ def check_environments(needs, environments):
             "instances are yours, so their size is not known here",
             "make sure %d instances with %s each can join the cluster"
             % (needs.nodes, needs.per_node()))]
-    wanted = needs.nodes * needs.cpu
+    fitting = sorted((_vcpus(t), t["InstanceType"]) for t in instance_types or []
+                     if _holds(t, needs))
+    per_node, shape = ((fitting[0][0], "%d nodes x %s of %d vCPUs" % (
+        needs.nodes, fitting[0][1], fitting[0][0])) if fitting else (needs.cpu, needs.describe()))
+    wanted = needs.nodes * per_node
     biggest = max(managed, key=lambda e: _resources(e).get("maxvCpus", 0))
     most = _resources(biggest).get("maxvCpus", 0)
     if most < wanted:
@@ -126,14 +132,14 @@ def check_environments(needs, environments):
             needs.step, "capacity",
             "the gang needs %g vCPUs at once (%s) but the largest compute environment of "
             "queue %s, %s, allows at most %d: the job would stay RUNNABLE"
-            % (wanted, needs.describe(), needs.options.get("queue"),
+            % (wanted, shape, needs.options.get("queue"),
                biggest["computeEnvironmentName"], most),
             "aws batch update-compute-environment --compute-environment %s "
             "--compute-resources maxvCpus=%d" % (biggest["computeEnvironmentName"],
                                                  _round_up(wanted)))]
     return findings + [passed(needs.step, "capacity", "compute environment %s allows %d vCPUs, "
                               "the gang needs %g (%s)" % (biggest["computeEnvironmentName"],
-                                                          most, wanted, needs.describe()))]
+                                                          most, wanted, shape))]
 
 
 def _round_up(value):
@@ -202,8 +208,12 @@ def _gpus(instance_type):
     return sum(g.get("Count", 0) for g in (instance_type.get("GpuInfo") or {}).get("Gpus", []))
 
 
+def _vcpus(instance_type):
+    return instance_type.get("VCpuInfo", {}).get("DefaultVCpus", 0)
+
+
 def _holds(instance_type, needs):
-    vcpus = instance_type.get("VCpuInfo", {}).get("DefaultVCpus", 0)
+    vcpus = _vcpus(instance_type)
     memory = instance_type.get("MemoryInfo", {}).get("SizeInMiB", 0)
     return vcpus >= needs.cpu and memory >= needs.memory and _gpus(instance_type) >= needs.gpu
 
