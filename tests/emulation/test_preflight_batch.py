@@ -80,11 +80,14 @@ def account(aws):
                    _role(iam, "gang-no-s3", TRUST), aws)
 
 
-def findings(account, queue=None, role=None, nodes=2, cpu=2, gpu=0, shared_memory=None):
+def findings(account, queue=None, role=None, nodes=2, cpu=2, gpu=0, shared_memory=None,
+             image=""):
     needs = preflight.GangNeeds("train", "batch", nodes, 1, cpu, 1024, gpu, shared_memory,
-                                options={"queue": queue or account.ok_queue,
-                                         "iam_role": role or account.role})
-    return {f.check: f for f in batch_findings(needs, ROOT, account.aws.client)}
+                                image=image, options={"queue": queue or account.ok_queue,
+                                                      "iam_role": role or account.role})
+    # moto serves every region at one endpoint: the region of an ECR image needs no client
+    return {f.check: f for f in batch_findings(
+        needs, ROOT, lambda service, region=None: account.aws.client(service))}
 
 
 def test_a_queue_that_can_run_the_gang_passes_every_check(account):
@@ -163,6 +166,27 @@ def test_a_role_without_access_to_the_datastore(account):
     assert found.status == "FAILED"
     assert "s3:GetObject, s3:PutObject, s3:ListBucket" in found.message
     assert "put-role-policy --role-name gang-no-s3" in found.fix
+
+
+ECR = "123456789012.dkr.ecr.us-east-1.amazonaws.com/"
+MANIFEST = json.dumps({"schemaVersion": 2, "mediaType":
+                       "application/vnd.docker.distribution.manifest.v2+json",
+                       "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                                  "size": 7023, "digest": "sha256:" + "a" * 64},
+                       "layers": []})
+
+
+def test_an_image_in_ecr_is_looked_up(account):
+    ecr = account.aws.client("ecr")
+    ecr.create_repository(repositoryName="trainer")
+    ecr.put_image(repositoryName="trainer", imageManifest=MANIFEST, imageTag="v1")
+    assert findings(account, image=ECR + "trainer:v1")["image in ECR"].status == "ok"
+    missing_tag = findings(account, image=ECR + "trainer:v2")["image in ECR"]
+    assert missing_tag.status == "FAILED" and "CannotPullContainerError" in missing_tag.message
+    assert missing_tag.fix.startswith("push it (docker push %strainer:v2" % ECR)
+    no_repo = findings(account, image=ECR + "nothing")["image in ECR"]
+    assert no_repo.status == "FAILED" and "(repository nothing, latest)" in no_repo.message
+    assert "image in ECR" not in findings(account, image="python:3.11")
 
 
 def test_a_role_that_does_not_exist(account):

@@ -614,8 +614,9 @@ def test_cli_object_graph_and_datastore(tmp_path):
 def test_get_aws_client():
     from metaflow.plugins.aws import aws_client
 
-    require(params_of(aws_client.get_aws_client)[0] == "module", "aws_client.get_aws_client",
-            "it takes the service's name first")
+    require(params_of(aws_client.get_aws_client)[0] == "module" and "client_params" in
+            params_of(aws_client.get_aws_client), "aws_client.get_aws_client",
+            "it takes the service's name first, and client_params (region_name)")
     require("DEFAULT_AWS_CLIENT_PROVIDER" in source_of(aws_client.get_aws_client),
             "aws_client.get_aws_client", "it uses Metaflow's configured client provider")
 

@@ -494,3 +494,43 @@ def test_capacity_counts_whole_instances_where_their_types_are_known(max_vcpus, 
     [found] = pb.check_environments(needs(2, cpu=8, gpu=4), [env(max_vcpus=max_vcpus,
                                                                  types=["g5"])], types)
     assert found.status == expected and says in found.message, found
+
+
+@pytest.mark.parametrize("image, found, refused, expected", [
+    ("123456789012.dkr.ecr.eu-west-1.amazonaws.com/team/trainer:v1", {"imageSizeInBytes": 2 ** 30},
+     {}, [("image in ECR", "ok")]),
+    ("123456789012.dkr.ecr.eu-west-1.amazonaws.com/trainer", None, {}, [("image in ECR",
+                                                                         "FAILED")]),
+    ("123456789012.dkr.ecr.eu-west-1.amazonaws.com/trainer@sha256:" + "0" * 64, None,
+     {"image": "AccessDeniedException: no"}, [("image in ECR", "unknown")]),
+    ("python:3.11", None, {}, []),
+    ("ghcr.io/org/trainer:v1", None, {}, []),
+])
+def test_ecr_image(image, found, refused, expected):
+    batch = preflight.GangNeeds("train", "batch", 2, 1, 1, 1024, 0, image=image)
+    result = pb.check_ecr_image(batch, pb.BatchFacts(image=found, refused=refused))
+    assert statuses(result) == expected, result
+
+
+def test_ecr_image_is_looked_up_in_its_region_by_tag_or_digest():
+    asked = []
+
+    class Ecr:
+        def describe_images(self, **request):
+            asked.append(request)
+            return {"imageDetails": [{"imageSizeInBytes": 5 * 2 ** 20}]}
+
+    def clients(service, region=None):
+        assert (service, region) == ("ecr", "eu-west-1")
+        return Ecr()
+
+    for image in ("123456789012.dkr.ecr.eu-west-1.amazonaws.com/team/trainer:v1",
+                  "123456789012.dkr.ecr.eu-west-1.amazonaws.com/trainer@sha256:" + "0" * 64):
+        facts = pb.gather(preflight.GangNeeds("train", "batch", 2, 1, 1, 1024, 0, image=image),
+                          clients, "", Refused)
+        assert facts.image == {"imageSizeInBytes": 5 * 2 ** 20}
+    assert asked == [
+        {"registryId": "123456789012", "repositoryName": "team/trainer",
+         "imageIds": [{"imageTag": "v1"}]},
+        {"registryId": "123456789012", "repositoryName": "trainer",
+         "imageIds": [{"imageDigest": "sha256:" + "0" * 64}]}]

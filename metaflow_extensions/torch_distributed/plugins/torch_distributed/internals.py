@@ -457,13 +457,14 @@ def cli_flow_steps(obj):
     return steps, obj.flow_datastore.TYPE, obj.flow_datastore.datastore_root
 
 
-def aws_client(service):
-    """A boto3 client for `service` with the credentials Metaflow's own AWS calls use. Why:
-    get_aws_client (plugins/aws/aws_client.py) applies METAFLOW_DEFAULT_AWS_CLIENT_PROVIDER and
-    Metaflow's client settings, which a plain boto3.client would not."""
+def aws_client(service, region=None):
+    """A boto3 client for `service` (in `region`, else the configured one) with the
+    credentials Metaflow's own AWS calls use. Why: get_aws_client (plugins/aws/aws_client.py)
+    applies METAFLOW_DEFAULT_AWS_CLIENT_PROVIDER and Metaflow's client settings, which a plain
+    boto3.client would not."""
     from metaflow.plugins.aws.aws_client import get_aws_client
 
-    return get_aws_client(service)
+    return get_aws_client(service, client_params={"region_name": region} if region else None)
 
 
 def kubernetes_client():

@@ -7,6 +7,7 @@ instance types and the job's IAM role, for each gang step (preflight.py).
 
 import fnmatch
 import json
+import re
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
@@ -16,6 +17,10 @@ FARGATE = ("FARGATE", "FARGATE_SPOT")
 # instanceTypes keywords that let Batch choose: C, M and R families, none with a GPU.
 CHOSEN_BY_BATCH = ("optimal", "default_x86_64", "default_arm64")
 ECS_TASKS = "ecs-tasks.amazonaws.com"
+# An image in Amazon ECR: account, region, repository, tag, digest.
+ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/"
+                       r"([^:@]+)(?::([^@]+))?(?:@(sha256:[0-9a-f]{64}))?$")
+ECR_MISSING = ("ImageNotFoundException", "RepositoryNotFoundException")
 # What a task does with the S3 datastore (Metaflow's datastore reads, writes and lists).
 DATASTORE_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:ListBucket")
 
@@ -29,6 +34,7 @@ class BatchFacts:
     environments: list = field(default_factory=list)
     security_groups: list = field(default_factory=list)
     instance_types: list = None  # DescribeInstanceTypes entries of the environments' types
+    image: dict = None  # ECR's DescribeImages imageDetails entry of the step's image
     role: dict = None  # GetRole's Role
     policies: list = None  # policy documents (dicts) attached to or inline in the role
     datastore_root: str = ""
@@ -51,8 +57,37 @@ def check(needs, facts):
         findings += check_instance_types(needs, facts)
     findings += check_role(needs, facts)
     findings += check_shared_memory(needs, "batch")
+    findings += check_ecr_image(needs, facts)
     findings += check_image(needs, "batch")
     return findings
+
+
+def check_ecr_image(needs, facts):
+    """An image in Amazon ECR can be looked up without running it: it must exist, or every
+    node fails with CannotPullContainerError."""
+    place = ECR_IMAGE.match(needs.image or "")
+    if place is None:
+        return []
+    account, region, repository, tag, digest = place.groups()
+    wanted = digest or tag or "latest"
+    if "image" in facts.refused:
+        return [unknown(needs.step, "image in ECR", "image %s could not be looked up (%s)"
+                        % (needs.image, facts.refused["image"]),
+                        "aws ecr describe-images --registry-id %s --region %s --repository-name "
+                        "%s --image-ids %s=%s" % (account, region, repository,
+                                                  "imageDigest" if digest else "imageTag",
+                                                  wanted))]
+    if facts.image is None:
+        return [failed(needs.step, "image in ECR", "image %s is not in ECR (repository %s, %s): "
+                       "every node would fail with CannotPullContainerError"
+                       % (needs.image, repository, wanted),
+                       "push it (docker push %s, after `aws ecr get-login-password --region %s "
+                       "| docker login --username AWS --password-stdin %s.dkr.ecr.%s."
+                       "amazonaws.com`), or name an existing image in @batch(image=...) or "
+                       "METAFLOW_BATCH_CONTAINER_IMAGE" % (needs.image, region, account, region))]
+    size = facts.image.get("imageSizeInBytes")
+    return [passed(needs.step, "image in ECR", "image %s exists in ECR%s" % (
+        needs.image, " (%d MiB compressed)" % (size // 2 ** 20) if size else ""))]
 
 
 def check_queue(needs, facts):
@@ -410,10 +445,26 @@ def gather(needs, clients, datastore_root, client_error):
         if patterns:
             facts.instance_types = ask("instance_types", lambda: _instance_types(
                 clients("ec2"), patterns))
+    place = ECR_IMAGE.match(needs.image or "")
+    if place is not None:
+        facts.image = _ecr_image(clients, place.groups(), client_error, facts)
     role_arn = needs.options.get("iam_role")
     if role_arn:
         _gather_role(facts, clients("iam"), role_arn.rsplit("/", 1)[-1], client_error, ask)
     return facts
+
+
+def _ecr_image(clients, place, client_error, facts):
+    account, region, repository, tag, digest = place
+    image = {"imageDigest": digest} if digest else {"imageTag": tag or "latest"}
+    try:
+        found = clients("ecr", region).describe_images(
+            registryId=account, repositoryName=repository, imageIds=[image])["imageDetails"]
+    except client_error as error:
+        if getattr(error, "response", {}).get("Error", {}).get("Code") not in ECR_MISSING:
+            facts.refused["image"] = _refusal(error)
+        return None
+    return found[0] if found else None
 
 
 def _instance_types(ec2, patterns):
