@@ -14,6 +14,8 @@ does not emulate):
     DELETE /api/v1/namespaces/{ns}/pods/{name}                              evict a pod
     GET    /api/v1/namespaces/{ns}/pods/{name}/exec                         refused (400): no
            websocket here, so Metaflow's kill falls back to deleting the JobSet
+    discovery, the JobSet CRD, SelfSubjectAccessReviews, Kueue LocalQueues, nodes, and RBAC
+    on the calls above: k8s_cluster.py
 
 Pods see the network a container would: `http_proxy` points here, so the instance metadata
 calls Metaflow's pods make (169.254.169.254) are answered 404 locally, and the cluster DNS
@@ -40,6 +42,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from .jobset_controller import GROUP, POD_IP, VERSION, InvalidJobSet, JobSetController, Pod
+from .k8s_cluster import ClusterApi, forbidden
 from .node_process import NodeProcess
 
 LOOPBACK = "127.0.0.1"
@@ -111,12 +114,16 @@ class KubernetesEmulator:
     poll_s : how often the controller advances JobSets and polls pod processes.
     queue_admission_s : queue JobSets that carry Kueue's queue label this long (see
         JobSetController).
+    cluster : the served API groups, RBAC, Kueue queues and nodes (k8s_cluster.py); by
+        default JobSet is installed, everything is allowed, and one node has no GPU.
     """
 
     def __init__(self, *, image_env: dict[str, str] | None = None,
                  hold_pods: Collection[tuple[str, int]] = (), workdir: Path | None = None,
                  stop_grace_s: float = 2.0, poll_s: float = 0.05,
-                 queue_admission_s: float | None = None) -> None:
+                 queue_admission_s: float | None = None,
+                 cluster: ClusterApi | None = None) -> None:
+        self.cluster = cluster if cluster is not None else ClusterApi()
         self._image_env = dict(image_env or {})
         self._owns_root = workdir is None
         self._root = Path(workdir) if workdir is not None else None
@@ -246,8 +253,17 @@ class KubernetesEmulator:
         parts = urlsplit(url)
         path, query = parts.path.rstrip("/"), parse_qs(parts.query)
         self.requests.append("%s %s" % (method, path))
+        found = self.cluster.answer(method, path, body)
+        if found is not None:
+            return found
         if path.startswith(_JOBSETS):
             rest = path[len(_JOBSETS):].split("/")
+            if not self.cluster.installed[GROUP]:
+                return 404, status_object(404, "NotFound",
+                                          "the server could not find the requested resource")
+            verb = {"POST": "create", "GET": "get", "DELETE": "delete"}.get(method, method)
+            if not self.cluster.allowed(verb, GROUP, "jobsets"):
+                return forbidden(verb, GROUP, "jobsets", rest[0])
             if len(rest) == 2 and rest[1] == "jobsets" and method == "POST":
                 return self._create(rest[0], json.loads(body or b"{}"))
             if len(rest) == 3 and rest[1] == "jobsets" and method in ("GET", "DELETE"):
@@ -264,6 +280,8 @@ class KubernetesEmulator:
         if path.startswith(_PODS):
             rest = path[len(_PODS):].split("/")
             if len(rest) == 2 and rest[1] == "pods" and method == "GET":
+                if not self.cluster.allowed("list", "", "pods"):
+                    return forbidden("list", "", "pods", rest[0])
                 selector = dict(term.split("=", 1) for term in
                                 ",".join(query.get("labelSelector", [])).split(",") if term)
                 return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {},

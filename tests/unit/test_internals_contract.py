@@ -595,6 +595,67 @@ def test_the_jobset_exposes_control_and_worker_specs():
     assert spec._kwargs["environment_variables"] == {"A": "1"}
 
 
+# -- the preflight command -----------------------------------------------------------------------
+
+def test_plugin_cli_groups_of_the_vendored_click():
+    """Metaflow lazily loads an extension's CLIS_DESC groups and accepts only groups of its
+    vendored click; ours is listed under its name."""
+    from metaflow import plugins
+    from metaflow.cli_components.utils import LazyPluginCommandCollection
+
+    click = internals.cli_click()
+    require("isinstance(cmd_object, click.Group)" in source_of(
+        LazyPluginCommandCollection._lazy_load) and click.__name__ == "metaflow._vendor.click",
+        "cli_components.utils.LazyPluginCommandCollection",
+        "it accepts a plugin CLI that is a group of metaflow._vendor.click")
+    require("torch-distributed" in plugins.get_plugin_cli_path(), "plugins.get_plugin_cli_path",
+            "it lists the CLIS_DESC of extensions by name")
+
+
+def test_cli_object_graph_and_datastore(tmp_path):
+    """cli.py's start keeps the graph and the flow datastore on the context object, and
+    initialises the step decorators (step_init) for every command but run, resume and spin."""
+    from metaflow import cli
+    from metaflow.datastore.flow_datastore import FlowDataStore
+    from metaflow.graph import FlowGraph
+    from metaflow.plugins.datastores.local_storage import LocalStorage
+
+    start = source_of(cli.start.callback)
+    require("ctx.obj.graph = " in start and "ctx.obj.flow_datastore = " in start, "cli.start",
+            "it sets ctx.obj.graph and ctx.obj.flow_datastore")
+    require('not in ("run", "resume", "spin")' in start and "_init_step_decorators" in start,
+            "cli.start", "it runs step_init for commands other than run, resume and spin")
+    obj = types.SimpleNamespace(
+        graph=FlowGraph(ParallelFlow),
+        flow_datastore=FlowDataStore("ContractFlow", storage_impl=LocalStorage,
+                                     ds_root=str(tmp_path)))
+    steps, kind, root = internals.cli_flow_steps(obj)
+    require({name for name, _ in steps} == {"start", "train", "join", "end"} and all(
+        isinstance(decos, list) for _, decos in steps) and (kind, root) == ("local",
+                                                                            str(tmp_path)),
+        "FlowGraph iteration, DAGNode.decorators",
+        "iterating a graph gives its nodes, each with its name and decorators")
+
+
+def test_get_aws_client():
+    from metaflow.plugins.aws import aws_client
+
+    require(params_of(aws_client.get_aws_client)[0] == "module" and "client_params" in
+            params_of(aws_client.get_aws_client), "aws_client.get_aws_client",
+            "it takes the service's name first, and client_params (region_name)")
+    require("DEFAULT_AWS_CLIENT_PROVIDER" in source_of(aws_client.get_aws_client),
+            "aws_client.get_aws_client", "it uses Metaflow's configured client provider")
+
+
+def test_kubernetes_client_get():
+    from metaflow.plugins.kubernetes.kubernetes_client import KubernetesClient
+
+    require(params_of(KubernetesClient.__init__) == ["self"] and "return self._client"
+            in source_of(KubernetesClient.get) and "self._client = client"
+            in source_of(KubernetesClient._refresh_client), "KubernetesClient.get",
+            "KubernetesClient() loads the configuration and get() returns kubernetes.client")
+
+
 def test_every_internal_has_a_contract_test():
     """A function added to internals.py comes with its test here (named in CONTRACTS)."""
     functions = {name for name, f in vars(internals).items()
@@ -641,6 +702,10 @@ CONTRACTS = {
     "kubernetes_command": "test_kubernetes_command_has_the_signature_we_call",
     "jobset_pods": "test_the_jobset_exposes_control_and_worker_specs",
     "metaflow_version": "test_metaflow_version_get_version",
+    "cli_click": "test_plugin_cli_groups_of_the_vendored_click",
+    "cli_flow_steps": "test_cli_object_graph_and_datastore",
+    "aws_client": "test_get_aws_client",
+    "kubernetes_client": "test_kubernetes_client_get",
     "wrap_argo_workflow": "test_argo_workflows_compile_workflow_template",
     "argo_template_name": "test_argo_workflows_sanitize",
     "argo_step_words": "test_argo_workflows_step_command_words",

@@ -66,3 +66,16 @@ class TorchDistributedFrameworkError(TorchDistributedException):
     group, or the framework was configured with a shape that contradicts the gang's."""
 
     headline = "@torch_distributed: the ranks did not train as one gang"
+
+
+class TorchDistributedPreflightFailed(MetaflowException):
+    """`torch-distributed preflight` found what would stop a gang step on its backend (or
+    nothing to check); each failed check was printed with its fix."""
+
+    headline = "@torch_distributed preflight failed"
+
+    def __init__(self, steps, msg):
+        self.steps = list(steps)
+        where = "on step%s %s: " % ("" if len(steps) == 1 else "s",
+                                    ", ".join("*%s*" % s for s in steps)) if steps else ""
+        super().__init__("@torch_distributed preflight %s%s" % (where, msg))

@@ -497,6 +497,44 @@ def argo_with_task_id(command, task_id):
     return _ARGO_TASK_ID_EXPORT.sub(lambda _: "export METAFLOW_TASK_ID=%s" % task_id, command)
 
 
+# -- the preflight command (preflight_cli.py) ------------------------------------------------------
+
+def cli_click():
+    """The click module of Metaflow's CLI. Why: Metaflow merges the command groups of an
+    extension's CLIS_DESC into its own CLI only if they are built with its vendored click."""
+    from metaflow._vendor import click
+
+    return click
+
+
+def cli_flow_steps(obj):
+    """[(step name, its decorators)] of the flow a command of Metaflow's CLI runs for, and the
+    root of its datastore. `obj` is the CLI's click context object. Why: the CLI keeps the
+    flow's graph (decorators initialised by step_init, --with included) and its datastore only
+    on that object's undocumented attributes, and a graph node's decorators in `decorators`."""
+    steps = [(node.name, list(node.decorators)) for node in obj.graph]
+    return steps, obj.flow_datastore.TYPE, obj.flow_datastore.datastore_root
+
+
+def aws_client(service, region=None):
+    """A boto3 client for `service` (in `region`, else the configured one) with the
+    credentials Metaflow's own AWS calls use. Why: get_aws_client (plugins/aws/aws_client.py)
+    applies METAFLOW_DEFAULT_AWS_CLIENT_PROVIDER and Metaflow's client settings, which a plain
+    boto3.client would not."""
+    from metaflow.plugins.aws.aws_client import get_aws_client
+
+    return get_aws_client(service, client_params={"region_name": region} if region else None)
+
+
+def kubernetes_client():
+    """The `kubernetes.client` module, configured the way Metaflow's own Kubernetes calls are
+    (KUBECONFIG, in-cluster, or ~/.kube/config). Why: only Metaflow's KubernetesClient
+    (plugins/kubernetes/kubernetes_client.py) chooses that configuration."""
+    from metaflow.plugins.kubernetes.kubernetes_client import KubernetesClient
+
+    return KubernetesClient().get()
+
+
 # -- the installed release -----------------------------------------------------------------------
 
 def metaflow_version():
