@@ -90,3 +90,17 @@ def test_metaflow_installed_over_ob_metaflow_is_refused_with_the_fix(monkeypatch
     message = str(info.value)
     assert "metaflow 2.19.39 and ob-metaflow 2.19.39.1 both installed the metaflow package" in message
     assert "pip uninstall -y metaflow ob-metaflow" in message
+
+
+def test_the_docs_and_ci_name_the_tested_range():
+    """docs, versions.py, setup.py's extra and CI's other venvs (.ci/packages) agree."""
+    repo = Path(__file__).parents[2]
+    tested = versions.tested_range()
+    assert tested == ">=2.19.0,<2.20"
+    for page in ("README.md", "docs/index.md", "docs/scope.md", "docs/troubleshooting.md"):
+        assert "`%s`" % tested in (repo / page).read_text() or \
+            "Metaflow %s" % tested in (repo / page).read_text(), page
+    ci = (repo / ".ci" / "packages").read_text()
+    ob = re.search(r'OB_METAFLOW="ob-metaflow==([\d.]+)"', ci).group(1)
+    assert metaflow_version_supported(ob)
+    assert "oldest=" in ci and "metaflow>=" in ci  # the oldest is read from setup.py's extra
