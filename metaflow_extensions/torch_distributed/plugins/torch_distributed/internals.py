@@ -460,8 +460,8 @@ def metaflow_distributions():
     ("metaflow", "2.19.39") or ("ob-metaflow", "2.19.39.1"), both where both wrote the same
     files (pip installed metaflow over ob-metaflow), none where the package has no metadata (a
     code package on a remote node). Why: Outerbounds' ob-metaflow is the same module under
-    another distribution name, so version("metaflow") does not find it, and finds a metaflow
-    that is installed but not the one imported."""
+    another distribution name, so version("metaflow") does not find it; and where a code
+    package's metaflow is imported, version("metaflow") names the image's, not that one."""
     from importlib.metadata import PackageNotFoundError, distribution
 
     import metaflow
