@@ -1,19 +1,48 @@
 from setuptools import find_namespace_packages, setup
 
+# The release's version, here only: CHANGELOG.md's newest entry names it (tests/unit/
+# test_packaging.py) and the installed package reads it from its metadata.
+VERSION = "0.2.0"
+
+REPOSITORY = "https://github.com/metaflow-torch-distributed/metaflow-torch-distributed"
+
 setup(
     name="metaflow-torch-distributed",
-    version="0.1.0",
+    version=VERSION,
     description="@torch_distributed: gang-scheduled distributed PyTorch steps for Metaflow",
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
+    license_expression="Apache-2.0",
+    license_files=["LICENSE"],
+    project_urls={
+        "Documentation": REPOSITORY + "/blob/main/docs/index.md",
+        "Source": REPOSITORY,
+        "Changelog": REPOSITORY + "/blob/main/CHANGELOG.md",
+        "Issues": REPOSITORY + "/issues",
+    },
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.11",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: System :: Distributed Computing",
+    ],
     # The namespace itself is listed so that `pip install -e .` (setuptools' default editable
     # mode) maps metaflow_extensions to this folder, where Metaflow looks for extensions;
     # without it Metaflow finds none (docs/troubleshooting.md, "cannot import name").
     packages=find_namespace_packages(include=["metaflow_extensions", "metaflow_extensions.*"]),
-    python_requires=">=3.9",
-    # The tested range; versions.py refuses to run outside it (keep both in step).
-    install_requires=["metaflow>=2.19.0,<2.20"],
+    # torch 2.13 (what CI runs) needs 3.10; CI runs 3.11 (tests/unit/test_packaging.py).
+    python_requires=">=3.10",
+    # No dependency on Metaflow: it comes as `metaflow` or as Outerbounds' `ob-metaflow` (the
+    # same `metaflow` module), and pip would install one over the other. The team's own
+    # Metaflow is used; versions.py refuses one outside the tested range when a flow starts.
     extras_require={
+        # A fresh environment: pip install 'metaflow-torch-distributed[metaflow]'
+        # (the tested range; versions.py refuses to run outside it: keep both in step)
+        "metaflow": ["metaflow>=2.19.0,<2.20"],
         # torch is needed in task processes only; install the build that fits your machine.
         "torch": ["torch>=2.4"],
     },

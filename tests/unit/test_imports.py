@@ -1,5 +1,6 @@
 """The package's modules can be imported on their own, in a fresh interpreter."""
 
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,7 @@ def test_errors_can_be_imported_before_metaflow():
 
 
 def test_flows_run_the_installed_package_from_this_working_tree(tmp_path):
-    """What .ci/run installs (`pip install -e .`, setuptools' default editable mode) is found by
+    """What .ci/run installs (`pip install -e '.[metaflow]'`, setuptools' default editable mode) is found by
     Metaflow where flows run (outside the repository), and it is this working tree's code."""
     statement = (
         "import importlib.metadata, metaflow\n"
@@ -38,6 +39,7 @@ def test_flows_run_the_installed_package_from_this_working_tree(tmp_path):
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     version, path = proc.stdout.split()
-    assert version == "0.1.0"
+    assert version == re.search(r'^VERSION = "([^"]+)"', (REPO / "setup.py").read_text(),
+                                re.M).group(1)
     assert path == str(REPO / "metaflow_extensions" / "torch_distributed" / "plugins" /
                        "torch_distributed" / "decorator.py")

@@ -3,8 +3,10 @@
 Each test checks what internals.py relies on (a signature, an attribute, a constant, what a
 command accepts, what Metaflow's own code does with a value we set) against the installed
 Metaflow, and fails with "Metaflow X.Y.Z changed <symbol>: <what we rely on>". CI runs this file
-against the newest Metaflow of the supported range (the suite's venv) and the oldest (.ci/run),
-so it needs only metaflow, pytest and psutil (tests/conftest.py): no torch, no AWS.
+against the newest metaflow of the supported range (the suite's venv), the oldest, and the
+newest ob-metaflow, Outerbounds' distribution of the same module (.ci/packages), so it needs only
+metaflow, pytest and psutil (tests/conftest.py): no torch, no AWS. Where ob-metaflow differs in
+what we rely on, a test below says so (test_where_ob_metaflow_differs_...).
 """
 
 import inspect
@@ -14,7 +16,8 @@ import types
 import pytest
 
 import metaflow
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import internals, gangspec, spinstep
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import internals, gangspec, spinstep, \
+    versions
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.versions import \
     TESTED_METAFLOW, metaflow_version_supported
 
@@ -539,6 +542,19 @@ def test_metaflow_version_get_version():
 
     require(callable(get_version) and VERSION, "metaflow_version.get_version",
             "it names the installed release")
+    require(versions._parse(get_version()) == versions._parse(VERSION),
+            "metaflow_version.get_version", "on a node without package metadata it names the "
+            "release the metadata names here; got %r, metadata %r" % (get_version(), VERSION))
+
+
+def test_metaflow_distributions_name_what_installed_the_module():
+    """The suite's venv has metaflow, CI's other venvs metaflow 2.19.0 and ob-metaflow: each
+    has exactly one distribution whose files are the imported `metaflow` package."""
+    installed = internals.metaflow_distributions()
+    require(len(installed) == 1 and installed[0][0] in internals.METAFLOW_DISTRIBUTIONS,
+            "its distribution", "one of %s installed the imported metaflow package; got %r"
+            % (internals.METAFLOW_DISTRIBUTIONS, installed))
+    require(installed[0][1] == VERSION, "its distribution", "its version is the release's")
 
 
 def _kubernetes():
@@ -656,6 +672,27 @@ def test_kubernetes_client_get():
             "KubernetesClient() loads the configuration and get() returns kubernetes.client")
 
 
+def test_where_ob_metaflow_differs_kubernetes_and_argo_need_the_outerbounds_platform():
+    """Where ob-metaflow (2.19.39.1) differs from metaflow (2.19.39) in what internals.py
+    reaches: its Kubernetes.create_jobset and ArgoWorkflows.__init__ stop unless the Metaflow
+    configuration has OBP_PERIMETER and OBP_INTEGRATIONS_URL (written by `outerbounds
+    configure`), so with ob-metaflow `--with kubernetes` and `argo-workflows create` run on an
+    Outerbounds deployment only, and CI's Kubernetes and Argo emulations run against metaflow.
+    Its JobSets also name their replicated jobs `c` and `w` (metaflow: `control`, `worker`);
+    we reach them through KubernetesJobSet.control and .worker only (jobset_pods), never by
+    name. The rest of what we rely on is the same (this file passes against both)."""
+    argo_workflows = _argo()
+    Kubernetes, _, _ = _kubernetes()
+    ob = internals.metaflow_distributions()[0][0] == "ob-metaflow"
+    for where, function in (("Kubernetes.create_jobset", Kubernetes.create_jobset),
+                            ("ArgoWorkflows.__init__", argo_workflows.ArgoWorkflows.__init__)):
+        require(("OBP_PERIMETER" in source_of(function)) is ob, where,
+                "it needs the Outerbounds platform's configuration in ob-metaflow only")
+    for name in ("worker", "control"):
+        require("def %s(self)" % name in source_of(_kubernetes()[2]),
+                "KubernetesJobSet.%s" % name, "it is the handle on a replicated job, by role")
+
+
 def test_every_internal_has_a_contract_test():
     """A function added to internals.py comes with its test here (named in CONTRACTS)."""
     functions = {name for name, f in vars(internals).items()
@@ -706,6 +743,7 @@ CONTRACTS = {
     "cli_flow_steps": "test_cli_object_graph_and_datastore",
     "aws_client": "test_get_aws_client",
     "kubernetes_client": "test_kubernetes_client_get",
+    "metaflow_distributions": "test_metaflow_distributions_name_what_installed_the_module",
     "wrap_argo_workflow": "test_argo_workflows_compile_workflow_template",
     "argo_template_name": "test_argo_workflows_sanitize",
     "argo_step_words": "test_argo_workflows_step_command_words",

@@ -23,6 +23,9 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.versions im
     ("2.19", True),
     ("2.19.39.post1", True),
     ("2.19.39+netflix.7", True),
+    ("2.19.39+obcheckpoint(0.2.14)", True),  # get_version() with an extension installed
+    ("2.19.39.1", True),   # ob-metaflow: Metaflow 2.19.39 with Outerbounds' changes
+    ("2.18.13.1", False),
     ("2.18.9", False),
     ("2.18", False),
     ("2.20.0", False),
@@ -37,9 +40,9 @@ def test_metaflow_version_supported(version, supported):
     assert metaflow_version_supported(version) is supported
 
 
-def test_range_matches_install_requires():
+def test_range_matches_the_metaflow_extra():
     setup = (Path(__file__).parents[2] / "setup.py").read_text()
-    low, high = re.search(r'"metaflow>=([\d.]+),<([\d.]+)"', setup).groups()
+    low, high = re.search(r'"metaflow": \["metaflow>=([\d.]+),<([\d.]+)"\]', setup).groups()
     assert versions.TESTED_METAFLOW[0] == versions._parse(low)
     assert versions.TESTED_METAFLOW[1] == versions._parse(high)
 
@@ -48,13 +51,56 @@ def test_installed_metaflow_passes():
     check_metaflow_version("train")
 
 
-def test_an_untested_metaflow_is_refused_with_the_fix(monkeypatch):
-    import importlib.metadata
+def test_setup_py_does_not_install_a_metaflow():
+    """ob-metaflow provides the same module: a dependency on metaflow would install it over
+    ob-metaflow's files. Only the `metaflow` extra asks for it."""
+    setup = (Path(__file__).parents[2] / "setup.py").read_text()
+    assert "install_requires" not in setup
+    assert setup.count('"metaflow>=') == 1
 
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.21.3")
+
+@pytest.mark.parametrize("installed,fix", [
+    ([("metaflow", "2.21.3")], "pip install 'metaflow>=2.19.0,<2.20'"),
+    ([("ob-metaflow", "2.18.13.1")], "pip install 'ob-metaflow>=2.19.0,<2.20'"),
+])
+def test_an_untested_metaflow_is_refused_naming_its_distribution(monkeypatch, installed, fix):
+    monkeypatch.setattr(versions.internals, "metaflow_distributions", lambda: installed)
     with pytest.raises(TorchDistributedEnvironmentError) as info:
         check_metaflow_version("train")
     message = str(info.value)
     assert "step *train*" in message
-    assert "metaflow 2.21.3 is installed" in message
-    assert "pip install 'metaflow>=2.19.0,<2.20.0'" in message
+    assert "%s %s is installed" % installed[0] in message
+    assert "tested with Metaflow >=2.19.0,<2.20, as metaflow or ob-metaflow" in message
+    assert fix in message
+
+
+def test_a_metaflow_without_metadata_is_checked_by_its_own_version(monkeypatch):
+    """A code package on a remote node has no distribution metadata."""
+    monkeypatch.setattr(versions.internals, "metaflow_distributions", lambda: [])
+    monkeypatch.setattr(versions.internals, "metaflow_version", lambda: "2.18.2")
+    with pytest.raises(TorchDistributedEnvironmentError, match="metaflow 2.18.2 is installed"):
+        check_metaflow_version("train")
+
+
+def test_metaflow_installed_over_ob_metaflow_is_refused_with_the_fix(monkeypatch):
+    both = [("metaflow", "2.19.39"), ("ob-metaflow", "2.19.39.1")]
+    monkeypatch.setattr(versions.internals, "metaflow_distributions", lambda: both)
+    with pytest.raises(TorchDistributedEnvironmentError) as info:
+        check_metaflow_version("train")
+    message = str(info.value)
+    assert "metaflow 2.19.39 and ob-metaflow 2.19.39.1 both installed the metaflow package" in message
+    assert "pip uninstall -y metaflow ob-metaflow" in message
+
+
+def test_the_docs_and_ci_name_the_tested_range():
+    """docs, versions.py, setup.py's extra and CI's other venvs (.ci/packages) agree."""
+    repo = Path(__file__).parents[2]
+    tested = versions.tested_range()
+    assert tested == ">=2.19.0,<2.20"
+    for page in ("README.md", "docs/index.md", "docs/scope.md", "docs/troubleshooting.md"):
+        assert "`%s`" % tested in (repo / page).read_text() or \
+            "Metaflow %s" % tested in (repo / page).read_text(), page
+    ci = (repo / ".ci" / "packages").read_text()
+    ob = re.search(r'OB_METAFLOW="ob-metaflow==([\d.]+)"', ci).group(1)
+    assert metaflow_version_supported(ob)
+    assert "oldest=" in ci and "metaflow>=" in ci  # the oldest is read from setup.py's extra

@@ -540,11 +540,36 @@ def kubernetes_client():
 def metaflow_version():
     """The installed Metaflow's version. Why: without package metadata (a code package on a
     remote node) only metaflow_version.get_version knows it."""
-    from importlib.metadata import PackageNotFoundError, version
+    installed = metaflow_distributions()
+    if installed:
+        return installed[0][1]
+    from metaflow.metaflow_version import get_version
 
-    try:
-        return version("metaflow")
-    except PackageNotFoundError:
-        from metaflow.metaflow_version import get_version
+    return get_version()
 
-        return get_version()
+
+# The distributions that install the `metaflow` package: Metaflow's own, and Outerbounds'.
+METAFLOW_DISTRIBUTIONS = ("metaflow", "ob-metaflow")
+
+
+def metaflow_distributions():
+    """[(distribution, version)] of what installed the imported `metaflow` package: one of
+    ("metaflow", "2.19.39") or ("ob-metaflow", "2.19.39.1"), both where both wrote the same
+    files (pip installed metaflow over ob-metaflow), none where the package has no metadata (a
+    code package on a remote node). Why: Outerbounds' ob-metaflow is the same module under
+    another distribution name, so version("metaflow") does not find it; and where a code
+    package's metaflow is imported, version("metaflow") names the image's, not that one."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    import metaflow
+
+    here = os.path.realpath(metaflow.__file__)
+    found = []
+    for name in METAFLOW_DISTRIBUTIONS:
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:
+            continue
+        if os.path.realpath(dist.locate_file("metaflow/__init__.py")) == here:
+            found.append((name, dist.version))
+    return found
