@@ -95,6 +95,20 @@ def test_explicit_devices_fail_fast_with_the_fix(flow_runner):
     assert "Remove devices=1 from Trainer(...)" in res.output
     # it failed when the Trainer was built: no rank trained
     assert "`Trainer.fit` stopped" not in res.output
+    assert_ranks_that_raised_are_not_called_stopped(res.output)
+
+
+def assert_ranks_that_raised_are_not_called_stopped(output):
+    """Every rank whose log shows its own error is not among those the summary says were
+    stopped, and the summary names the step once per error and ends its sentences once."""
+    raised = {int(line.split("[rank ", 1)[1].split("]", 1)[0]) for line in output.splitlines()
+              if "[rank " in line and "TorchDistributedFrameworkError" in line}
+    for line in output.splitlines():
+        if "The other ranks still running (" in line:
+            stopped = line.split("The other ranks still running (", 1)[1].split(")", 1)[0]
+            assert not raised & {int(r) for r in stopped.split(", ")}, (raised, line)
+        assert "..\n" not in line + "\n" or line.rstrip().endswith("..."), line
+        assert line.count("@torch_distributed on step") <= 1, line
 
 
 def test_fabric_with_no_arguments_forms_the_group(flow_runner):

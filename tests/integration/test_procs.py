@@ -176,6 +176,49 @@ def test_an_error_file_the_user_wrote_first_is_kept(members, tmp_path):
     assert error_file.read_text() == original
 
 
+class _SlowToPrint(ValueError):
+    """An exception whose message takes a while to format: the window between a rank's raise
+    and the record of its failure, made wide enough to send the gang's SIGTERM into it."""
+
+    def __init__(self, mark):
+        super().__init__("slow to print")
+        self.mark = mark
+
+    def __str__(self):
+        Path(self.mark).touch()
+        time.sleep(0.5)
+        return "slow to print"
+
+
+def test_a_rank_stopped_while_it_records_its_exception_still_counts_as_failed_on_its_own(
+        members, tmp_path):
+    # The gang stops the others the moment the first rank fails; a rank that raised its own
+    # error just before must not be reported as "stopped" because the SIGTERM came while it
+    # was still writing its traceback and error file.
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
+        from_exit,
+    )
+
+    error_file = str(tmp_path / "error-rank-1.json")
+    mark = tmp_path / "raised"
+
+    def body():
+        real_stdio()
+        raise _SlowToPrint(str(mark))
+
+    member = members.fork("[rank 1]", body, error_file=error_file)
+    deadline = time.monotonic() + 10
+    while not mark.exists():
+        assert time.monotonic() < deadline, "the member never raised"
+        time.sleep(0.005)
+    stopped_at = time.time()
+    stop_members([member], grace=5.0)
+    failure = from_exit(1, 0, 1, member.returncode, time.time(), error_file)
+    assert failure.kind == "exception", failure
+    assert failure.message == "_SlowToPrint: slow to print"
+    assert failure.detected_at < stopped_at
+
+
 @pytest.mark.parametrize("exit_arg,code,stderr", [(3, 3, ""), (0, 0, ""), (None, 0, ""),
                                                   ("bad config", 1, "bad config\n")])
 def test_sys_exit(members, tmp_path, exit_arg, code, stderr):

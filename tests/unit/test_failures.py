@@ -27,6 +27,33 @@ def test_describe_exception_with_traceback():
         "Traceback (most recent call last):\n  File \"flow.py\", line 9\nValueError: bad lr")
 
 
+def test_a_failure_of_our_own_error_names_the_step_once_and_ends_in_one_period():
+    # TorchDistributedFrameworkError's text already starts with the step's prefix and ends in
+    # a period: the rank's failure, which the step's error wraps, says neither twice
+    message = ("TorchDistributedFrameworkError: @torch_distributed on step *train*: Remove "
+               "num_nodes=2 from Trainer(...). Pass devices=current.torch_distributed."
+               "local_world_size.")
+    failure = Failure(1, 0, "exception", 1.0, message=message, local_rank=1)
+    assert failure.describe() == (
+        "rank 1 (node 0, local rank 1) raised TorchDistributedFrameworkError: Remove "
+        "num_nodes=2 from Trainer(...). Pass devices=current.torch_distributed."
+        "local_world_size.")
+
+
+def test_the_note_about_the_other_ranks_names_their_errors_in_a_line_each():
+    long = "TorchDistributedFrameworkError: @torch_distributed on step *train*: " + \
+        "Lightning's Trainer was given num_nodes=2. " * 5 + "\nsecond line"
+    outcome = gang_outcome([_raised(1, 1.0, long)], range(4),
+                           exited=[_raised(2, 1.1, long), _raised(3, 1.2, long)])
+    note = outcome.others_note()
+    assert note.startswith("Also failed on their own, after it: rank 2 (node 0, local rank 2) "
+                           "raised TorchDistributedFrameworkError: Lightning's Trainer was "
+                           "given num_nodes=2. Lightning's Trainer was ...; "
+                           "rank 3 (node 0, local rank 3) raised"), note
+    assert "second line" not in note and "step *train*" not in note
+    assert note.endswith("The other ranks still running (0) were stopped."), note
+
+
 def test_describe_exit():
     assert Failure(2, 0, "exit", 1.0, 3, local_rank=2).describe() == \
         "rank 2 (node 0, local rank 2) exited with code 3."

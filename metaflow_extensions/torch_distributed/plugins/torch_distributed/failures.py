@@ -17,6 +17,18 @@ _COMMUNICATION_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "D
                          "TorchDistributedAborted")
 
 
+# Characters of a failure's message in the one-line note about the other ranks (others_note).
+BRIEF_CHARS = 100
+# How this package's own errors begin (errors.TorchDistributedException); inside a rank's
+# failure, which already names the step, it is said once, not twice.
+_OUR_PREFIX = re.compile(r"^(\w+: )@torch_distributed on step \*?[\w-]+\*?: ")
+
+
+def _without_our_prefix(message):
+    """`message` ("Type: text") without the step prefix this package's own errors carry."""
+    return _OUR_PREFIX.sub(r"\1", message, count=1)
+
+
 class FailureKind(str, Enum):
     """How a rank or a node failed. The value is the failure's form in the gang's store and
     record (JSON), so it stays as it is."""
@@ -66,11 +78,22 @@ class Failure:
         if self.kind == "exit":
             return "exited with code %d" % self.exitcode
         if self.kind == "exception":
-            return "raised %s" % self.message
+            return "raised %s" % _without_our_prefix(self.message)
         return self.message
 
+    def brief(self):
+        """`what()` in a few words, without a closing period: an exception by its type and its
+        message's first line, cut at a word after BRIEF_CHARS characters."""
+        if self.kind != "exception":
+            return self.what().rstrip(".")
+        first = _without_our_prefix(self.message).split("\n", 1)[0]
+        if len(first) > BRIEF_CHARS:
+            return "raised %s ..." % first[:BRIEF_CHARS].rsplit(" ", 1)[0]
+        return "raised %s" % first.rstrip(".")
+
     def describe(self):
-        text = "%s %s." % (self.where(), self.what())
+        text = "%s %s" % (self.where(), self.what())
+        text += "" if text.endswith(".") else "."
         if self.kind == "exit" and self.message:
             text += " Its last error: %s" % self.message
         if self.traceback:
@@ -239,8 +262,9 @@ class GangOutcome:
         """What happened to the other ranks, one sentence each."""
         notes = []
         if len(self.failed) > 1:
-            notes.append("Also failed on their own, after it: %s." % "; ".join(
-                "%s %s" % (f.where(), f.what()) for f in self.failed[1:]))
+            others = "; ".join("%s %s" % (f.where(), f.brief()) for f in self.failed[1:])
+            notes.append("Also failed on their own, after it: %s%s"
+                         % (others, "" if others.endswith("...") else "."))
         if self.stopped:
             notes.append("The other ranks still running (%s) were stopped."
                          % ", ".join(map(str, sorted(self.stopped))))

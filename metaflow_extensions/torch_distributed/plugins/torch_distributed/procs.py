@@ -109,18 +109,30 @@ def run_member_body(body, error_file):
             print(ex.code, file=sys.stderr)
     except BaseException as ex:  # every failure of user code becomes the member's error
         raised_at = time.time()
-        traceback.print_exc()
-        record_error(ex, error_file)
-        if error_file:  # last: from now on the gang counts this rank as failed
-            save_exception(ex, raised_at, error_file)
+        # The gang stops every rank the moment the first one fails: a rank that raised its own
+        # error writes it down whole before that SIGTERM takes it (it is delivered right after;
+        # SIGKILL, after the stop's grace, still ends a member that cannot write).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            traceback.print_exc()
+            record_error(ex, error_file)
+            if error_file:  # last: from now on the gang counts this rank as failed
+                save_exception(ex, raised_at, error_file)
+            _flush_stdio()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         code = 1
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
+        _flush_stdio()
     return code
+
+
+def _flush_stdio():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def record_error(ex, error_file):
