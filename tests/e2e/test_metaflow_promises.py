@@ -158,12 +158,3 @@ def test_client_writes_from_rank_0_only(promises):
     assert res.returncode == 0, res
     assert got["ok"] and got["seen_by_client"] is True
     assert "trained" in got["tags"], got
-
-
-def test_torch_distributed_written_on_a_parallel_step_stays_an_error(flow_runner):
-    # --with skips @parallel steps; the user's own @torch_distributed on one is a mistake
-    res = flow_runner.run("parallel_flow.py", env={"TD_PARALLEL_DECORATOR": 1})
-    assert res.returncode != 0
-    assert ("@torch_distributed on step train: it cannot be combined with @parallel"
-            in res.output), res
-    assert "start step ran" not in res.output

@@ -351,19 +351,42 @@ def _parallel_step(step_name, graph, decorators):
 
 
 def _reject_parallel(step_name, graph, decorators):
+    # num_parallel first: a step reached with it has @parallel too (Metaflow's graph check
+    # asks for it), and removing @parallel alone would not help
+    reached_by = internals.num_parallel_parents(graph, step_name)
+    if reached_by:
+        raise _num_parallel_error(step_name, *reached_by[0])
     if any(d.name == "parallel" or getattr(d, "IS_PARALLEL", False) for d in decorators):
         raise TorchDistributedConfigError(
             step_name,
             "it cannot be combined with @parallel (or a decorator built on it, such as "
             "@pytorch_parallel): @torch_distributed starts the gang itself. Remove @parallel.")
-    reached_by = internals.num_parallel_parents(graph, step_name)
-    if reached_by:
-        parent, num_parallel = reached_by[0]
-        raise TorchDistributedConfigError(
-            step_name,
-            "step *%s* reaches it with self.next(..., num_parallel=%s). @torch_distributed "
-            "infers the gang's size: write self.next(self.%s) and set world_size, nodes or "
-            "nproc_per_node on the decorator instead." % (parent, num_parallel, step_name))
+
+
+def _num_parallel_error(step_name, parent, num_parallel):
+    return TorchDistributedConfigError(
+        step_name,
+        "step *%s* reaches it with self.next(..., num_parallel=%s), Metaflow's own way to "
+        "start a gang (with @parallel). @torch_distributed starts the gang itself and infers "
+        "its size: write self.next(self.%s) without num_parallel, remove @parallel (or "
+        "@pytorch_parallel) from step *%s* if it has one, and size the gang on "
+        "@torch_distributed instead: num_parallel=%s becomes nodes=%s."
+        % (parent, num_parallel, step_name, step_name, num_parallel, num_parallel))
+
+
+def check_num_parallel(graph):
+    """Metaflow's graph check: a step of the user's own @torch_distributed reached with
+    num_parallel fails here, before Metaflow's own check asks for @parallel on it (a step that
+    --with put the decorator on is left to @parallel, see _parallel_step)."""
+    for node in graph:
+        ours = any(d.name == TorchDistributedDecorator.name and d.statically_defined
+                   for d in node.decorators)
+        reached_by = internals.num_parallel_parents(graph, node.name) if ours else []
+        if reached_by:
+            raise _num_parallel_error(node.name, *reached_by[0])
+
+
+internals.check_graph_before_parallel_lint(check_num_parallel)
 
 
 def _configured_settings():
