@@ -93,7 +93,7 @@ def test_explicit_devices_fail_fast_with_the_fix(flow_runner):
     assert "Lightning's Trainer was given devices=1, which contradicts the gang's 2 nodes x 2 " \
            "processes per node" in res.output, res
     assert "Remove devices=1 from Trainer(...)" in res.output
-    # it failed when the Trainer was built: no rank trained
+    # it failed in trainer.fit as Lightning launched, before any training step
     assert "`Trainer.fit` stopped" not in res.output
     assert_ranks_that_raised_are_not_called_stopped(res.output)
 

@@ -1,4 +1,5 @@
-"""Lightning's own process launch inside a rank (strategy="ddp_spawn", "ddp_fork",
+"""Lightning in a rank, with the real Lightning: when it checks the gang's shape (as
+docs/frameworks/lightning.md says), and its own process launch inside a rank (strategy="ddp_spawn", "ddp_fork",
 "ddp_notebook"), with the real Lightning: refused with the fix before any process of its own
 starts, so nothing trains twice. Each body runs in a forked member, as a rank's does (Lightning
 starts multiprocessing's resource tracker before its launch, which ends with the member). The
@@ -6,6 +7,7 @@ flow that runs it in a gang is in tests/e2e/test_frameworks.py."""
 
 import os
 import selectors
+import re
 from pathlib import Path
 
 import pytest
@@ -103,3 +105,25 @@ def test_the_users_own_start_processes_goes_through(tmp_path):
 def _mark(*args):
     folder = args[-1]
     Path(folder, "launched").touch()
+
+
+LIGHTNING_PAGE = Path(__file__).parents[2] / "docs" / "frameworks" / "lightning.md"
+# rank 0 of a gang of 2 nodes x 2 processes, as envcontract.py sets it
+GANG_ENV = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="4", LOCAL_WORLD_SIZE="2", GROUP_RANK="0",
+                NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500",
+                TORCHELASTIC_RUN_ID="gang", PL_TRAINER_NUM_NODES="2", PL_TRAINER_DEVICES="2")
+
+
+def test_explicit_devices_pass_the_trainer_and_fail_in_fit_as_the_lightning_page_says(
+        monkeypatch):
+    import lightning.pytorch as pl
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    for name, value in GANG_ENV.items():
+        monkeypatch.setenv(name, value)
+    trainer = pl.Trainer(devices=1, accelerator="cpu", **QUIET)  # no error here
+    with pytest.raises(ValueError, match=re.escape("You set `devices=1` and `num_nodes=2`")):
+        trainer.fit(BoringModel())
+    row = next(line for line in LIGHTNING_PAGE.read_text().splitlines()
+               if line.startswith("| `Trainer(devices=1)`"))
+    assert "in `trainer.fit`" in row and "when the Trainer is built" not in row, row
