@@ -147,9 +147,11 @@ def test_catch_keeps_the_caught_attempts_artifacts_and_the_users_exception(promi
 def test_two_failing_ranks_are_both_named(promises):
     _, res, got = promises
     assert res.returncode == 0, res
-    assert ("@torch_distributed on step *both*: rank 1 (node 0, local rank 1) failed with the "
-            "error below. Also failed on their own, after it: rank 0 (node 0, local rank 0) "
-            "raised ValueError: rank 0 broke.") in res.output, res
+    # under the exception that @catch prints (its log keeps the step's *both* as written)
+    assert ("@torch_distributed on step *both*: rank 1 (node 0, local rank 1) raised this "
+            "error; its traceback is in its [rank 1] lines above. Also failed on their own, "
+            "after it: rank 0 (node 0, local rank 0) raised ValueError: rank 0 broke.") \
+        in res.output, res
     assert got["both"] == {"type": "builtins.ValueError", "message": "rank 1 broke"}, got
 
 

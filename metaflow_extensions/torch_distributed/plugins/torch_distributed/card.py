@@ -125,7 +125,7 @@ def _outcome(record, ranks, root):
     failure = Failure(**root)
     tail = record.get("tails", {}).get(str(failure.rank), {}) if failure.rank is not None else {}
     return dict(ok=False, rank=failure.rank, node=failure.node, kind=failure.kind,
-                where=failure.where(), summary=failure.describe().split("\n\n")[0],
+                where=failure.where(), summary=failure.sentence(),
                 error=_error_name(failure), message=failure.message,
                 traceback=failure.traceback,
                 stderr=tail.get("stderr", [])[-CAUSE_LINES:],
@@ -183,7 +183,7 @@ def _scalars(record):
 
 def _attempt_row(record):
     root = record.get("root_cause")
-    cause = "succeeded" if root is None else Failure(**root).describe().split("\n\n")[0]
+    cause = "succeeded" if root is None else Failure(**root).sentence()
     return [str(record["attempt"]), "%.1f s" % (record["ended"] - record["started"]), cause]
 
 

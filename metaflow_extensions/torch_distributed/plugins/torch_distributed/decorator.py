@@ -241,12 +241,15 @@ class TorchDistributedDecorator(StepDecorator):
                                on_assembled=lambda: clock.arrive("assembled"))
                 finally:
                     self._show_gang(flow, leader.record, identity, retry_count)
-            except BaseException:
+            except BaseException as ex:
                 # Metaflow persists a failed attempt's artifacts; a gang whose failure leaves the
                 # task keeps none of what rank 0's body set (inputs from earlier steps stay).
                 # An attempt @catch ends successfully keeps them, as on a plain step.
                 if not caught:
                     internals.drop_artifacts(flow, internals.artifact_names(flow) - before)
+                if ex.__traceback__ is not None and leader.raised_users_own(ex):
+                    # its traceback is in its rank's lines: the gang's frames are not the user's
+                    raise ex.with_traceback(None)
                 raise
             # A gang that failed before it was assembled keeps its timer paused: the
             # rendezvous timeout bounded that wait, and the gang's error is the step's.

@@ -25,8 +25,8 @@ from .control import ControlPlane, GangMismatch, bind_listener, is_port_in_use, 
 from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
 from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
     TorchDistributedRendezvousTimeout
-from .failures import (Failure, communication_error, from_exit, gang_outcome, load_exception,
-                       root_cause)
+from .failures import (Failure, communication_error, debug_enabled, from_exit, gang_outcome,
+                       load_exception, report_exception, root_cause, shown_traceback)
 from .interrupt import BodyInterrupt
 from .gangspec import GangSpec
 from .spinstep import member_command
@@ -224,6 +224,12 @@ class Leader:
         self.interruption = BodyInterrupt(_aborted, self._body_running.is_set)
         self.attempt = None  # the running gang's _Attempt
         self.record = None  # the last run's record for the gang's card (events.py)
+        self.users_error = None  # the user's own exception raised as the step's error
+
+    def raised_users_own(self, ex):
+        """True when `ex` is the user's own exception this gang raised as the step's error, whose
+        traceback its rank already printed (so its frames need not be shown again)."""
+        return ex is self.users_error and not debug_enabled()
 
     def run(self, step_func, args, on_body_start=None, on_assembled=None):
         """Start the gang, run rank 0's body here (calling `on_body_start` just before it),
@@ -353,9 +359,13 @@ class Leader:
 
     def _rank0_failed(self, attempt, ex):
         attempt.rank0_exception = ex
+        symptom = communication_error(ex)
+        if not isinstance(ex, TorchDistributedAborted):  # the gang's stop is no rank's error
+            # into rank 0's own lines, as every other rank's (procs.run_member_body)
+            report_exception(ex, symptom)
         failure = Failure(0, 0, "exception", time.time(), local_rank=0,
                           message="%s: %s" % (type(ex).__name__, ex),
-                          traceback=_format_traceback(ex), symptom=communication_error(ex))
+                          traceback=shown_traceback(_format_traceback(ex)), symptom=symptom)
         # Let go of the body's locals now: a DataLoader's persistent workers live as long as
         # its frames, and they hold this task's output pipe open, which the gang drains last.
         traceback.clear_frames(ex.__traceback__)
@@ -442,13 +452,12 @@ class Leader:
             # Raise the user's own exception, so @catch and the task's error show its type. A
             # communication error (a peer went away or hung) is not the user's: the gang's
             # report, which names the ranks, says more.
-            print("@torch_distributed on step *%s*: %s failed with the error below. %s"
-                  % (self.step_name, failure.where(), outcome.others_note()),
-                  file=sys.stderr, flush=True)
-            if failure.rank != 0:
-                print("%s traceback:\n%s" % (failure.where(), failure.traceback.rstrip()),
-                      file=sys.stderr, flush=True)
-            raise own
+            self.users_error = users_own(
+                own, "@torch_distributed on step *%s*: %s raised this error; its "
+                            "traceback is in its %s lines above. %s"
+                            % (self.step_name, failure.where(), naming.rank_label(failure.rank),
+                               outcome.others_note()))
+            raise self.users_error
         cls = TorchDistributedRendezvousTimeout if failure.kind == "missing" \
             else TorchDistributedGangFailed
         raise cls(self.step_name, outcome)
@@ -547,6 +556,21 @@ def run_exec_rank(spec, topology, step_func, args):
     current_mod.install(rank_info(spec, topology, spec.local_rank))
     return run_member_body(lambda: run_rank_body(spec, topology, spec.local_rank, step_func, args),
                            os.environ.get("TORCHELASTIC_ERROR_FILE"))
+
+
+def users_own(ex, summary):
+    """The user's exception `ex`, made the step's error with the gang's `summary`: its
+    traceback, already printed in its rank's lines, is not printed again (Metaflow prints the
+    traceback of the task's own frames, then the exception, then the summary, its note).
+    Before Python 3.11 (no notes) the summary is printed here, before Metaflow's report.
+    METAFLOW_TORCH_DISTRIBUTED_DEBUG keeps the exception's whole traceback."""
+    if not debug_enabled():
+        ex = ex.with_traceback(None)
+    if hasattr(ex, "add_note") and summary not in getattr(ex, "__notes__", ()):
+        ex.add_note(summary)
+    elif not hasattr(ex, "add_note"):
+        print(summary, file=sys.stderr, flush=True)
+    return ex
 
 
 def _orphan_note(label, spec, pid):

@@ -14,9 +14,8 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 
-from .failures import save_exception
+from .failures import communication_error, report_exception, save_exception
 
 _PR_SET_PDEATHSIG = 1
 # A line rewritten in place with \r (a progress bar: tqdm, Lightning, Accelerate) is shown as
@@ -114,7 +113,7 @@ def run_member_body(body, error_file):
         # SIGKILL, after the stop's grace, still ends a member that cannot write).
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
-            traceback.print_exc()
+            report_exception(ex, communication_error(ex))
             record_error(ex, error_file)
             if error_file:  # last: from now on the gang counts this rank as failed
                 save_exception(ex, raised_at, error_file)
