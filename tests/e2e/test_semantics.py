@@ -63,9 +63,16 @@ def test_ctrl_c_leaves_no_process(flow_runner):
     while len(list(flow_runner.marks.glob("sleeping-*"))) < 4:
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.1)
+    # to the run's process only: Metaflow's runtime kills its tasks 5 s later, and the gang's
+    # note says that it was Metaflow's shutdown, not the OOM killer
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
+    output = out + err
+    assert "rank 0 (node 0, local rank 0), the Metaflow task process (pid " in output, output
+    assert "was ended by Metaflow: the run was interrupted (a SIGINT to its process), and " \
+           "Metaflow kills the tasks still running 5 s later." in output, output
+    assert "died without a word" not in output and "OOM killer" not in output, output
     # the fixture asserts that nothing from this test's folder is left running
 
 

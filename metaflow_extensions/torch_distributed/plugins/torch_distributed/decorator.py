@@ -3,12 +3,13 @@
 import dataclasses
 import os
 import sys
+import threading
 
 from metaflow.decorators import StepDecorator
 
 from . import batch, checkpoints, devices, kubernetes
 from . import current as current_mod
-from . import groupcheck, internals
+from . import groupcheck, internals, interrupt
 from . import argo, schedulers, settings, stepfunctions
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .gangspec import GangSpec, NodeZero, current_task_identity
@@ -132,6 +133,16 @@ class TorchDistributedDecorator(StepDecorator):
             # This process creates the step's Kubernetes JobSet (`kubernetes step`): N pods.
             kubernetes.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
                                           self.name)
+
+    def runtime_init(self, flow, graph, package, run_id):
+        # In Metaflow's runtime process: a SIGINT to it alone ends the tasks with SIGKILL 5 s
+        # later; the gang's note then says so (interrupt.py).
+        if self.active and threading.current_thread() is threading.main_thread():
+            interrupt.mark_interrupts()
+
+    def runtime_finished(self, exception):
+        if self.active:
+            interrupt.forget_interrupt(os.getpid())
 
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
         # @batch and @kubernetes send the step away for every attempt but @catch's local

@@ -19,7 +19,7 @@ import time
 import traceback
 
 from . import current as current_mod
-from . import events, groupcheck, naming
+from . import events, groupcheck, interrupt, naming
 from .control import ControlPlane, GangMismatch, bind_listener, is_port_in_use, \
     port_in_use_error
 from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
@@ -574,11 +574,38 @@ def users_own(ex, summary):
 
 
 def _orphan_note(label, spec, pid):
+    """What the pump of this process says if it dies without a word: a callable, asked when it
+    died (the run may have been interrupted meanwhile, see interrupt.mark_interrupts)."""
     what = ("rank 0 (node 0, local rank 0), the Metaflow task process" if spec.node == 0
             else "the node agent of node %d" % spec.node)
-    return ("%s @torch_distributed on step *%s*: %s (pid %d) died without a word: it was killed "
-            "by a signal it cannot catch (SIGKILL: the OOM killer, a kill -9, the end of its "
-            "container). Its ranks were stopped with it." % (label, spec.step_name, what, pid))
+    runtime = _local_runtime_pid(spec)
+
+    def note():
+        if runtime is not None and interrupt.was_interrupted(runtime):
+            return ("%s @torch_distributed on step *%s*: %s (pid %d) was ended by Metaflow: the "
+                    "run was interrupted (a SIGINT to its process), and Metaflow kills the tasks "
+                    "still running 5 s later. Its ranks were stopped with it."
+                    % (label, spec.step_name, what, pid))
+        return ("%s @torch_distributed on step *%s*: %s (pid %d) died without a word: it was "
+                "killed by a signal it cannot catch (SIGKILL: the OOM killer, a kill -9, the end "
+                "of its container). Its ranks were stopped with it."
+                % (label, spec.step_name, what, pid))
+
+    return note
+
+
+def _local_runtime_pid(spec):
+    """The pid of the Metaflow runtime that started this gang on this host, or None: node 0's
+    task is its child, a local node agent its grandchild (Linux's /proc says whose)."""
+    if spec.backend != "local":
+        return None
+    if spec.node == 0:
+        return os.getppid()
+    try:
+        with open("/proc/%d/stat" % os.getppid()) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _kill_ranks_and_leave(slots, signum, frame):

@@ -286,7 +286,8 @@ class _NoteOnOrphan:
         except BlockingIOError:
             died = False  # the parent is still there
         if died:
-            line = self.note.rstrip("\n").encode() + b"\n"
+            note = self.note() if callable(self.note) else self.note  # what is known now
+            line = note.rstrip("\n").encode() + b"\n"
             _write_all(2, line)
             self(2, line)
         if self.inner is not None:
