@@ -99,6 +99,8 @@ class GroupWatch:
         self._originals = {}
 
     def __enter__(self):
+        global _active_watch
+        _active_watch = self
         if not self.enabled or not _distributed_available():
             return self
         # the module, not the function torch.distributed re-exports under the same name
@@ -110,16 +112,22 @@ class GroupWatch:
         return self
 
     def __exit__(self, *exc):
+        global _active_watch
+        _active_watch = None
         if self._handlers is not None:
             self._handlers.update(self._originals)
         return False
 
+    def note_join(self, world_size):
+        """A group of `world_size` processes was joined (here, or by a child: joined_in_child)."""
+        if self.on_join is not None:
+            self.on_join(world_size)
+        self.joined.append(world_size)
+
     def _watching(self, handler):
         def watched(url, **kwargs):
             for store, rank, world_size in handler(url, **kwargs):
-                if self.on_join is not None:
-                    self.on_join(world_size)
-                self.joined.append(world_size)
+                self.note_join(world_size)
                 yield store, rank, world_size
 
         return watched
@@ -197,6 +205,17 @@ def spawn_message(start_method, nprocs, topology):
         "them started."
         % (strategy, nprocs if nprocs is not None else "more",
            "" if nprocs == 1 else "es", start_method, topology.describe()))
+
+
+# The GroupWatch of the rank body running in this process, if any.
+_active_watch = None
+
+
+def joined_in_child(world_size):
+    """A child of this rank (a script run with run_script) joined a group of `world_size`
+    processes and ended well: the rank counts as having joined it."""
+    if _active_watch is not None:
+        _active_watch.note_join(world_size)
 
 
 def _distributed_available():
