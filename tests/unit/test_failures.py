@@ -537,3 +537,14 @@ def test_the_users_exception_carries_the_gangs_summary_not_its_traceback_again(m
     if sys.version_info >= (3, 11):
         assert own.__notes__ == ["rank 1 raised this error"]
         assert users_own(own, "rank 1 raised this error").__notes__ == own.__notes__
+
+
+def test_a_sys_exit_of_rank_0_has_its_summary_printed(monkeypatch, capsys):
+    # Metaflow reports no SystemExit: the summary cannot ride on it as a note
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import failures
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import users_own
+
+    monkeypatch.delenv(failures.DEBUG_ENV, raising=False)
+    own = users_own(SystemExit(3), "rank 0 raised this error")
+    assert "rank 0 raised this error" in capsys.readouterr().err
+    assert not getattr(own, "__notes__", None)

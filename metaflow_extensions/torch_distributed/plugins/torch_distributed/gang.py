@@ -562,14 +562,16 @@ def users_own(ex, summary):
     """The user's exception `ex`, made the step's error with the gang's `summary`: its
     traceback, already printed in its rank's lines, is not printed again (Metaflow prints the
     traceback of the task's own frames, then the exception, then the summary, its note).
-    Before Python 3.11 (no notes) the summary is printed here, before Metaflow's report.
+    Before Python 3.11 (no notes), and for a SystemExit (which Metaflow does not report), the
+    summary is printed here.
     METAFLOW_TORCH_DISTRIBUTED_DEBUG keeps the exception's whole traceback."""
     if not debug_enabled():
         ex = ex.with_traceback(None)
-    if hasattr(ex, "add_note") and summary not in getattr(ex, "__notes__", ()):
-        ex.add_note(summary)
-    elif not hasattr(ex, "add_note"):
+    # Metaflow reports an Exception with its notes; a SystemExit ends the task without a word
+    if not isinstance(ex, Exception) or not hasattr(ex, "add_note"):
         print(summary, file=sys.stderr, flush=True)
+    elif summary not in getattr(ex, "__notes__", ()):
+        ex.add_note(summary)
     return ex
 
 
