@@ -18,7 +18,8 @@ PLACEHOLDER = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdrfx%]")
 MESSAGE_CALL = re.compile(r"(Error|Exception|Failure|Timeout|Mismatch|Aborted|Failed)$")
 # Functions that compose the text of a failure (its place, what happened, who was stopped,
 # the hints of the group check, notes written for a process that died).
-MESSAGE_FUNCTION = re.compile(r"^(describe|what|where|diagnose|explain_error|_hints|_opt_out)$|_note$")
+MESSAGE_FUNCTION = re.compile(
+    r"^(describe|what|brief|where|diagnose|explain_error|spawn_message|_hints|_opt_out)$|_note$")
 
 
 def modules():

@@ -105,6 +105,11 @@ def test_failing_rank_fails_the_gang(flow_runner, rank, when, how):
     if how == "raise":
         assert "ValueError: injected failure on rank %d" % rank in output, output[-6000:]
         assert "Traceback" in output
+        # its traceback once, in its own lines, and no frame of the package's above its line
+        assert output.count(USER_RAISE) == 1, output[-6000:]
+        assert "[rank %d]     %s" % (rank, USER_RAISE) in output, output[-6000:]
+        assert not [line for line in output.splitlines() if PACKAGE_FRAME in line
+                    and "in gang_step" not in line], output[-6000:]
     if how == "exit" and rank != 0:
         assert "exited with code 3" in output, output[-6000:]
     if how == "sigkill":
@@ -215,3 +220,37 @@ def test_rank_0s_collective_after_its_peers_left_fails_the_step_naming_rank_0(fl
                 if "/train/" in line and "Task finished successfully" in line], res
     assert "self.next() was called with" not in res.output, res
     flow_runner.assert_no_leftovers()
+
+
+# The package's own code: no frame of it may stand above the user's line in a rank's traceback.
+PACKAGE_FRAME = 'metaflow_extensions/torch_distributed/plugins/torch_distributed/'
+USER_RAISE = 'raise ValueError("injected failure on rank %d" % rank)'
+# Lines of a whole failed `run` of 1 node x 4 processes whose rank 2 raised (86 before the
+# traceback was printed once; about 60 after, half of them Metaflow's own report of the task).
+QUIET_FAILURE_LINES = 70
+
+
+def test_one_ranks_exception_is_reported_once_from_the_users_code_with_the_summary_last(
+        flow_runner):
+    env = dict(failing_env(2, "in_collective", "raise"), TD_NODES=1, TD_NPROC=4)
+    code, output = run_gang(flow_runner, env)
+    assert code != 0, output[-6000:]
+    lines = output.splitlines()
+    assert len(lines) <= QUIET_FAILURE_LINES, (len(lines), output)
+    # the user's traceback, once, in rank 2's lines, from the user's code on
+    assert output.count(USER_RAISE) == 1, output
+    rank2 = [line for line in lines if "[rank 2] " in line]
+    assert any("Traceback (most recent call last)" in line for line in rank2), output
+    assert not [line for line in lines if PACKAGE_FRAME in line
+                and "in gang_step" not in line], output
+    # the peers that failed because of it say so in one line each
+    for rank in (0, 1, 3):
+        said = [line for line in lines if "[rank %d] " % rank in line and "Error" in line]
+        assert len(said) <= 1, said
+    # the summary is the last word of the task, under the exception itself
+    summary = [i for i, line in enumerate(lines) if "@torch_distributed on step train: rank 2 "
+               "(node 0, local rank 2) raised this error; its traceback is in its [rank 2] "
+               "lines above." in line]
+    assert len(summary) == 1, output
+    assert "ValueError: injected failure on rank 2" in lines[summary[0] - 1], output
+    assert "Task failed." in lines[summary[0] + 2], output

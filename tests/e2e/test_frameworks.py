@@ -93,8 +93,38 @@ def test_explicit_devices_fail_fast_with_the_fix(flow_runner):
     assert "Lightning's Trainer was given devices=1, which contradicts the gang's 2 nodes x 2 " \
            "processes per node" in res.output, res
     assert "Remove devices=1 from Trainer(...)" in res.output
-    # it failed when the Trainer was built: no rank trained
+    # it failed in trainer.fit as Lightning launched, before any training step
     assert "`Trainer.fit` stopped" not in res.output
+    assert_ranks_that_raised_are_not_called_stopped(res.output)
+
+
+def assert_ranks_that_raised_are_not_called_stopped(output):
+    """Every rank whose log shows its own error is not among those the summary says were
+    stopped, and the summary names the step once per error and ends its sentences once."""
+    raised = {int(line.split("[rank ", 1)[1].split("]", 1)[0]) for line in output.splitlines()
+              if "[rank " in line and "TorchDistributedFrameworkError" in line}
+    for line in output.splitlines():
+        if "The other ranks still running (" in line:
+            stopped = line.split("The other ranks still running (", 1)[1].split(")", 1)[0]
+            assert not raised & {int(r) for r in stopped.split(", ")}, (raised, line)
+        assert "..\n" not in line + "\n" or line.rstrip().endswith("..."), line
+        assert line.count("@torch_distributed on step") <= 1, line
+
+
+def test_a_strategy_that_starts_processes_of_its_own_is_named_before_anything_trains(
+        flow_runner):
+    # ddp_fork and ddp_notebook take the same path (tests/integration/test_lightning_launch.py)
+    res = flow_runner.run("fw_lightning_flow.py", env={"TD_TRAP": "ddp_spawn"})
+    assert res.returncode != 0
+    assert 'Lightning was given strategy="ddp_spawn", which starts 2 processes of its own in ' \
+           'every rank' in res.output, res
+    assert 'remove strategy= from Trainer(...) (or Fabric(...)), or pass strategy="ddp"' \
+        in res.output, res
+    # stopped before Lightning pickled the step's own LightningModule for its children
+    assert "Can't pickle" not in res.output and "SingleDeviceStrategy" not in res.output, res
+    # each rank that got that far ran its body once (the gang stops the others once one fails)
+    ranks = [line.split()[0] for line in (flow_runner.marks / "bodies").read_text().splitlines()]
+    assert ranks and len(set(ranks)) == len(ranks) and set(ranks) <= {"0", "1", "2", "3"}, ranks
 
 
 def test_fabric_with_no_arguments_forms_the_group(flow_runner):

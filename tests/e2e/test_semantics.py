@@ -63,9 +63,16 @@ def test_ctrl_c_leaves_no_process(flow_runner):
     while len(list(flow_runner.marks.glob("sleeping-*"))) < 4:
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
         time.sleep(0.1)
+    # to the run's process only: Metaflow's runtime kills its tasks 5 s later, and the gang's
+    # note says that it was Metaflow's shutdown, not the OOM killer
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
+    output = out + err
+    assert "rank 0 (node 0, local rank 0), the Metaflow task process (pid " in output, output
+    assert "was ended by Metaflow: the run was interrupted (a SIGINT to its process), and " \
+           "Metaflow kills the tasks still running 5 s later." in output, output
+    assert "died without a word" not in output and "OOM killer" not in output, output
     # the fixture asserts that nothing from this test's folder is left running
 
 
@@ -102,8 +109,23 @@ def test_invalid_configuration_fails_before_any_task(flow_runner, args, expected
         assert "@torch_distributed on step train:" in res.output, res
 
 
-def test_num_parallel_is_rejected(flow_runner):
-    res = flow_runner.run("parallel_flow.py")
+NUM_PARALLEL_FIX = (
+    "@torch_distributed on step train: step start reaches it with self.next(..., "
+    "num_parallel=2), Metaflow's own way to start a gang (with @parallel). @torch_distributed "
+    "starts the gang itself and infers its size: write self.next(self.train) without "
+    "num_parallel, remove @parallel (or @pytorch_parallel) from step train if it has one, and "
+    "size the gang on @torch_distributed instead: num_parallel=2 becomes nodes=2.")
+
+
+@pytest.mark.parametrize("with_parallel", [False, True], ids=["num_parallel", "and_parallel"])
+def test_num_parallel_is_rejected_by_one_message_that_drops_it_and_parallel(flow_runner,
+                                                                            with_parallel):
+    # Metaflow's own graph check would first ask for @parallel; with @parallel added, a
+    # message that only said to remove @parallel would lead the user in a loop
+    res = flow_runner.run("parallel_flow.py",
+                          env={"TD_PARALLEL_DECORATOR": 1} if with_parallel else {})
     assert res.returncode != 0
-    assert "num_parallel" in res.output, res
+    assert NUM_PARALLEL_FIX in " ".join(res.output.split()), res
+    assert "does not have a @parallel decorator" not in res.output, res
+    assert "cannot be combined with @parallel" not in res.output, res
     assert "start step ran" not in res.output

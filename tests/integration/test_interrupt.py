@@ -4,6 +4,7 @@ SIGUSR1/SIGUSR2, installed only inside the `with` block and removed exactly."""
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,29 @@ def test_without_a_free_signal_nothing_is_installed(restore_signals, monkeypatch
     with BodyInterrupt(lambda: Stop(), lambda: True) as interruption:
         assert interruption.interrupt(threading.get_ident()) is False
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_the_runtimes_sigint_leaves_a_mark_and_still_interrupts(tmp_path):
+    """In Metaflow's runtime process: a SIGINT leaves the mark the tasks' log pumps read, then
+    raises KeyboardInterrupt as before; forget_interrupt removes the mark."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import os, signal, sys
+        sys.path.insert(0, %r)
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed import interrupt
+
+        assert interrupt.mark_interrupts() == interrupt.mark_interrupts()  # installed once
+        assert not interrupt.was_interrupted(os.getpid())
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            print("interrupted", interrupt.was_interrupted(os.getpid()))
+        interrupt.forget_interrupt(os.getpid())
+        print("forgotten", not interrupt.was_interrupted(os.getpid()))
+    """ % str(Path(__file__).parents[2]))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout == "interrupted True\nforgotten True\n", done.stderr

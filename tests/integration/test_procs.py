@@ -176,6 +176,50 @@ def test_an_error_file_the_user_wrote_first_is_kept(members, tmp_path):
     assert error_file.read_text() == original
 
 
+class _SlowToPrint(ValueError):
+    """An exception whose message takes a while to format: the window between a rank's raise
+    and the record of its failure, made wide enough to send the gang's SIGTERM into it."""
+
+    def __init__(self, mark):
+        super().__init__("slow to print")
+        self.mark = mark
+
+    def __str__(self):
+        if not Path(self.mark).exists():  # the first time only: the window is open once
+            Path(self.mark).touch()
+            time.sleep(0.5)
+        return "slow to print"
+
+
+def test_a_rank_stopped_while_it_records_its_exception_still_counts_as_failed_on_its_own(
+        members, tmp_path):
+    # The gang stops the others the moment the first rank fails; a rank that raised its own
+    # error just before must not be reported as "stopped" because the SIGTERM came while it
+    # was still writing its traceback and error file.
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
+        from_exit,
+    )
+
+    error_file = str(tmp_path / "error-rank-1.json")
+    mark = tmp_path / "raised"
+
+    def body():
+        real_stdio()
+        raise _SlowToPrint(str(mark))
+
+    member = members.fork("[rank 1]", body, error_file=error_file)
+    deadline = time.monotonic() + 10
+    while not mark.exists():
+        assert time.monotonic() < deadline, "the member never raised"
+        time.sleep(0.005)
+    stopped_at = time.time()
+    stop_members([member], grace=5.0)
+    failure = from_exit(1, 0, 1, member.returncode, time.time(), error_file)
+    assert failure.kind == "exception", failure
+    assert failure.message == "_SlowToPrint: slow to print"
+    assert failure.detected_at < stopped_at
+
+
 @pytest.mark.parametrize("exit_arg,code,stderr", [(3, 3, ""), (0, 0, ""), (None, 0, ""),
                                                   ("bad config", 1, "bad config\n")])
 def test_sys_exit(members, tmp_path, exit_arg, code, stderr):
@@ -345,8 +389,9 @@ def test_pump_outlives_a_task_that_is_killed(tmp_path):
 
 @pytest.mark.parametrize("killed", [True, False])
 def test_pump_says_who_died_only_when_its_task_is_killed(killed):
-    """Nothing in a SIGKILLed task can speak: its pump writes the note it was given, last. A
-    task that ends normally tells its pump so, and no note is written."""
+    """Nothing in a SIGKILLed task can speak: its pump writes the note it was given, last (asked
+    for then: the note may depend on why). A task that ends normally tells its pump so, and no
+    note is written."""
     ending = ("time.sleep(0.3)\nos.kill(os.getpid(), signal.SIGKILL)" if killed
               else "os.close(w)\npump.drain(10)")
     script = textwrap.dedent("""
@@ -358,7 +403,7 @@ def test_pump_says_who_died_only_when_its_task_is_killed(killed):
         r, w = os.pipe()
         pump = OutputPump()
         pump.add(r, "[rank 0]", 1)
-        pump.start(close_in_child=[w], orphan_note="[rank 0] the task died")
+        pump.start(close_in_child=[w], orphan_note=lambda: "[rank 0] the task died")
         os.write(w, b"last words\\n")
     """ % str(REPO)) + ending
     task = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -280,3 +280,30 @@ def test_joining_a_group_is_noted_as_the_rank_enters_the_rendezvous(tmp_path):
                                                   on_join=events.note_join))
     got = json.loads(open(path).read())
     assert got["started"] < got["joined"] < got["ended"]
+
+
+def test_phase_labels_that_would_be_drawn_over_each_other_share_one():
+    # nodes joined and rendezvous done 10 ms apart near 3.3 s, the gang's end at 3.4 s: drawn
+    # over each other before; now one label for the first two, 17 px before the third
+    ranks = {str(r): rank_events(r, 0, 3.3, 3.35) for r in range(4)}
+    data = card.card_data(record(ranks=ranks, ended=T0 + 3.4, node_info={
+        str(n): dict(node=n, host="h", ip="i", joined_gang=T0 + 3.29, ranks={})
+        for n in range(2)}))
+    spec = card.timeline_spec(data)
+    labels = spec["layer"][2]["data"]["values"]
+    assert [label["name"] for label in labels] == ["nodes joined, rendezvous done", "gang ended"]
+    apart = card.marker_labels([dict(name="a", t=0.0), dict(name="b", t=0.01),
+                                dict(name="c", t=5.0), dict(name="d", t=10.0)])
+    assert apart == [dict(name="a, b", t=0.0), dict(name="c", t=5.0), dict(name="d", t=10.0)]
+    xs = [label["t"] * spec["width"] / 10.0 for label in apart]
+    assert all(b - a >= card.LABEL_GAP_PX for a, b in zip(xs, xs[1:]))
+    # every phase is still a rule of its own, with its name in the tooltip
+    assert len(spec["layer"][1]["data"]["values"]) == 3
+
+
+def test_a_card_whose_ranks_printed_nothing_says_so():
+    comps = card.components(card.card_data(record(ranks={
+        str(r): rank_events(r, 0, 1, 2) for r in range(4)})))
+    last = comps[-1].render()
+    assert "### Last lines of each rank" in last.get("source", "")
+    assert "No rank wrote to its stdout or stderr." in last.get("source", ""), last

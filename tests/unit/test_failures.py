@@ -20,11 +20,44 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures im
 
 def test_describe_exception_with_traceback():
     tb = "Traceback (most recent call last):\n  File \"flow.py\", line 9\nValueError: bad lr\n\n"
+    # a rank prints its own exception's traceback in its lines: the gang's error points there
     failure = Failure(5, 1, "exception", 10.0, 1, "ValueError: bad lr", tb, local_rank=1)
+    assert failure.describe() == ("rank 5 (node 1, local rank 1) raised ValueError: bad lr. "
+                                  "Its traceback is in its [rank 5] lines above.")
+    # a communication error is printed in one line there: the gang's error shows its traceback
+    message = "DistNetworkError: Broken pipe"
+    failure = Failure(5, 1, "exception", 10.0, 1, message, tb, local_rank=1, symptom=True)
     assert failure.describe() == (
-        "rank 5 (node 1, local rank 1) raised ValueError: bad lr.\n\n"
+        "rank 5 (node 1, local rank 1) raised DistNetworkError: Broken pipe.\n\n"
         "rank 5 (node 1, local rank 1) traceback:\n"
         "Traceback (most recent call last):\n  File \"flow.py\", line 9\nValueError: bad lr")
+
+
+def test_a_failure_of_our_own_error_names_the_step_once_and_ends_in_one_period():
+    # TorchDistributedFrameworkError's text already starts with the step's prefix and ends in
+    # a period: the rank's failure, which the step's error wraps, says neither twice
+    message = ("TorchDistributedFrameworkError: @torch_distributed on step *train*: Remove "
+               "num_nodes=2 from Trainer(...). Pass devices=current.torch_distributed."
+               "local_world_size.")
+    failure = Failure(1, 0, "exception", 1.0, message=message, local_rank=1)
+    assert failure.describe() == (
+        "rank 1 (node 0, local rank 1) raised TorchDistributedFrameworkError: Remove "
+        "num_nodes=2 from Trainer(...). Pass devices=current.torch_distributed."
+        "local_world_size.")
+
+
+def test_the_note_about_the_other_ranks_names_their_errors_in_a_line_each():
+    long = "TorchDistributedFrameworkError: @torch_distributed on step *train*: " + \
+        "Lightning's Trainer was given num_nodes=2. " * 5 + "\nsecond line"
+    outcome = gang_outcome([_raised(1, 1.0, long)], range(4),
+                           exited=[_raised(2, 1.1, long), _raised(3, 1.2, long)])
+    note = outcome.others_note()
+    assert note.startswith("Also failed on their own, after it: rank 2 (node 0, local rank 2) "
+                           "raised TorchDistributedFrameworkError: Lightning's Trainer was "
+                           "given num_nodes=2. Lightning's Trainer was ...; "
+                           "rank 3 (node 0, local rank 3) raised"), note
+    assert "second line" not in note and "step *train*" not in note
+    assert note.endswith("The other ranks still running (0) were stopped."), note
 
 
 def test_describe_exit():
@@ -416,3 +449,102 @@ def test_a_members_communication_error_is_reported_by_the_gang_not_reraised():
     raised = _leader_raising(GangOutcome([symptom], stopped=[0, 2, 3]), RuntimeError(message))
     assert isinstance(raised, TorchDistributedGangFailed)
     assert "rank 1 (node 0, local rank 1)" in str(raised)
+
+
+# --- what a failed rank prints: the user's frames, once ------------------------------------
+
+PKG = "/site/metaflow_extensions/torch_distributed/plugins/torch_distributed"
+FULL_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "%s/procs.py", line 105, in run_member_body\n'
+    "    body()\n"
+    '  File "%s/gang.py", line 180, in <lambda>\n'
+    "    events.run_recorded(rank, lambda: groupcheck.run_body(\n"
+    "                                      ^^^^^^^^^^^^^^^^^^^^\n"
+    '  File "/home/me/flow.py", line 15, in train\n'
+    "    raise ValueError(\"bad lr\")\n"
+    "ValueError: bad lr\n" % (PKG, PKG))
+
+
+def test_a_ranks_traceback_starts_at_the_users_code():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
+        user_traceback)
+
+    assert user_traceback(FULL_TRACEBACK, PKG) == (
+        "Traceback (most recent call last):\n"
+        '  File "/home/me/flow.py", line 15, in train\n'
+        "    raise ValueError(\"bad lr\")\n"
+        "ValueError: bad lr\n")
+    # a traceback without the package's frames (or of another package) is left as it is
+    assert user_traceback(FULL_TRACEBACK, "/elsewhere") == FULL_TRACEBACK
+
+
+def _raise_from_here(ex):
+    raise ex
+
+
+@pytest.mark.parametrize("debug", [None, "1"])
+def test_a_ranks_own_exception_is_printed_from_the_users_code_unless_debugging(debug,
+                                                                               monkeypatch):
+    import io
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import failures
+
+    monkeypatch.setattr(failures, "PACKAGE_DIR", __import__("os").path.dirname(__file__))
+    if debug:
+        monkeypatch.setenv(failures.DEBUG_ENV, debug)
+    else:
+        monkeypatch.delenv(failures.DEBUG_ENV, raising=False)
+    try:
+        _raise_from_here(ValueError("bad lr"))
+    except ValueError as ex:
+        out = io.StringIO()
+        # the frames of this test module stand for the package's
+        failures.report_exception(ex, symptom=False, file=out)
+    text = out.getvalue()
+    assert text.startswith("Traceback (most recent call last):\n")
+    assert text.endswith("ValueError: bad lr\n")
+    assert ("test_failures.py" in text) == bool(debug), text
+
+
+def test_a_ranks_communication_error_is_one_line_unless_debugging(monkeypatch):
+    import io
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import failures
+
+    monkeypatch.delenv(failures.DEBUG_ENV, raising=False)
+    out = io.StringIO()
+    failures.report_exception(RuntimeError("[pair.cc:553] Connection closed by peer\nmore"),
+                              symptom=True, file=out)
+    assert out.getvalue() == (
+        "RuntimeError: [pair.cc:553] Connection closed by peer (most likely because another "
+        "rank failed first: the step's error names the root cause; "
+        "METAFLOW_TORCH_DISTRIBUTED_DEBUG=1 prints this traceback)\n")
+
+
+def test_the_users_exception_carries_the_gangs_summary_not_its_traceback_again(monkeypatch):
+    import sys
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import failures
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import users_own
+
+    monkeypatch.delenv(failures.DEBUG_ENV, raising=False)
+    try:
+        _raise_from_here(KeyError("x"))
+    except KeyError as ex:
+        own = users_own(ex, "rank 1 raised this error")
+    assert own.__traceback__ is None
+    if sys.version_info >= (3, 11):
+        assert own.__notes__ == ["rank 1 raised this error"]
+        assert users_own(own, "rank 1 raised this error").__notes__ == own.__notes__
+
+
+def test_a_sys_exit_of_rank_0_has_its_summary_printed(monkeypatch, capsys):
+    # Metaflow reports no SystemExit: the summary cannot ride on it as a note
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import failures
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import users_own
+
+    monkeypatch.delenv(failures.DEBUG_ENV, raising=False)
+    own = users_own(SystemExit(3), "rank 0 raised this error")
+    assert "rank 0 raised this error" in capsys.readouterr().err
+    assert not getattr(own, "__notes__", None)

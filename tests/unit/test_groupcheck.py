@@ -257,3 +257,37 @@ def test_run_body_passes_other_errors_through_unchanged():
 
     with pytest.raises(ValueError, match="bad learning rate"):
         run_body(body, (), "train", GANG, environ={})
+
+
+# --- spawn_message: pure -------------------------------------------------------------------
+
+@pytest.mark.parametrize("start_method, named", [
+    ("spawn", 'strategy="ddp_spawn"'), ("fork", 'strategy="ddp_fork" or "ddp_notebook"'),
+    ("forkserver", 'a strategy with start_method="forkserver"')])
+def test_a_strategy_that_starts_processes_is_named_with_the_fix(start_method, named):
+    message = groupcheck.spawn_message(start_method, 2, GANG)
+    assert message.startswith("Lightning was given %s, which starts 2 processes of its own in "
+                              "every rank (with torch.multiprocessing, start method %s): each "
+                              "rank of the gang's 2 nodes x 2 processes per node"
+                              % (named, start_method)), message
+    assert message.endswith('remove strategy= from Trainer(...) (or Fabric(...)), or pass '
+                            'strategy="ddp". Stopped before any of them started.')
+
+
+def test_a_scripts_command_line_from_a_list_or_entrypoint_args():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.scripts import (
+        script_argv)
+
+    assert script_argv("train.py", ["--lr", 0.1], python="py") == ["py", "train.py", "--lr",
+                                                                   "0.1"]
+    assert script_argv("train.py", {"epochs": 2, "fast": True, "slow": False, "x": None},
+                       python="py") == ["py", "train.py", "--epochs", "2", "--fast"]
+    assert script_argv("train.py")[1:] == ["train.py"]
+
+
+def test_a_group_a_child_joined_counts_as_the_ranks():
+    joined = []
+    with groupcheck.GroupWatch(enabled=False, on_join=joined.append) as watch:
+        groupcheck.joined_in_child(4)
+    groupcheck.joined_in_child(8)  # no rank body running: nothing to count
+    assert watch.group_sizes() == [4] and joined == [4]

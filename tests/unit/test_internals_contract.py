@@ -111,6 +111,35 @@ def test_graph_node_parallel_foreach_and_num_parallel():
             "DAGNode.num_parallel", "it holds N of self.next(..., num_parallel=N)")
 
 
+def test_graph_checks_run_ours_before_parallel_lint():
+    from metaflow import lint
+
+    names = [c.__name__ for c in lint.linter._checks]
+    require("check_parallel_step_after_next" in names, "lint.check_parallel_step_after_next",
+            "Metaflow's graph check that a num_parallel step has @parallel")
+    require(lint.linter.require_static_graph is True, "FlowLinter.require_static_graph",
+            "run_checks runs a check whose attrs name a setting that is on")
+    seen = []
+
+    def ours(graph):
+        seen.append(graph)
+
+    try:
+        internals.check_graph_before_parallel_lint(ours)
+        internals.check_graph_before_parallel_lint(ours)  # once, however often it is asked
+        names = [c.__name__ for c in lint.linter._checks]
+        require(names.count("ours") == 1 and names.index("ours") + 1 ==
+                names.index("check_parallel_step_after_next"), "FlowLinter._checks",
+                "a list of checks run in order")
+        from metaflow.graph import FlowGraph
+
+        with pytest.raises(lint.LintWarn):  # ours ran, then Metaflow's asked for @parallel
+            lint.linter.run_checks(FlowGraph(ParallelFlow))
+        require(len(seen) == 1, "FlowLinter.run_checks", "it runs every check in _checks")
+    finally:
+        lint.linter._checks.remove(ours)
+
+
 def test_unbounded_foreach_ubf_control():
     from metaflow.unbounded_foreach import UBF_CONTROL, UBF_TASK
 
@@ -711,6 +740,7 @@ CONTRACTS = {
     "set_current": "test_current_update_env",
     "install_current_parallel": "test_metaflow_current_parallel",
     "num_parallel_parents": "test_graph_node_parallel_foreach_and_num_parallel",
+    "check_graph_before_parallel_lint": "test_graph_checks_run_ours_before_parallel_lint",
     "is_ubf_control": "test_unbounded_foreach_ubf_control",
     "step_kwargs": "test_cli_args_step_kwargs",
     "top_level_args": "test_cli_args_options",

@@ -24,6 +24,10 @@ TORCH_DISTRIBUTED_START_METHOD = from_conf("TORCH_DISTRIBUTED_START_METHOD", "au
 # ended by force (rank 0 may be blocked inside a C++ collective).
 TORCH_DISTRIBUTED_ABORT_GRACE = from_conf("TORCH_DISTRIBUTED_ABORT_GRACE", 2)
 
+# Show this package's own frames in the tracebacks of a failed rank (they are left out, so that
+# a rank's traceback starts at the step's code), and every rank's traceback in full.
+TORCH_DISTRIBUTED_DEBUG = from_conf("TORCH_DISTRIBUTED_DEBUG", False)
+
 # Run a GPU topology on CPU with gloo (rehearse a GPU flow on a machine without GPUs).
 TORCH_DISTRIBUTED_CPU_REHEARSAL = from_conf("TORCH_DISTRIBUTED_CPU_REHEARSAL", False)
 

@@ -3,7 +3,8 @@ Trainer(max_steps=4) trains BoringModel on 64 indexed rows, 16 per rank.
 
 TD_LT picks the package (lightning.pytorch or pytorch_lightning). TD_TRAP picks one of the traps
 of docs/frameworks/lightning.md instead of the bare Trainer: subclass (class FineTuner(Trainer)),
-cli (LightningCLI) or devices1 (Trainer(devices=1)).
+cli (LightningCLI), devices1 (Trainer(devices=1)) or a strategy that starts processes of its
+own (ddp_spawn: Trainer(strategy="ddp_spawn")).
 Every body appends "RANK PID" to $TD_MARK_DIR/bodies, so a test sees any re-executed script."""
 
 import importlib
@@ -61,6 +62,8 @@ class LightningFlow(FlowSpec):
                 trainer = FineTuner(**QUIET)
             elif TRAP == "devices1":
                 trainer = pl.Trainer(devices=1, **QUIET)
+            elif TRAP.startswith("ddp_"):
+                trainer = pl.Trainer(strategy=TRAP, **QUIET)
             else:
                 trainer = pl.Trainer(**QUIET)
         trainer.fit(model)

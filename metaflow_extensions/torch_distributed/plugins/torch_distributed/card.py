@@ -22,6 +22,10 @@ STATES = {
 CAUSE_LINES = 15
 # Characters of a log or traceback line per line of the card.
 CODE_WIDTH = 100
+# Width of the timeline in pixels, and the least distance between two of its labels: labels
+# of phases closer than that (rendezvous done and nodes joined often are) share one label.
+TIMELINE_WIDTH = 600
+LABEL_GAP_PX = 14
 # A failed rank whose error says it was stopped by the gang, not by its own fault.
 _STOPPED_ERRORS = ("TorchDistributedAborted",)
 
@@ -127,7 +131,7 @@ def _outcome(record, ranks, root):
     failure = Failure(**root)
     tail = record.get("tails", {}).get(str(failure.rank), {}) if failure.rank is not None else {}
     return dict(ok=False, rank=failure.rank, node=failure.node, kind=failure.kind,
-                where=failure.where(), summary=failure.describe().split("\n\n")[0],
+                where=failure.where(), summary=failure.sentence(),
                 error=_error_name(failure), message=failure.message,
                 traceback=failure.traceback,
                 stderr=tail.get("stderr", [])[-CAUSE_LINES:],
@@ -185,8 +189,23 @@ def _scalars(record):
 
 def _attempt_row(record):
     root = record.get("root_cause")
-    cause = "succeeded" if root is None else Failure(**root).describe().split("\n\n")[0]
+    cause = "succeeded" if root is None else Failure(**root).sentence()
     return [str(record["attempt"]), "%.1f s" % (record["ended"] - record["started"]), cause]
+
+
+def marker_labels(markers, width=TIMELINE_WIDTH, gap_px=LABEL_GAP_PX):
+    """The labels of the timeline's phase rules: one per group of markers that lie closer than
+    `gap_px` on an axis of `width` pixels (from 0 to the last marker), each at its group's
+    first time, naming every marker of the group ("rendezvous done, nodes joined"). Pure."""
+    ordered = sorted(markers, key=lambda m: m["t"])
+    span = max([m["t"] for m in ordered] + [1e-9])
+    labels = []
+    for marker in ordered:
+        if labels and (marker["t"] - labels[-1]["t"]) * width / span < gap_px:
+            labels[-1]["name"] += ", " + marker["name"]
+        else:
+            labels.append(dict(name=marker["name"], t=marker["t"]))
+    return labels
 
 
 def timeline_spec(data):
@@ -197,6 +216,7 @@ def timeline_spec(data):
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
         "title": "Every rank on one time axis (seconds since the gang started)",
+        "width": TIMELINE_WIDTH,
         "height": max(60, 22 * len(data["ranks"])),
         "layer": [
             {"data": {"values": data["timeline"]},
@@ -214,7 +234,7 @@ def timeline_spec(data):
              "mark": {"type": "rule", "strokeDash": [4, 3], "color": "#333"},
              "encoding": {"x": {"field": "t", "type": "quantitative"},
                           "tooltip": [{"field": "name"}, {"field": "t", "title": "at (s)"}]}},
-            {"data": {"values": data["markers"]},
+            {"data": {"values": marker_labels(data["markers"])},
              "mark": {"type": "text", "angle": 270, "align": "left", "dx": 4, "dy": -4,
                       "fontSize": 10, "color": "#333"},
              "encoding": {"x": {"field": "t", "type": "quantitative"}, "y": {"value": 0},
@@ -253,13 +273,12 @@ def components(data):
     if names:
         out.append(Markdown("### Per-rank values"))
         out += [VegaChart(scalars_spec(data["scalars"], name)) for name in names]
-    out.append(Markdown("### Last lines of each rank"))
-    for rank in sorted(data["tails"]):
-        for stream in ("stdout", "stderr"):
-            lines = data["tails"][rank].get(stream)
-            if lines:
-                out.append(Markdown("**rank %d, %s**\n\n%s" % (rank, stream, _code(lines))))
-    return out
+    tails = [Markdown("**rank %d, %s**\n\n%s" % (rank, stream, _code(lines)))
+             for rank in sorted(data["tails"]) for stream in ("stdout", "stderr")
+             for lines in [data["tails"][rank].get(stream)] if lines]
+    out.append(Markdown("### Last lines of each rank" if tails else
+                        "### Last lines of each rank\n\nNo rank wrote to its stdout or stderr."))
+    return out + tails
 
 
 def _outcome_components(outcome, Markdown):

@@ -100,6 +100,20 @@ class TorchDistributedInfo:
             return None
         return control.take_gathered(seq, range(self.world_size), GATHER_TIMEOUT, GATHER_POLL)
 
+    def run_script(self, path, args=None, python=None):
+        """Run an existing torchrun-style script in this rank, e.g.
+        run_script("train.py", {"epochs": 2}) or run_script("train.py", ["--epochs", "2"]).
+
+        Call it on every rank: each runs `python path args...` (this interpreter unless
+        `python` is given) with the rank's environment, so the script's init_process_group()
+        joins the gang, and its output goes into the rank's log lines. A non-zero exit fails
+        the step (and the gang) with TorchDistributedScriptFailed."""
+        from metaflow import current
+
+        from .scripts import run_script
+
+        run_script(current.step_name, self.rank, self.world_size, path, args, python)
+
     def save_sharded(self, path, **options):
         """Save a sharded checkpoint: every rank must call it, each with the directory its
         shard was written to (e.g. by torch.distributed.checkpoint). Needs @checkpoint on the

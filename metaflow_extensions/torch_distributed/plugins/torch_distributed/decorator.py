@@ -3,12 +3,13 @@
 import dataclasses
 import os
 import sys
+import threading
 
 from metaflow.decorators import StepDecorator
 
 from . import attempt_secret, batch, checkpoints, devices, kubernetes
 from . import current as current_mod
-from . import groupcheck, internals
+from . import groupcheck, internals, interrupt
 from . import argo, schedulers, settings, stepfunctions
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .gangspec import GangSpec, NodeZero, current_task_identity
@@ -133,6 +134,16 @@ class TorchDistributedDecorator(StepDecorator):
             kubernetes.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
                                           self.name)
 
+    def runtime_init(self, flow, graph, package, run_id):
+        # In Metaflow's runtime process: a SIGINT to it alone ends the tasks with SIGKILL 5 s
+        # later; the gang's note then says so (interrupt.py).
+        if self.active and threading.current_thread() is threading.main_thread():
+            interrupt.mark_interrupts()
+
+    def runtime_finished(self, exception):
+        if self.active:
+            interrupt.forget_interrupt(os.getpid())
+
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
         # @batch and @kubernetes send the step away for every attempt but @catch's local
         # fallback; tell that step's `batch step` (`kubernetes step`) process to submit a
@@ -244,12 +255,15 @@ class TorchDistributedDecorator(StepDecorator):
                                on_assembled=lambda: clock.arrive("assembled"))
                 finally:
                     self._show_gang(flow, leader.record, identity, retry_count)
-            except BaseException:
+            except BaseException as ex:
                 # Metaflow persists a failed attempt's artifacts; a gang whose failure leaves the
                 # task keeps none of what rank 0's body set (inputs from earlier steps stay).
                 # An attempt @catch ends successfully keeps them, as on a plain step.
                 if not caught:
                     internals.drop_artifacts(flow, internals.artifact_names(flow) - before)
+                if ex.__traceback__ is not None and leader.raised_users_own(ex):
+                    # its traceback is in its rank's lines: the gang's frames are not the user's
+                    raise ex.with_traceback(None)
                 raise
             # A gang that failed before it was assembled keeps its timer paused: the
             # rendezvous timeout bounded that wait, and the gang's error is the step's.
@@ -357,19 +371,42 @@ def _parallel_step(step_name, graph, decorators):
 
 
 def _reject_parallel(step_name, graph, decorators):
+    # num_parallel first: a step reached with it has @parallel too (Metaflow's graph check
+    # asks for it), and removing @parallel alone would not help
+    reached_by = internals.num_parallel_parents(graph, step_name)
+    if reached_by:
+        raise _num_parallel_error(step_name, *reached_by[0])
     if any(d.name == "parallel" or getattr(d, "IS_PARALLEL", False) for d in decorators):
         raise TorchDistributedConfigError(
             step_name,
             "it cannot be combined with @parallel (or a decorator built on it, such as "
             "@pytorch_parallel): @torch_distributed starts the gang itself. Remove @parallel.")
-    reached_by = internals.num_parallel_parents(graph, step_name)
-    if reached_by:
-        parent, num_parallel = reached_by[0]
-        raise TorchDistributedConfigError(
-            step_name,
-            "step *%s* reaches it with self.next(..., num_parallel=%s). @torch_distributed "
-            "infers the gang's size: write self.next(self.%s) and set world_size, nodes or "
-            "nproc_per_node on the decorator instead." % (parent, num_parallel, step_name))
+
+
+def _num_parallel_error(step_name, parent, num_parallel):
+    return TorchDistributedConfigError(
+        step_name,
+        "step *%s* reaches it with self.next(..., num_parallel=%s), Metaflow's own way to "
+        "start a gang (with @parallel). @torch_distributed starts the gang itself and infers "
+        "its size: write self.next(self.%s) without num_parallel, remove @parallel (or "
+        "@pytorch_parallel) from step *%s* if it has one, and size the gang on "
+        "@torch_distributed instead: num_parallel=%s becomes nodes=%s."
+        % (parent, num_parallel, step_name, step_name, num_parallel, num_parallel))
+
+
+def check_num_parallel(graph):
+    """Metaflow's graph check: a step of the user's own @torch_distributed reached with
+    num_parallel fails here, before Metaflow's own check asks for @parallel on it (a step that
+    --with put the decorator on is left to @parallel, see _parallel_step)."""
+    for node in graph:
+        ours = any(d.name == TorchDistributedDecorator.name and d.statically_defined
+                   for d in node.decorators)
+        reached_by = internals.num_parallel_parents(graph, node.name) if ours else []
+        if reached_by:
+            raise _num_parallel_error(node.name, *reached_by[0])
+
+
+internals.check_graph_before_parallel_lint(check_num_parallel)
 
 
 def _configured_settings():

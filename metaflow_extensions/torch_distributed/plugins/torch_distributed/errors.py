@@ -79,3 +79,16 @@ class TorchDistributedPreflightFailed(MetaflowException):
         where = "on step%s %s: " % ("" if len(steps) == 1 else "s",
                                     ", ".join("*%s*" % s for s in steps)) if steps else ""
         super().__init__("@torch_distributed preflight %s%s" % (where, msg))
+
+
+class TorchDistributedScriptFailed(TorchDistributedException):
+    """A script run with current.torch_distributed.run_script exited with a non-zero code."""
+
+    headline = "@torch_distributed: the step's script failed"
+
+    def __init__(self, step_name, rank, argv, code):
+        self.code = code
+        super().__init__(step_name, (
+            "rank %d ran `%s` (current.torch_distributed.run_script), which exited with code "
+            "%d. Its output is in the rank's [rank %d] lines above; fix the script, then rerun."
+            % (rank, " ".join(argv[1:]), code, rank)))

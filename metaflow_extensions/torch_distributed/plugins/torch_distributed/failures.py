@@ -10,11 +10,61 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import List, Optional
 
+from .naming import rank_label
+
 # The exception types a rank raises because a *peer* went away, by where they are defined:
 # symptoms, not causes (torch's DistBackendError, DistNetworkError and DistStoreError are
 # DistError's subclasses). Only for a failure known by its message alone; see is_symptom.
 _COMMUNICATION_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError",
                          "TorchDistributedAborted")
+
+
+# This package's own code: a rank's traceback leaves its frames out (user_traceback).
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+DEBUG_ENV = "METAFLOW_TORCH_DISTRIBUTED_DEBUG"
+
+
+def debug_enabled(environ=None):
+    """Whether METAFLOW_TORCH_DISTRIBUTED_DEBUG (or Metaflow's configuration) asks for
+    tracebacks with this package's own frames."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(DEBUG_ENV)
+    if raw is None:
+        from metaflow.metaflow_config import TORCH_DISTRIBUTED_DEBUG as raw
+    return str(raw).strip().lower() in ("1", "true", "yes", "on")
+
+
+def user_traceback(text, package_dir=None):
+    """A formatted traceback without the frames of code under `package_dir` (this package's:
+    the gang's own calls between the task and the step's body), so that it starts at the
+    user's code. Pure."""
+    prefix = '  File "%s' % os.path.join(package_dir or PACKAGE_DIR, "")
+    kept, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("  File "):
+            skipping = line.startswith(prefix)
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "".join(kept)
+
+
+def shown_traceback(text):
+    """`text` as a failure shows it: without this package's frames unless debugging."""
+    return text if debug_enabled() else user_traceback(text)
+
+
+# Characters of a failure's message in the one-line note about the other ranks (others_note).
+BRIEF_CHARS = 100
+# How this package's own errors begin (errors.TorchDistributedException); inside a rank's
+# failure, which already names the step, it is said once, not twice.
+_OUR_PREFIX = re.compile(r"^(\w+: )@torch_distributed on step \*?[\w-]+\*?: ")
+
+
+def _without_our_prefix(message):
+    """`message` ("Type: text") without the step prefix this package's own errors carry."""
+    return _OUR_PREFIX.sub(r"\1", message, count=1)
 
 
 class FailureKind(str, Enum):
@@ -66,16 +116,41 @@ class Failure:
         if self.kind == "exit":
             return "exited with code %d" % self.exitcode
         if self.kind == "exception":
-            return "raised %s" % self.message
+            return "raised %s" % _without_our_prefix(self.message)
         return self.message
 
-    def describe(self):
-        text = "%s %s." % (self.where(), self.what())
+    def brief(self):
+        """`what()` in a few words, without a closing period: an exception by its type and its
+        message's first line, cut at a word after BRIEF_CHARS characters."""
+        if self.kind != "exception":
+            return self.what().rstrip(".")
+        first = _without_our_prefix(self.message).split("\n", 1)[0]
+        if len(first) > BRIEF_CHARS:
+            return "raised %s ..." % first[:BRIEF_CHARS].rsplit(" ", 1)[0]
+        return "raised %s" % first.rstrip(".")
+
+    def sentence(self):
+        """Who failed and how, in one sentence (no traceback)."""
+        text = "%s %s" % (self.where(), self.what())
+        text += "" if text.endswith(".") else "."
         if self.kind == "exit" and self.message:
             text += " Its last error: %s" % self.message
-        if self.traceback:
+        return text
+
+    def describe(self):
+        """The sentence, then where to read its traceback or the traceback itself."""
+        text = self.sentence()
+        if self.traceback and self.printed_its_traceback():
+            text += " Its traceback is in its %s lines above." % rank_label(self.rank)
+        elif self.traceback:
             text += "\n\n%s traceback:\n%s" % (self.where(), self.traceback.rstrip())
         return text
+
+    def printed_its_traceback(self):
+        """True when the rank printed this failure's whole traceback in its own lines
+        (report_exception: a symptom says one line, unless debugging)."""
+        return (self.kind is FailureKind.EXCEPTION and self.rank is not None
+                and not self.is_symptom())
 
     def is_symptom(self):
         """True when this rank most likely failed because a peer died first: what the exception
@@ -104,8 +179,9 @@ def from_exit(rank, node, local_rank, returncode, detected_at, error_file=None):
         saved = _saved(error_file)
         if saved is not None:
             detected_at = min(detected_at, saved[0])
-        return Failure(rank, node, FailureKind.EXCEPTION, detected_at, returncode, message, tb,
-                       local_rank, symptom=saved[2] if saved is not None else None)
+        return Failure(rank, node, FailureKind.EXCEPTION, detected_at, returncode, message,
+                       shown_traceback(tb), local_rank,
+                       symptom=saved[2] if saved is not None else None)
     kind = FailureKind.SIGNAL if returncode < 0 else FailureKind.EXIT
     return Failure(rank, node, kind, detected_at, returncode, local_rank=local_rank)
 
@@ -119,8 +195,8 @@ def raised(rank, node, local_rank, error_file):
     if recorded is None:
         return None
     message, tb = recorded
-    return Failure(rank, node, FailureKind.EXCEPTION, saved[0], None, message, tb, local_rank,
-                   symptom=saved[2])
+    return Failure(rank, node, FailureKind.EXCEPTION, saved[0], None, message,
+                   shown_traceback(tb), local_rank, symptom=saved[2])
 
 
 def communication_error(ex):
@@ -186,6 +262,26 @@ def read_error_file(path):
     return message.get("message", ""), message.get("extraInfo", {}).get("py_callstack", "")
 
 
+def report_exception(ex, symptom, file=None):
+    """Print a rank's uncaught exception `ex` to its stderr (`file`), as the interpreter would
+    but from the user's code on; an exception that tells of a peer's failure (`symptom`) in
+    one line, since the gang's error names the root cause (METAFLOW_TORCH_DISTRIBUTED_DEBUG:
+    every traceback in full)."""
+    import traceback
+
+    file = sys.stderr if file is None else file
+    if debug_enabled():
+        traceback.print_exception(type(ex), ex, ex.__traceback__, file=file)
+    elif symptom:
+        first = ("%s" % ex).strip().splitlines()[:1] or [""]
+        print("%s: %s (most likely because another rank failed first: the step's error names "
+              "the root cause; %s=1 prints this traceback)" % (type(ex).__name__, first[0],
+                                                                DEBUG_ENV), file=file)
+    else:
+        print(user_traceback("".join(traceback.format_exception(type(ex), ex, ex.__traceback__))),
+              end="", file=file)
+
+
 def save_exception(ex, raised_at, error_file):
     """Keep, beside `error_file` (write it first), when the exception was raised and the
     exception object itself: node 0 orders failures by that time and raises the user's own
@@ -239,8 +335,9 @@ class GangOutcome:
         """What happened to the other ranks, one sentence each."""
         notes = []
         if len(self.failed) > 1:
-            notes.append("Also failed on their own, after it: %s." % "; ".join(
-                "%s %s" % (f.where(), f.what()) for f in self.failed[1:]))
+            others = "; ".join("%s %s" % (f.where(), f.brief()) for f in self.failed[1:])
+            notes.append("Also failed on their own, after it: %s%s"
+                         % (others, "" if others.endswith("...") else "."))
         if self.stopped:
             notes.append("The other ranks still running (%s) were stopped."
                          % ", ".join(map(str, sorted(self.stopped))))

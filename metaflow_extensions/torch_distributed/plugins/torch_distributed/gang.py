@@ -19,14 +19,14 @@ import time
 import traceback
 
 from . import current as current_mod
-from . import events, groupcheck, naming
+from . import events, groupcheck, interrupt, naming
 from .control import ControlPlane, GangMismatch, bind_error, bind_listener, is_port_in_use, \
     loopback_interface, port_in_use_error
 from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
 from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
     TorchDistributedRendezvousTimeout
-from .failures import (Failure, communication_error, from_exit, gang_outcome, load_exception,
-                       root_cause)
+from .failures import (Failure, communication_error, debug_enabled, from_exit, gang_outcome,
+                       load_exception, report_exception, root_cause, shown_traceback)
 from .interrupt import BodyInterrupt
 from .gangspec import GangSpec
 from .spinstep import member_command
@@ -227,6 +227,12 @@ class Leader:
         self.interruption = BodyInterrupt(_aborted, self._body_running.is_set)
         self.attempt = None  # the running gang's _Attempt
         self.record = None  # the last run's record for the gang's card (events.py)
+        self.users_error = None  # the user's own exception raised as the step's error
+
+    def raised_users_own(self, ex):
+        """True when `ex` is the user's own exception this gang raised as the step's error, whose
+        traceback its rank already printed (so its frames need not be shown again)."""
+        return ex is self.users_error and not debug_enabled()
 
     def run(self, step_func, args, on_body_start=None, on_assembled=None):
         """Start the gang, run rank 0's body here (calling `on_body_start` just before it),
@@ -365,9 +371,13 @@ class Leader:
 
     def _rank0_failed(self, attempt, ex):
         attempt.rank0_exception = ex
+        symptom = communication_error(ex)
+        if not isinstance(ex, TorchDistributedAborted):  # the gang's stop is no rank's error
+            # into rank 0's own lines, as every other rank's (procs.run_member_body)
+            report_exception(ex, symptom)
         failure = Failure(0, 0, "exception", time.time(), local_rank=0,
                           message="%s: %s" % (type(ex).__name__, ex),
-                          traceback=_format_traceback(ex), symptom=communication_error(ex))
+                          traceback=shown_traceback(_format_traceback(ex)), symptom=symptom)
         # Let go of the body's locals now: a DataLoader's persistent workers live as long as
         # its frames, and they hold this task's output pipe open, which the gang drains last.
         traceback.clear_frames(ex.__traceback__)
@@ -454,13 +464,12 @@ class Leader:
             # Raise the user's own exception, so @catch and the task's error show its type. A
             # communication error (a peer went away or hung) is not the user's: the gang's
             # report, which names the ranks, says more.
-            print("@torch_distributed on step *%s*: %s failed with the error below. %s"
-                  % (self.step_name, failure.where(), outcome.others_note()),
-                  file=sys.stderr, flush=True)
-            if failure.rank != 0:
-                print("%s traceback:\n%s" % (failure.where(), failure.traceback.rstrip()),
-                      file=sys.stderr, flush=True)
-            raise own
+            self.users_error = users_own(
+                own, "@torch_distributed on step *%s*: %s raised this error; its "
+                            "traceback is in its %s lines above. %s"
+                            % (self.step_name, failure.where(), naming.rank_label(failure.rank),
+                               outcome.others_note()))
+            raise self.users_error
         cls = TorchDistributedRendezvousTimeout if failure.kind == "missing" \
             else TorchDistributedGangFailed
         raise cls(self.step_name, outcome)
@@ -561,12 +570,56 @@ def run_exec_rank(spec, topology, step_func, args):
                            os.environ.get("TORCHELASTIC_ERROR_FILE"))
 
 
+def users_own(ex, summary):
+    """The user's exception `ex`, made the step's error with the gang's `summary`: its
+    traceback, already printed in its rank's lines, is not printed again (Metaflow prints the
+    traceback of the task's own frames, then the exception, then the summary, its note).
+    Before Python 3.11 (no notes), and for a SystemExit (which Metaflow does not report), the
+    summary is printed here.
+    METAFLOW_TORCH_DISTRIBUTED_DEBUG keeps the exception's whole traceback."""
+    if not debug_enabled():
+        ex = ex.with_traceback(None)
+    # Metaflow reports an Exception with its notes; a SystemExit ends the task without a word
+    if not isinstance(ex, Exception) or not hasattr(ex, "add_note"):
+        print(summary, file=sys.stderr, flush=True)
+    elif summary not in getattr(ex, "__notes__", ()):
+        ex.add_note(summary)
+    return ex
+
+
 def _orphan_note(label, spec, pid):
+    """What the pump of this process says if it dies without a word: a callable, asked when it
+    died (the run may have been interrupted meanwhile, see interrupt.mark_interrupts)."""
     what = ("rank 0 (node 0, local rank 0), the Metaflow task process" if spec.node == 0
             else "the node agent of node %d" % spec.node)
-    return ("%s @torch_distributed on step *%s*: %s (pid %d) died without a word: it was killed "
-            "by a signal it cannot catch (SIGKILL: the OOM killer, a kill -9, the end of its "
-            "container). Its ranks were stopped with it." % (label, spec.step_name, what, pid))
+    runtime = _local_runtime_pid(spec)
+
+    def note():
+        if runtime is not None and interrupt.was_interrupted(runtime):
+            return ("%s @torch_distributed on step *%s*: %s (pid %d) was ended by Metaflow: the "
+                    "run was interrupted (a SIGINT to its process), and Metaflow kills the tasks "
+                    "still running 5 s later. Its ranks were stopped with it."
+                    % (label, spec.step_name, what, pid))
+        return ("%s @torch_distributed on step *%s*: %s (pid %d) died without a word: it was "
+                "killed by a signal it cannot catch (SIGKILL: the OOM killer, a kill -9, the end "
+                "of its container). Its ranks were stopped with it."
+                % (label, spec.step_name, what, pid))
+
+    return note
+
+
+def _local_runtime_pid(spec):
+    """The pid of the Metaflow runtime that started this gang on this host, or None: node 0's
+    task is its child, a local node agent its grandchild (Linux's /proc says whose)."""
+    if spec.backend != "local":
+        return None
+    if spec.node == 0:
+        return os.getppid()
+    try:
+        with open("/proc/%d/stat" % os.getppid()) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _kill_ranks_and_leave(slots, signum, frame):

@@ -10,7 +10,8 @@ ACCELERATE_USE_CPU=false) runs alone. Every rank then trains by itself on the fu
 torch's rendezvous (env://, tcp://, file://, whatever the caller imported), then reports a rank
 of a gang that never joined a group of the gang's size: an error by default, a warning or
 nothing as METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK says. It also turns Lightning's own error for
-explicit `devices=`/`num_nodes=` that contradict the gang into one that names the fix.
+explicit `devices=`/`num_nodes=` that contradict the gang into one that names the fix, and
+refuses a Lightning strategy that starts processes of its own (`LauncherGuard`) before they start.
 `diagnose` and `explain_error` are pure; docs/frameworks/ documents every message.
 """
 
@@ -56,7 +57,8 @@ def run_body(step_func, args, step_name, topology, environ=None, default_mode="e
     if topology.world_size == 1:
         return step_func(*args)
     mode = check_mode(step_name, environ, default_mode)
-    with GroupWatch(enabled=mode != "off" or on_join is not None, on_join=on_join) as watch:
+    with GroupWatch(enabled=mode != "off" or on_join is not None, on_join=on_join) as watch, \
+            LauncherGuard(step_name, topology):
         try:
             step_func(*args)
         except ValueError as ex:
@@ -97,6 +99,8 @@ class GroupWatch:
         self._originals = {}
 
     def __enter__(self):
+        global _active_watch
+        _active_watch = self
         if not self.enabled or not _distributed_available():
             return self
         # the module, not the function torch.distributed re-exports under the same name
@@ -108,16 +112,22 @@ class GroupWatch:
         return self
 
     def __exit__(self, *exc):
+        global _active_watch
+        _active_watch = None
         if self._handlers is not None:
             self._handlers.update(self._originals)
         return False
 
+    def note_join(self, world_size):
+        """A group of `world_size` processes was joined (here, or by a child: joined_in_child)."""
+        if self.on_join is not None:
+            self.on_join(world_size)
+        self.joined.append(world_size)
+
     def _watching(self, handler):
         def watched(url, **kwargs):
             for store, rank, world_size in handler(url, **kwargs):
-                if self.on_join is not None:
-                    self.on_join(world_size)
-                self.joined.append(world_size)
+                self.note_join(world_size)
                 yield store, rank, world_size
 
         return watched
@@ -131,6 +141,81 @@ class GroupWatch:
             if dist.is_initialized():
                 sizes.append(dist.get_world_size())
         return sizes
+
+
+class LauncherGuard:
+    """Refuses, while the `with` block runs, Lightning's (Trainer's or Fabric's) start of
+    processes of its own: strategy="ddp_spawn", "ddp_fork" or "ddp_notebook" start `devices`
+    children in every rank of the gang, which would all train again on top of the gang (and
+    with "ddp_spawn", a LightningModule defined in the step cannot even be pickled to them).
+
+    Lightning's _MultiProcessingLauncher starts them with torch.multiprocessing.start_processes,
+    looked up on the module at each launch; the guard replaces it there and raises, before any
+    child starts, when the function to start is that launcher's. Every other caller (the
+    user's own torch.multiprocessing.spawn included) goes through unchanged.
+    """
+
+    def __init__(self, step_name, topology):
+        self.step_name = step_name
+        self.topology = topology
+        self._module = None
+        self._original = None
+
+    def __enter__(self):
+        if not _distributed_available():
+            return self
+        self._module = importlib.import_module("torch.multiprocessing")
+        self._original = self._module.start_processes
+        self._module.start_processes = self._guarded
+        return self
+
+    def __exit__(self, *exc):
+        if self._module is not None:
+            self._module.start_processes = self._original
+        return False
+
+    def _guarded(self, fn, *args, **kwargs):
+        launcher = getattr(fn, "__self__", None)
+        if _is_lightning_launcher(launcher):
+            raise TorchDistributedFrameworkError(self.step_name, spawn_message(
+                kwargs.get("start_method"), kwargs.get("nprocs"), self.topology))
+        return self._original(fn, *args, **kwargs)
+
+
+def _is_lightning_launcher(obj):
+    cls = type(obj)
+    return cls.__name__ == "_MultiProcessingLauncher" and cls.__module__.split(".")[0] in (
+        "lightning", "pytorch_lightning", "lightning_fabric")
+
+
+# Lightning's strategy names for each start method of its multiprocessing launcher.
+_SPAWN_STRATEGIES = {"spawn": '"ddp_spawn"', "fork": '"ddp_fork" or "ddp_notebook"'}
+
+
+def spawn_message(start_method, nprocs, topology):
+    """What to do about Lightning starting processes of its own in a rank. Pure."""
+    named = _SPAWN_STRATEGIES.get(start_method)
+    strategy = ("strategy=%s" % named if named
+                else 'a strategy with start_method="%s"' % start_method)
+    return (
+        "Lightning was given %s, which starts %s process%s of its own in every rank (with "
+        "torch.multiprocessing, start method %s): each rank of the gang's %s would train again "
+        "in them. The gang's ranks already are the processes Lightning needs: remove strategy= "
+        "from Trainer(...) (or Fabric(...)), or pass strategy=\"ddp\". Stopped before any of "
+        "them started."
+        % (strategy, nprocs if nprocs is not None else "more",
+           "" if nprocs == 1 else "es", start_method, topology.describe()))
+
+
+# The GroupWatch of the rank body running in this process, if any.
+_active_watch = None
+
+
+def joined_in_child(world_size):
+    """A child of this rank (a script run with run_script) joined a group of `world_size`
+    processes and ended well: the rank counts as having joined it."""
+    if _active_watch is not None:
+        _active_watch.note_join(world_size)
 
 
 def _distributed_available():

@@ -58,6 +58,24 @@ def num_parallel_parents(graph, step_name):
             if getattr(graph[parent], "parallel_foreach", False)]
 
 
+def check_graph_before_parallel_lint(check):
+    """Run `check(graph)` in Metaflow's graph validation, just before its own check that a step
+    reached with num_parallel has @parallel. Why: that check (lint.py,
+    check_parallel_step_after_next) runs before any decorator's step_init and asks for
+    @parallel, the opposite of what @torch_distributed needs; the linter has no public way to
+    add a check, nor to order one (FlowLinter._checks)."""
+    from metaflow import lint
+
+    checks = lint.linter._checks
+    if check in checks:
+        return
+    check.attrs = ["require_static_graph"]  # a setting FlowLinter.run_checks always has on
+    names = [getattr(c, "__name__", "") for c in checks]
+    at = names.index("check_parallel_step_after_next") \
+        if "check_parallel_step_after_next" in names else 0
+    checks.insert(at, check)
+
+
 def is_ubf_control(ubf_context):
     """True in an unbounded foreach's control task. Why: task_decorate is told the task's role
     by this undocumented constant (metaflow/unbounded_foreach.py)."""

@@ -14,9 +14,8 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 
-from .failures import save_exception
+from .failures import communication_error, report_exception, save_exception
 
 _PR_SET_PDEATHSIG = 1
 # A line rewritten in place with \r (a progress bar: tqdm, Lightning, Accelerate) is shown as
@@ -109,18 +108,30 @@ def run_member_body(body, error_file):
             print(ex.code, file=sys.stderr)
     except BaseException as ex:  # every failure of user code becomes the member's error
         raised_at = time.time()
-        traceback.print_exc()
-        record_error(ex, error_file)
-        if error_file:  # last: from now on the gang counts this rank as failed
-            save_exception(ex, raised_at, error_file)
+        # The gang stops every rank the moment the first one fails: a rank that raised its own
+        # error writes it down whole before that SIGTERM takes it (it is delivered right after;
+        # SIGKILL, after the stop's grace, still ends a member that cannot write).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            report_exception(ex, communication_error(ex))
+            record_error(ex, error_file)
+            if error_file:  # last: from now on the gang counts this rank as failed
+                save_exception(ex, raised_at, error_file)
+            _flush_stdio()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         code = 1
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
+        _flush_stdio()
     return code
+
+
+def _flush_stdio():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def record_error(ex, error_file):
@@ -275,7 +286,8 @@ class _NoteOnOrphan:
         except BlockingIOError:
             died = False  # the parent is still there
         if died:
-            line = self.note.rstrip("\n").encode() + b"\n"
+            note = self.note() if callable(self.note) else self.note  # what is known now
+            line = note.rstrip("\n").encode() + b"\n"
             _write_all(2, line)
             self(2, line)
         if self.inner is not None:
