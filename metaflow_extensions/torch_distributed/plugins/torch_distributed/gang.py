@@ -440,12 +440,16 @@ class Leader:
                 finished.append(slot.rank)
             elif code is not None:
                 # It failed on its own if it ended, or recorded its exception, before the gang
-                # stopped it (the watch may have stopped watching by then).
+                # stopped it (the watch may have stopped watching by then), or if what it
+                # recorded is an error of its own: a stop ends a rank by a signal, never by an
+                # exception, so only a symptom (a peer went away) can be the stop's doing. Ranks
+                # that raise the same error a few ms apart (a framework's check) all raised it.
                 failure = from_exit(slot.rank, slot.node, slot.local_rank, code, time.time(),
                                     slot.error_file)
                 if (slot.member.label not in runner.stopped
                         or (failure.kind == "exception"
-                            and failure.detected_at < runner.stop_started)):
+                            and (failure.detected_at < runner.stop_started
+                                 or not failure.is_symptom()))):
                     exited.append(failure)
         outcome = gang_outcome(attempt.watch.failures, range(self.topology.world_size), exited,
                                finished)
