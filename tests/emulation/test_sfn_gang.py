@@ -12,6 +12,8 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
+
 from . import sfn
 from .aws import client, validate_request
 from tests.support import isolated_env, metaflow
@@ -46,7 +48,16 @@ class Execution:
     def wait_state(self, name, timeout_s=240):
         """The description of the state's job once it has ended."""
         job_id = self.jobs[name]
-        detail = wait_status(self.api, job_id, "SUCCEEDED", "FAILED", timeout_s=timeout_s)
+        try:
+            detail = wait_status(self.api, job_id, "SUCCEEDED", "FAILED", timeout_s=timeout_s)
+        except pytest.fail.Exception as timed_out:  # what each node said, to tell why
+            logs = []
+            for node in (0, 1):
+                try:
+                    logs.append("node %d:\n%s" % (node, self.batch.node_log(job_id, node)[-3000:]))
+                except (OSError, IndexError) as ex:
+                    logs.append("node %d: no log (%s)" % (node, ex))
+            pytest.fail("%s\n%s" % (timed_out, "\n----\n".join(logs)))
         self.filled["$.JobId"] = job_id  # the next state's input: this job's description
         return detail
 

@@ -395,9 +395,31 @@ def test_a_node_that_stops_beating_is_reported_lost_by_name(gang):
 
 def test_a_node_that_never_beat_is_left_to_the_join_deadline(gang):
     host, _, _ = gang
-    sup = LeaderWatch([], host, Topology(2, 1), watch_nodes=[1], heartbeat_timeout=0.3).start()
+    sup = LeaderWatch([], host, Topology(2, 1), watch_nodes=[1], heartbeat_timeout=0.3,
+                      expected_joins={naming.node_join_id(1): Place(1)},
+                      join_timeout=60).start()
     assert not sup.wait(1.0)
     sup.finished.set()
+
+
+def test_a_node_that_joined_and_never_beat_is_reported_lost(gang):
+    """A node frozen between its join and its first beat (seen once on the Step Functions
+    emulation, under load: node 0 then waited for torch's own timeout): once it has joined,
+    no beat counts as a silent node, timed from when node 0 saw the join."""
+    host, node, _ = gang
+    recorder = Recorder()
+    sup = LeaderWatch([], host, Topology(2, 2), watch_nodes=[1], heartbeat_timeout=0.5,
+                      expected_joins={naming.node_join_id(1): Place(1)}, join_timeout=60,
+                      on_failure=recorder).start()
+    try:
+        assert not sup.wait(1.0)  # not joined yet: the join deadline's business
+        node.join(naming.node_join_id(1))  # joined, then nothing
+        assert sup.wait(5)
+    finally:
+        sup.finished.set()
+    [failure] = recorder.calls
+    assert failure.kind == "lost" and failure.node == 1
+    assert "stopped sending heartbeats 0.5s ago: node 1 (ranks 2-3)" in failure.describe()
 
 
 def test_unfinished_ranks_are_named_on_every_node(gang, started):

@@ -361,6 +361,11 @@ class Leader:
             on_body_start()
         self._body_running.set()
         try:
+            # The watch may have failed the gang before the body began, when _on_failure
+            # found no body to interrupt: then the body does not begin (the watch records
+            # its failure before it looks at _body_running, set above before this look).
+            if attempt.watch.failed():
+                raise _aborted()
             run_rank_body(attempt.spec, self.topology, 0, step_func, args)
             attempt.body_finished = True
         except BaseException as ex:
@@ -503,6 +508,9 @@ class Agent:
                       % (self.spec.master_addr, self.spec.master_port, ex), file=sys.stderr)
                 return 2
             self._wait_for_exec_ranks(runner, control)
+            # beat before joining: node 0 never sees this node joined and silent, unless
+            # it went silent (AgentWatch beats on from here)
+            control.beat(self.spec.node)
             control.join(naming.node_join_id(self.spec.node))
             joined_at = time.time()
             if self.spec.backend != "local":

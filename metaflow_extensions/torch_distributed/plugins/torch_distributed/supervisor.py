@@ -432,17 +432,26 @@ class LeaderWatch(Watch):
 
     def _check_heartbeat(self, node, now):
         count = self.control.beats(node)
+        if count == 0 and self._joining(node):
+            self._beats.pop(node, None)
+            return None  # not started yet: the join deadline covers it
         seen = self._beats.get(node)
         if seen is None or count != seen[0]:
+            # the clock of a node that joined but never beat starts when its join was seen
             self._beats[node] = (count, self.clock())
             return None
-        if count == 0 or self.clock() - seen[1] < self.heartbeat_timeout:
-            return None  # not started yet (the join deadline covers it), or still beating
+        if self.clock() - seen[1] < self.heartbeat_timeout:
+            return None  # still beating
         return F.Failure(
             None, node, "lost", now,
             message="stopped sending heartbeats %ss ago: %s or its container died, hangs, or "
             "cannot reach node 0 any more. Its own log (and the instance's) tells why."
             % (self.heartbeat_timeout, _member_name(Place(node), self.topology)))
+
+    def _joining(self, node):
+        """True while node 0 still waits for `node` to join (a join it does not expect, as in
+        a watch of nodes alone, counts as joined)."""
+        return any(p.node == node and p.rank is None for p in self._pending_joins.values())
 
     def _other_nodes(self):
         """Every other node: the ones watched through the store, and local agents."""
