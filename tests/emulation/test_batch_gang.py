@@ -138,6 +138,23 @@ def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang, tmp_p
     assert "writes to stderr" not in out.stdout
 
 
+def test_a_rank_on_node_1_stuck_outside_any_collective_is_named_with_its_stack(gang):
+    """Hang detection across machines: node 1's agent reads its ranks' probes and sends where
+    they stand through node 0's store; node 0 names rank 2 with its stack, with no timeout
+    given to init_process_group."""
+    res = gang.run(TD_HANG_RANK=2, TD_HANG_TIMEOUT=8)
+    out = res.output
+    assert res.returncode != 0, out[-6000:]
+    assert "[rank 2] rank 2 hangs outside any collective" in out
+    assert "rank 2 (node 1, local rank 0) made no progress: for " in out, out[-6000:]
+    assert "while ranks 0, 1, 3 wait (hang_timeout=8s)" in out, out[-6000:]
+    assert out.index("rank 2 (node 1): at batch_gang_flow.py:") < \
+        out.index("ranks 0, 1, 3 (nodes 0, 1): all_reduce, called from batch_gang_flow.py:")
+    stack = out[out.index("Rank 2's stack (most recent call last):"):]
+    assert re.search(r'File ".*batch_gang_flow\.py", line \d+, in train', stack), stack[:2000]
+    assert len(gang.jobs_of("train")) == 1  # one job, failed: no retry was asked for
+
+
 def test_a_failing_rank_on_node_1_fails_the_job_and_retry_submits_a_new_one(gang):
     res = gang.run("--with", "card", TD_FAIL_RANK=2, TD_FAIL_ATTEMPT=0, TD_RETRIES=1)
     assert res.returncode == 0, res.output

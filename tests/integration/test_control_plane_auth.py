@@ -83,6 +83,7 @@ def test_forged_messages_are_ignored_and_counted_once(gang, tmp_path):
         KEYS.log_end(1): b"1",
         KEYS.node_events(1): b"{}",
         KEYS.checkpoint: b'{"loaded": null}',
+        KEYS.progress(1): b'{"n": 99, "ranks": {"2": {"quiet_s": 1e9}}}',
     }
     for key, value in forged.items():
         # plain, and dressed as a sealed value whose tag is wrong
@@ -99,11 +100,13 @@ def test_forged_messages_are_ignored_and_counted_once(gang, tmp_path):
             assert control.take_logs(1, 0) == ([], 0)
             assert not control.log_ended(1)
             assert control.node_events(1) is None
+            assert control.progress(1) == {}
     assert node.checkpoint(0.2) is None
     ignored = _new_ignored(before)
     assert sum(ignored.values()) == len(forged), ignored  # each (key, value) once
     assert set(ignored) == {"abort", "joined", "done", "failure", "running", "rank done",
-                            "heartbeat", "log", "log end", "node record", "checkpoint"}
+                            "heartbeat", "log", "log end", "node record", "checkpoint",
+                            "progress"}
     # the gang's own messages still get through: they overwrite the forged values
     node.join("node1")
     node.beat(1)
@@ -147,6 +150,13 @@ def test_replayed_and_moved_values_do_not_open(gang):
     assert host.beats(1) == 3
     intruder.set(KEYS.beat(1), first)  # an old beat, replayed
     assert host.beats(1) == 3
+    # where a node's ranks stand, replayed from earlier, is not taken for news
+    node.send_progress(1, {2: {"quiet_s": 50.0}})
+    old = intruder.get(KEYS.progress(1))
+    node.send_progress(1, {2: {"quiet_s": 1.0}})
+    assert host.progress(1) == {2: {"quiet_s": 1.0}}
+    intruder.set(KEYS.progress(1), old)
+    assert host.progress(1) == {2: {"quiet_s": 1.0}}
     # a value of another attempt of the same task, even under the same secret
     other = ControlPlane.client("127.0.0.1", port, GANG[:-1] + "1", SECRET, timedelta(seconds=5))
     other.abort()

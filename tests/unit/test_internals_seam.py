@@ -41,6 +41,10 @@ OWN = ("self", "cls")
 NOT_METAFLOW = {
     ("groupcheck.py", "_rendezvous_handlers"): "torch.distributed.rendezvous (GroupWatch)",
     ("groupcheck.py", "_shared_state"): "accelerate.state.PartialState",
+    # a probe's collective count (pinned by tests/unit/test_stacks.py on a real gloo group)
+    ("stacks.py", "_world"): "torch.distributed.distributed_c10d (every process group)",
+    ("stacks.py", "_get_default_group"): "torch.distributed.distributed_c10d",
+    ("stacks.py", "_get_sequence_number_for_group"): "torch's ProcessGroup",
 }
 
 

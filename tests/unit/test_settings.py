@@ -10,13 +10,13 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.settings im
     GangSettings, resolve)
 
 CONFIG = {"RENDEZVOUS_TIMEOUT": 300, "FINISH_TIMEOUT": None, "HEARTBEAT_TIMEOUT": 30,
-          "ABORT_GRACE": 2, "START_METHOD": "auto"}
+          "ABORT_GRACE": 2, "START_METHOD": "auto", "HANG_TIMEOUT": 600}
 
 
 def test_defaults_come_from_the_configuration():
     assert resolve("train", {}, CONFIG) == GangSettings(
         rendezvous_timeout_s=300.0, finish_timeout_s=300.0, heartbeat_timeout_s=30.0,
-        abort_grace_s=2.0, start_method="auto")
+        abort_grace_s=2.0, start_method="auto", hang_timeout_s=600.0)
 
 
 def test_the_finish_timeout_follows_the_steps_rendezvous_timeout_unless_given():
@@ -50,6 +50,27 @@ def test_a_bad_configured_duration_names_its_variable(key):
         resolve("train", {}, dict(CONFIG, **{key: "0"}))
     assert "METAFLOW_TORCH_DISTRIBUTED_%s='0' is not a positive number of seconds" % key \
         in str(raised.value)
+
+
+def test_hang_detection_is_on_by_default_and_0_turns_it_off():
+    assert resolve("train", {"hang_timeout": 45}, CONFIG).hang_timeout_s == 45.0
+    assert resolve("train", {"hang_timeout": 0}, CONFIG).hang_timeout_s is None
+    assert resolve("train", {}, dict(CONFIG, HANG_TIMEOUT="0")).hang_timeout_s is None
+    assert resolve("train", {"hang_timeout": 30}, dict(CONFIG, HANG_TIMEOUT="0")) \
+        .hang_timeout_s == 30.0
+
+
+@pytest.mark.parametrize("value", [-1, "soon", True, math.inf])
+def test_a_bad_hang_timeout_names_the_step_the_value_and_both_fixes(value):
+    with pytest.raises(TorchDistributedConfigError) as raised:
+        resolve("train", {"hang_timeout": value}, CONFIG)
+    text = str(raised.value)
+    assert "train" in text and "hang_timeout=%r is not a positive number of seconds" % value \
+        in text
+    assert "Give e.g. hang_timeout=300. Or 0 to turn it off." in text
+    with pytest.raises(TorchDistributedConfigError,
+                       match="METAFLOW_TORCH_DISTRIBUTED_HANG_TIMEOUT='-5'"):
+        resolve("train", {}, dict(CONFIG, HANG_TIMEOUT="-5"))
 
 
 def test_a_bad_start_method_is_refused():

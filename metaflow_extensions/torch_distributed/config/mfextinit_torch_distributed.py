@@ -35,6 +35,10 @@ TORCH_DISTRIBUTED_CPU_REHEARSAL = from_conf("TORCH_DISTRIBUTED_CPU_REHEARSAL", F
 # from a node that has started before it fails the gang, naming that node.
 TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT = from_conf("TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT", 30)
 
+# Seconds no rank of a gang may complete a collective while some rank waits in one before the
+# gang is failed as hung, naming the straggler with its stack (stacks.py); 0 turns it off.
+TORCH_DISTRIBUTED_HANG_TIMEOUT = from_conf("TORCH_DISTRIBUTED_HANG_TIMEOUT", 600)
+
 # What happens when a rank of a gang ran its step body without joining the gang's process
 # group (its ranks trained independently): "error", "warn" or "off". Unset: "error" on steps
 # that carry @torch_distributed in the flow, "warn" on steps that got it from --with.

@@ -11,6 +11,8 @@ How (TD_FAIL_HOW): raise, exit (code 3), sigkill, hang (sleeps; TD_PG_TIMEOUT gi
 group a short timeout so that the peers of a hung rank give up), raise_with_child (raises with
 a torch.multiprocessing child running that ignores SIGTERM; the child writes its pid to
 $TD_MARK_DIR/child-pid).
+TD_SLOW_RANK, TD_SLOW_S, TD_SLOW_STEPS: before the collective, every rank runs TD_SLOW_STEPS
+all_reduces, and rank TD_SLOW_RANK sleeps TD_SLOW_S seconds before each (slow, never hung).
 TD_RANK0_LATE_COLLECTIVE: rank 0 calls one more all_reduce after the others left the body.
 TD_INTRUDER (the path of tests/intruder.py): rank 0 first starts it, an outside process that
 reached the gang's store with MASTER_ADDR and MASTER_PORT only; it writes to $TD_MARK_DIR."""
@@ -143,6 +145,10 @@ class GangFlow(FlowSpec):
             self.listening = listening_addresses()
         if os.environ.get("TD_FAIL_WHEN") == "in_loader":
             train_on_loader(dist)
+        for _ in range(int(os.environ.get("TD_SLOW_STEPS", "0"))):
+            if int(os.environ.get("TD_SLOW_RANK", -1)) == dist.get_rank():
+                time.sleep(float(os.environ["TD_SLOW_S"]))  # slow, but it gets there
+            dist.all_reduce(torch.ones(1))
         t = torch.tensor([float(dist.get_rank() + 1)])
         maybe_fail("in_collective")
         dist.all_reduce(t)

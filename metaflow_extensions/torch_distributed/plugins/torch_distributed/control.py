@@ -82,6 +82,8 @@ class ControlPlane:
         self._beats_sent = 0
         self._logs_shipped = 0
         self._beats_seen = {}  # node -> the last heartbeat count that opened
+        self._progress_sent = 0
+        self._progress_seen = {}  # node -> (number, reports) of its latest progress
 
     @classmethod
     def host(cls, listener, gang_id, secret, timeout):
@@ -250,6 +252,21 @@ class ControlPlane:
         count = int(payload.decode()) if payload is not None else 0
         self._beats_seen[node] = max(count, self._beats_seen.get(node, 0))
         return self._beats_seen[node]
+
+    def send_progress(self, node, reports):
+        """Where node `node`'s ranks stand ({rank: stacks report}), numbered by this client so
+        that a value replayed from earlier is not taken for news (see progress)."""
+        self._progress_sent += 1
+        self._put(self._keys.progress(node),
+                  json.dumps({"n": self._progress_sent, "ranks": reports}).encode())
+
+    def progress(self, node):
+        """{rank: report} node `node` last sent, or {}: the latest by its number."""
+        value = self._json(self._keys.progress(node), "progress")
+        if value is not None and value.get("n", 0) > self._progress_seen.get(node, (0, {}))[0]:
+            self._progress_seen[node] = (value["n"], {int(r): rep
+                                                       for r, rep in value["ranks"].items()})
+        return self._progress_seen.get(node, (0, {}))[1]
 
     def ship_log(self, node, target_fd, data):
         """Queue output of node `node` (complete lines, for fd 1 or 2) for node 0's task log.

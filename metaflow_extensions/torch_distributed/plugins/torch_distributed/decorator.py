@@ -54,6 +54,10 @@ class TorchDistributedDecorator(StepDecorator):
         "fork" (members forked from the loaded task: fastest), "exec" (a fresh interpreter
         per member) or "auto" (fork on Linux while CUDA is untouched, else exec).
         Default: METAFLOW_TORCH_DISTRIBUTED_START_METHOD ("auto").
+    hang_timeout : int, optional
+        Seconds no rank may complete a collective while some rank waits in one before the
+        gang is failed as hung, with every rank's place and the straggler's stack; 0 turns
+        hang detection off. Default: METAFLOW_TORCH_DISTRIBUTED_HANG_TIMEOUT (600).
 
     MF Add To Current
     -----------------
@@ -75,6 +79,7 @@ class TorchDistributedDecorator(StepDecorator):
         "rendezvous_timeout": None,
         "finish_timeout": None,
         "start_method": None,
+        "hang_timeout": None,
     }
 
     def step_init(self, flow, graph, step_name, decorators, environment, flow_datastore, logger):
@@ -166,6 +171,7 @@ class TorchDistributedDecorator(StepDecorator):
             finish_timeout_s=self.settings.finish_timeout_s,
             start_method=self.settings.start_method,
             heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
+            hang_timeout_s=self.settings.hang_timeout_s,
             # a step --with put the decorator on may do no distributed work: warn, not fail
             group_check_default="error" if self.statically_defined else "warn",
         )
@@ -413,14 +419,15 @@ def _configured_settings():
     """The METAFLOW_TORCH_DISTRIBUTED_* values settings.resolve reads."""
     from metaflow.metaflow_config import (
         TORCH_DISTRIBUTED_ABORT_GRACE, TORCH_DISTRIBUTED_FINISH_TIMEOUT,
-        TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT, TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT,
-        TORCH_DISTRIBUTED_START_METHOD)
+        TORCH_DISTRIBUTED_HANG_TIMEOUT, TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT,
+        TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT, TORCH_DISTRIBUTED_START_METHOD)
 
     return {"RENDEZVOUS_TIMEOUT": TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT,
             "FINISH_TIMEOUT": TORCH_DISTRIBUTED_FINISH_TIMEOUT,
             "HEARTBEAT_TIMEOUT": TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT,
             "ABORT_GRACE": TORCH_DISTRIBUTED_ABORT_GRACE,
-            "START_METHOD": TORCH_DISTRIBUTED_START_METHOD}
+            "START_METHOD": TORCH_DISTRIBUTED_START_METHOD,
+            "HANG_TIMEOUT": TORCH_DISTRIBUTED_HANG_TIMEOUT}
 
 
 def _rehearsal():

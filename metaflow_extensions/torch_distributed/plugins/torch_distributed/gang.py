@@ -19,7 +19,7 @@ import time
 import traceback
 
 from . import current as current_mod
-from . import events, groupcheck, interrupt, naming
+from . import events, groupcheck, interrupt, naming, stacks
 from .control import ControlPlane, GangMismatch, bind_error, bind_listener, is_port_in_use, \
     loopback_interface, port_in_use_error
 from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
@@ -177,11 +177,22 @@ class NodeRunner:
 
 
 def run_rank_body(spec, topology, local_rank, step_func, args):
-    """A rank's step body, its events recorded for the gang's card."""
+    """A rank's step body, its events recorded for the gang's card, its probe (stacks.py)
+    telling its node's watch where it stands while hang detection is on."""
     rank = topology.rank(spec.node, local_rank)
-    events.run_recorded(rank, events.rank_file(spec.work_dir, rank), lambda: groupcheck.run_body(
-        step_func, args, spec.step_name, topology, default_mode=spec.group_check_default,
-        on_join=events.note_join))
+    probe = None
+    if spec.hang_timeout_s:
+        probe = stacks.Probe(stacks.probe_file(spec.work_dir, rank),
+                             stacks.interval_for(spec.hang_timeout_s), rank).start()
+    try:
+        events.run_recorded(rank, events.rank_file(spec.work_dir, rank),
+                            lambda: groupcheck.run_body(
+                                step_func, args, spec.step_name, topology,
+                                default_mode=spec.group_check_default,
+                                on_join=events.note_join))
+    finally:
+        if probe is not None:
+            probe.stop()
 
 
 def rank_info(spec, topology, local_rank):
@@ -300,7 +311,9 @@ class Leader:
             leader_busy=self._body_running.is_set,
             finish_timeout=spec.finish_timeout_s,
             on_failure=self._on_failure,
-            on_assembled=on_assembled).start()
+            on_assembled=on_assembled,
+            progress=stacks.NodeProgress(spec.work_dir, self.topology.ranks_of(0)),
+            hang_timeout=spec.hang_timeout_s).start()
         running.callback(_abort_if_failed, attempt)
 
     def _settle(self, attempt):
@@ -516,8 +529,14 @@ class Agent:
             if self.spec.backend != "local":
                 print("joined the gang of node 0 at %s:%d" % (self.spec.master_addr,
                                                              self.spec.master_port), flush=True)
-            supervisor = AgentWatch(runner.slots, control, self.topology,
-                                    self.spec.node).start()
+            hang_timeout = self.spec.hang_timeout_s
+            supervisor = AgentWatch(
+                runner.slots, control, self.topology, self.spec.node,
+                progress=stacks.NodeProgress(self.spec.work_dir,
+                                             self.topology.ranks_of(self.spec.node))
+                if hang_timeout else None,
+                progress_interval=stacks.interval_for(hang_timeout) if hang_timeout else None,
+            ).start()
             supervisor.wait()
             self._send_record(runner, control, joined_at)
             if supervisor.aborted:

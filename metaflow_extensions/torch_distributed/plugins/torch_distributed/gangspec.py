@@ -40,6 +40,9 @@ class GangSpec:
     # multi-node job; a node agent's place is filled in on its node, see batch.resolve_node)
     backend: str = "local"
     heartbeat_timeout_s: Optional[float] = None
+    # hang detection (stacks.py): how long no collective may complete while a rank waits in
+    # one; None: off. Every rank's probe samples at an interval derived from it
+    hang_timeout_s: Optional[float] = None
     # The group check's mode when METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK is not set: "error"
     # where the user wrote the decorator, "warn" where it came from --with (groupcheck.py)
     group_check_default: str = "error"

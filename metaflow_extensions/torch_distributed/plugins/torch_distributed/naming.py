@@ -106,6 +106,10 @@ class Keys:
         """How many heartbeats node `node` has sent while it is alive."""
         return "%snode/%d/beat" % (self._prefix, node)
 
+    def progress(self, node):
+        """Where node `node`'s ranks stand, for node 0's hang verdict (JSON, see stacks.py)."""
+        return "%snode/%d/progress" % (self._prefix, node)
+
     def log_chunk(self, node, seq):
         """The `seq`-th (from 1) chunk of output node `node` shipped to node 0."""
         return "%snode/%d/log/%d" % (self._prefix, node, seq)

@@ -6,6 +6,7 @@ before the start step, naming the step, the setting, the value and the fix.
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 from .errors import TorchDistributedConfigError
 
@@ -25,6 +26,9 @@ class GangSettings:
     abort_grace_s: float
     # "auto", "fork" or "exec": how the members of a node are started.
     start_method: str
+    # How long no rank's collective count may stand still while a rank waits in a collective
+    # before the gang is failed as hung (stacks.py); None: hang detection is off (0 given).
+    hang_timeout_s: Optional[float] = None
 
 
 def resolve(step_name, attributes, config):
@@ -46,7 +50,25 @@ def resolve(step_name, attributes, config):
         abort_grace_s=_seconds(step_name, "abort_grace", None, config["ABORT_GRACE"]),
         start_method=_start_method(step_name, attributes.get("start_method"),
                                    config["START_METHOD"]),
+        hang_timeout_s=_seconds_or_off(step_name, "hang_timeout", attributes.get("hang_timeout"),
+                                       config["HANG_TIMEOUT"]),
     )
+
+
+def _seconds_or_off(step_name, name, value, configured):
+    """As _seconds, where 0 turns the check off (None)."""
+    raw = configured if value is None else value
+    try:
+        off = not isinstance(raw, bool) and float(raw) == 0
+    except (TypeError, ValueError):
+        off = False
+    if off:
+        return None
+    try:
+        return _seconds(step_name, name, value, configured)
+    except TorchDistributedConfigError as ex:
+        raise TorchDistributedConfigError(
+            step_name, "%s Or 0 to turn it off." % str(ex).split(": ", 1)[-1].rstrip()) from None
 
 
 def _seconds(step_name, name, value, configured):

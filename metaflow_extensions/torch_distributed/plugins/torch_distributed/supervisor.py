@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import failures as F
+from . import stacks
 from .procs import Member
 
 POLL_INTERVAL = 0.05
@@ -319,9 +320,15 @@ class LeaderWatch(Watch):
 
     def __init__(self, slots, control, topology, watch_nodes=(), expected_joins=None,
                  join_timeout=None, heartbeat_timeout=None, leader_busy=None,
-                 finish_timeout=None, on_failure=None, on_assembled=None, clock=time.monotonic):
+                 finish_timeout=None, on_failure=None, on_assembled=None, clock=time.monotonic,
+                 progress=None, hang_timeout=None):
         super().__init__(slots, control, topology, on_failure, clock)
         self.on_assembled = on_assembled
+        # hang detection (stacks.py): this node's ranks' probes, the other nodes' through the
+        # store; a verdict at most once per probe interval
+        self.progress = progress
+        self.hang_timeout = hang_timeout
+        self._next_hang_check = clock()
         self.assembled = threading.Event()
         self.join_timeout = join_timeout
         self.join_deadline = clock() + join_timeout if join_timeout is not None else None
@@ -392,7 +399,27 @@ class LeaderWatch(Watch):
                 lost = self._check_heartbeat(node, now)
                 if lost is not None:
                     return lost
-        return self._check_joins(now)
+        joins = self._check_joins(now)
+        if joins is not None:
+            return joins
+        return self._check_hang(now)
+
+    def _check_hang(self, now):
+        if self.progress is None or not self.hang_timeout or self.clock() < self._next_hang_check:
+            return None
+        self._next_hang_check = self.clock() + stacks.interval_for(self.hang_timeout)
+        if self._pending_joins:
+            return None  # not every member is there yet: the join deadline's business
+        reports = self.progress.read()
+        for node in self._other_nodes():
+            reports.update(self.control.progress(node))
+        found = stacks.verdict(reports, self.topology.world_size, self.hang_timeout,
+                               self.topology.locate)
+        if found is None:
+            return None
+        rank, text = found
+        node, local_rank = self.topology.locate(rank)
+        return F.Failure(rank, node, "hung", now, local_rank=local_rank, message=text)
 
     def _all_done(self):
         return not self._nodes_left and not self._pending_joins and super()._all_done()
@@ -479,11 +506,16 @@ class AgentWatch(Watch):
     """The watch of node `node` (not node 0): it beats, tells node 0 which of its ranks
     finished and, on a symptom, which still run, and ends when node 0 aborts the gang."""
 
-    def __init__(self, slots, control, topology, node, on_failure=None, clock=time.monotonic):
+    def __init__(self, slots, control, topology, node, on_failure=None, clock=time.monotonic,
+                 progress=None, progress_interval=None):
         super().__init__(slots, control, topology, on_failure, clock)
         self.node = node
         self._next_beat = clock()
         self._reported_done = set()
+        # where this node's ranks stand (stacks.NodeProgress), sent to node 0 this often
+        self.progress = progress
+        self.progress_interval = progress_interval
+        self._next_progress = clock()
 
     def _tick(self):
         for slot in self.slots:
@@ -493,6 +525,11 @@ class AgentWatch(Watch):
         if self.clock() >= self._next_beat:
             self.control.beat(self.node)
             self._next_beat = self.clock() + HEARTBEAT_INTERVAL
+        if self.progress is not None and self.clock() >= self._next_progress:
+            self._next_progress = self.clock() + self.progress_interval
+            reports = self.progress.read()
+            if reports:
+                self.control.send_progress(self.node, reports)
 
     def _check(self):
         failure = super()._check()

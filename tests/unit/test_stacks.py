@@ -1,0 +1,178 @@
+"""Hang detection's parts (stacks.py): where a stack stands, a node's reading of its ranks'
+probes (injected clock), the verdict (pure), and a real probe on a real gloo group."""
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import stacks
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+
+SITE = "/venv/lib/python3.11/site-packages"
+C10D = SITE + "/torch/distributed/distributed_c10d.py"
+LOGGER = SITE + "/torch/distributed/c10d_logger.py"
+AUTOGRAD = SITE + "/torch/autograd/__init__.py"
+TENSOR = SITE + "/torch/_tensor.py"
+FLOW = "/home/me/flow.py"
+
+
+def frames(*outermost_first):
+    return [list(f) for f in reversed(outermost_first)]
+
+
+def test_a_stack_inside_a_collective_names_the_call_the_user_made():
+    stack = frames((FLOW, 54, "train"), (LOGGER, 81, "wrapper"), (C10D, 2800, "all_reduce"))
+    assert stacks.waiting_call(stack) == "all_reduce"
+    assert stacks.user_frame(stack) == "flow.py:54 in train"
+    # DDP's collectives run inside autograd's backward
+    backward = frames((FLOW, 60, "train"), (TENSOR, 640, "backward"),
+                      (AUTOGRAD, 350, "backward"), (SITE + "/torch/autograd/graph.py", 820,
+                                                    "_engine_run_backward"))
+    assert stacks.waiting_call(backward) == "backward"
+    # a Python loop of the step's own: no call
+    assert stacks.waiting_call(frames((FLOW, 57, "train"), (FLOW, 12, "spin"))) is None
+    assert stacks.user_frame(frames((FLOW, 57, "train"), (FLOW, 12, "spin"))) == \
+        "flow.py:12 in spin"
+
+
+def test_the_stack_shown_starts_at_the_steps_code():
+    import metaflow
+
+    mf = os.path.join(os.path.dirname(metaflow.__file__), "task.py")
+    stack = frames((FLOW, 300, "<module>"), (mf, 938, "run_step"), (FLOW, 54, "train"),
+                   (C10D, 2800, "all_reduce"))
+    shown = stacks.format_stack(stack)
+    assert shown.splitlines() == ['  File "%s", line 54, in train' % FLOW,
+                                  '  File "%s", line 2800, in all_reduce' % C10D]
+
+
+def report(quiet, waiting=None, seq=10, where="flow.py:54 in train", done=False, age=0.1):
+    return {"quiet_s": quiet, "seq": seq, "waiting": waiting, "where": where,
+            "stack": '  File "%s", line 1, in x' % FLOW, "age_s": age, "done": done}
+
+
+TOPO = Topology(2, 2)
+
+
+def test_ranks_waiting_in_a_collective_while_one_is_elsewhere_is_a_hang_naming_it():
+    reports = {0: report(30, "all_reduce"), 1: report(31, "all_reduce"),
+               2: report(30, None, where="flow.py:65 in maybe_fail"), 3: report(30, "all_reduce")}
+    rank, text = stacks.verdict(reports, 4, 20, TOPO.locate)
+    assert rank == 2
+    assert "for 30s no collective completed on any rank while ranks 0, 1, 3 wait" in text
+    assert text.index("rank 2 (node 1): at flow.py:65 in maybe_fail, not in a collective") < \
+        text.index("ranks 0, 1, 3 (nodes 0, 1): all_reduce, called from flow.py:54 in train")
+    assert "Rank 2's stack (most recent call last)" in text
+    assert "raise hang_timeout, or set it to 0" in text
+
+
+@pytest.mark.parametrize("reports", [
+    # one rank's collectives still move: not a hang
+    {0: report(30, "all_reduce"), 1: report(2, "all_reduce"), 2: report(30), 3: report(30)},
+    # nobody waits in a collective (everyone computes): not a hang
+    {r: report(100) for r in range(4)},
+    # a rank has not reported yet
+    {r: report(100, "all_reduce") for r in range(3)},
+    # a rank finished its body: the finish timeout's business
+    {0: report(100, "barrier"), 1: report(100, done=True), 2: report(100), 3: report(100)},
+], ids=["one-moves", "none-waits", "one-unknown", "one-done"])
+def test_no_verdict_while_the_gang_moves_or_cannot_be_judged(reports):
+    assert stacks.verdict(reports, 4, 20, TOPO.locate) is None
+
+
+def test_when_every_rank_waits_the_one_behind_on_collectives_is_named():
+    reports = {0: report(30, "all_reduce", seq=12), 1: report(30, "all_reduce", seq=12),
+               2: report(30, "barrier", seq=11), 3: report(30, "all_reduce", seq=12)}
+    assert stacks.verdict(reports, 4, 20, TOPO.locate)[0] == 2
+    # same counts: the one in another call than the others
+    reports[2]["seq"] = 12
+    assert stacks.verdict(reports, 4, 20, TOPO.locate)[0] == 2
+    # all in the same call at the same count: no odd one out (a peer vanished, a deadlock)
+    reports[2]["waiting"] = "all_reduce"
+    rank, text = stacks.verdict(reports, 4, 20, TOPO.locate)
+    assert rank == 0 and "every rank in the same call" in text
+
+
+def test_a_rank_whose_probe_stopped_writing_is_said_to_hold_pythons_lock():
+    reports = {0: report(60, "all_reduce"), 1: report(60, None, age=45.0)}
+    _, text = stacks.verdict(reports, 2, 20, Topology(1, 2).locate)
+    assert "rank 1: no sample for 45s" in text
+
+
+class Clock:
+    now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def write_probe(work_dir, rank, seq, done=False, stack=None):
+    with open(stacks.probe_file(work_dir, rank), "w") as f:
+        json.dump({"rank": rank, "at": time.time(), "seq": seq, "done": done,
+                   "stack": stack or frames((FLOW, 54, "train"), (C10D, 1, "all_reduce"))}, f)
+
+
+def test_a_node_times_how_long_each_ranks_collective_count_stands_still(tmp_path):
+    clock = Clock()
+    progress = stacks.NodeProgress(str(tmp_path), [0, 1], clock)
+    assert progress.read() == {}  # no probe wrote yet
+    write_probe(tmp_path, 0, 5)
+    write_probe(tmp_path, 1, None)  # before init_process_group
+    assert {r: rep["quiet_s"] for r, rep in progress.read().items()} == {0: 0.0, 1: 0.0}
+    clock.now += 7
+    write_probe(tmp_path, 0, 6)  # rank 0 ran a collective
+    reports = progress.read()
+    assert reports[0]["quiet_s"] == 0.0 and reports[1]["quiet_s"] == 7.0
+    assert reports[0]["waiting"] == "all_reduce" and reports[0]["where"] == "flow.py:54 in train"
+    clock.now += 3
+    assert progress.read()[0]["quiet_s"] == 3.0
+
+
+def test_a_real_probe_counts_a_real_groups_collectives_and_sees_the_main_threads_stack(
+        tmp_path, monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        path = stacks.probe_file(str(tmp_path), 0)
+        probe = stacks.Probe(path, 0.05, 0).start()
+        before = _read(path)["seq"]
+        for _ in range(3):
+            dist.all_reduce(torch.ones(1))
+        time.sleep(0.3)
+        sample = _read(path)
+        assert sample["seq"] == before + 3
+        # the main thread's stack (this test's frame), never the probe's own thread
+        assert any(name == "test_a_real_probe_counts_a_real_groups_collectives_and_sees_the_"
+                   "main_threads_stack" for _, _, name in sample["stack"])
+        assert threading.current_thread() is threading.main_thread()
+        probe.stop()
+        assert _read(path)["done"] is True
+    finally:
+        dist.destroy_process_group()
+    assert stacks.collective_count() is None  # no group any more
+
+
+def _read(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_probe_interval_follows_the_hang_timeout_within_bounds():
+    assert stacks.interval_for(600) == stacks.MAX_INTERVAL
+    assert stacks.interval_for(10) == 0.5
+    assert stacks.interval_for(1) == stacks.MIN_INTERVAL
