@@ -110,9 +110,23 @@ class Clock:
 
 
 def write_probe(work_dir, rank, seq, done=False, stack=None):
-    with open(stacks.probe_file(work_dir, rank), "w") as f:
-        json.dump({"rank": rank, "at": time.time(), "seq": seq, "done": done,
-                   "stack": stack or frames((FLOW, 54, "train"), (C10D, 1, "all_reduce"))}, f)
+    sample = {"rank": rank, "at": time.time(), "seq": seq, "done": done,
+              "stack": stack or frames((FLOW, 54, "train"), (C10D, 1, "all_reduce"))}
+    with open(stacks.probe_file(work_dir, rank), "wb") as f:
+        f.write(stacks.frame_record(json.dumps(sample).encode()))
+
+
+def test_a_sample_caught_half_written_is_skipped_not_misread(tmp_path):
+    record = stacks.frame_record(b'{"seq": 12}')
+    assert stacks.read_record(record) == b'{"seq": 12}'
+    # a shorter sample written over a longer one: the header says where it ends
+    assert stacks.read_record(record + b"tail of an older, longer sample") == b'{"seq": 12}'
+    assert stacks.read_record(record[:-3]) is None  # torn
+    assert stacks.read_record(record.replace(b"12", b"13")) is None  # not its CRC
+    assert stacks.read_record(b"") is None
+    path = tmp_path / "probe-rank-0.json"
+    path.write_bytes(record[:-3])
+    assert stacks.NodeProgress(str(tmp_path), [0]).read() == {}
 
 
 def test_a_node_times_how_long_each_ranks_collective_count_stands_still(tmp_path):
@@ -160,8 +174,8 @@ def test_a_real_probe_counts_a_real_groups_collectives_and_sees_the_main_threads
 
 
 def _read(path):
-    with open(path) as f:
-        return json.load(f)
+    with open(path, "rb") as f:
+        return json.loads(stacks.read_record(f.read()))
 
 
 def _free_port():
