@@ -39,6 +39,10 @@ TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT = from_conf("TORCH_DISTRIBUTED_HEARTBEAT_TIM
 # gang is failed as hung, naming the straggler with its stack (stacks.py); 0 turns it off.
 TORCH_DISTRIBUTED_HANG_TIMEOUT = from_conf("TORCH_DISTRIBUTED_HANG_TIMEOUT", 600)
 
+# Seconds every rank of a preempted gang (a SIGTERM to one of its nodes) is given to save
+# before what still runs is stopped; under the schedulers' own stop timeouts (30 s).
+TORCH_DISTRIBUTED_PREEMPT_GRACE = from_conf("TORCH_DISTRIBUTED_PREEMPT_GRACE", 25)
+
 # What happens when a rank of a gang ran its step body without joining the gang's process
 # group (its ranks trained independently): "error", "warn" or "off". Unset: "error" on steps
 # that carry @torch_distributed in the flow, "warn" on steps that got it from --with.

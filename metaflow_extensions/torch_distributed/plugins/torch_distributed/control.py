@@ -321,6 +321,18 @@ class ControlPlane:
     def abort(self):
         self._set(self._keys.abort, b"1")
 
+    def preempt_gang(self):
+        self._set(self._keys.preempt, b"1")
+
+    def gang_preempted(self):
+        return self._flag(self._keys.preempt, "preempt")
+
+    def report_preempted(self, node):
+        self._set(self._keys.preempted(node), b"1")
+
+    def node_preempted(self, node):
+        return self._flag(self._keys.preempted(node), "preempted")
+
     def aborted(self):
         return self._flag(self._keys.abort, "abort")
 

@@ -85,6 +85,15 @@ class TorchDistributedInfo:
             return torch.device("cuda", self._local_rank)
         return torch.device("cpu")
 
+    @property
+    def preempted(self):
+        """A threading.Event set once the gang is preempted (a SIGTERM to any of its nodes):
+        save what must survive and return; the attempt fails as preempted after the step's
+        preempt_grace, and the next attempt (@retry) starts from what was saved."""
+        from .preempt import PREEMPTED
+
+        return PREEMPTED
+
     def gather(self, obj):
         """Collect a small picklable `obj` from every rank onto rank 0.
 

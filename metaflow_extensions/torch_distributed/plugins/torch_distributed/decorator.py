@@ -58,6 +58,11 @@ class TorchDistributedDecorator(StepDecorator):
         Seconds no rank may complete a collective while some rank waits in one before the
         gang is failed as hung, with every rank's place and the straggler's stack; 0 turns
         hang detection off. Default: METAFLOW_TORCH_DISTRIBUTED_HANG_TIMEOUT (600).
+    preempt_grace : int, optional
+        Seconds every rank is given to save once the gang is preempted (a SIGTERM to a node:
+        every rank gets SIGTERM and current.torch_distributed.preempted is set) before what
+        still runs is stopped and the attempt fails as preempted.
+        Default: METAFLOW_TORCH_DISTRIBUTED_PREEMPT_GRACE (25).
 
     MF Add To Current
     -----------------
@@ -80,6 +85,7 @@ class TorchDistributedDecorator(StepDecorator):
         "finish_timeout": None,
         "start_method": None,
         "hang_timeout": None,
+        "preempt_grace": None,
     }
 
     def step_init(self, flow, graph, step_name, decorators, environment, flow_datastore, logger):
@@ -172,6 +178,7 @@ class TorchDistributedDecorator(StepDecorator):
             start_method=self.settings.start_method,
             heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
             hang_timeout_s=self.settings.hang_timeout_s,
+            preempt_grace_s=self.settings.preempt_grace_s,
             # a step --with put the decorator on may do no distributed work: warn, not fail
             group_check_default="error" if self.statically_defined else "warn",
         )
@@ -420,6 +427,7 @@ def _configured_settings():
     from metaflow.metaflow_config import (
         TORCH_DISTRIBUTED_ABORT_GRACE, TORCH_DISTRIBUTED_FINISH_TIMEOUT,
         TORCH_DISTRIBUTED_HANG_TIMEOUT, TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT,
+        TORCH_DISTRIBUTED_PREEMPT_GRACE,
         TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT, TORCH_DISTRIBUTED_START_METHOD)
 
     return {"RENDEZVOUS_TIMEOUT": TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT,
@@ -427,7 +435,8 @@ def _configured_settings():
             "HEARTBEAT_TIMEOUT": TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT,
             "ABORT_GRACE": TORCH_DISTRIBUTED_ABORT_GRACE,
             "START_METHOD": TORCH_DISTRIBUTED_START_METHOD,
-            "HANG_TIMEOUT": TORCH_DISTRIBUTED_HANG_TIMEOUT}
+            "HANG_TIMEOUT": TORCH_DISTRIBUTED_HANG_TIMEOUT,
+            "PREEMPT_GRACE": TORCH_DISTRIBUTED_PREEMPT_GRACE}
 
 
 def _rehearsal():

@@ -81,6 +81,7 @@ class FailureKind(str, Enum):
     UNFINISHED = "unfinished"  # ranks still running long after the others finished
     ABORTED = "aborted"  # (an agent's view) node 0 aborted the gang
     CONTROL = "control"  # (an agent's view) node 0's store could no longer be reached
+    PREEMPTED = "preempted"  # a SIGTERM to a node preempted the gang (preempt.py)
 
     def __str__(self):
         return self.value

@@ -19,7 +19,7 @@ import time
 import traceback
 
 from . import current as current_mod
-from . import events, groupcheck, interrupt, naming, stacks
+from . import events, groupcheck, interrupt, naming, preempt, stacks
 from .control import ControlPlane, GangMismatch, bind_error, bind_listener, is_port_in_use, \
     loopback_interface, port_in_use_error
 from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
@@ -180,6 +180,8 @@ def run_rank_body(spec, topology, local_rank, step_func, args):
     """A rank's step body, its events recorded for the gang's card, its probe (stacks.py)
     telling its node's watch where it stands while hang detection is on."""
     rank = topology.rank(spec.node, local_rank)
+    if (spec.node, local_rank) != (0, 0):  # rank 0's process is the task's: Leader.run's
+        preempt.install_rank_handler(spec.work_dir)
     probe = None
     if spec.hang_timeout_s:
         probe = stacks.Probe(stacks.probe_file(spec.work_dir, rank),
@@ -269,7 +271,8 @@ class Leader:
             held.callback(_restore_environ, dict(os.environ))  # rank 0's body changes it
             with contextlib.ExitStack() as running:
                 self._start(attempt, listener, running, on_assembled)
-                with self.interruption:
+                preempt.PREEMPTED.clear()
+                with self.interruption, preempt.SupervisorHandler(attempt.watch.sigterm):
                     self._run_rank0(attempt, step_func, args, on_body_start)
                 if not attempt.watch.wait(spec.finish_timeout_s):
                     attempt.watch.report(attempt.watch.unfinished_failure(spec.finish_timeout_s))
@@ -313,7 +316,8 @@ class Leader:
             on_failure=self._on_failure,
             on_assembled=on_assembled,
             progress=stacks.NodeProgress(spec.work_dir, self.topology.ranks_of(0)),
-            hang_timeout=spec.hang_timeout_s).start()
+            hang_timeout=spec.hang_timeout_s,
+            on_preempt=self._preempt_gang).start()
         running.callback(_abort_if_failed, attempt)
 
     def _settle(self, attempt):
@@ -418,6 +422,24 @@ class Leader:
         self.interruption.interrupt(self._main_thread)
         threading.Thread(target=self._watchdog, args=(attempt,),
                          name="torch-distributed-watchdog", daemon=True).start()
+
+    def _preempt_gang(self, origin, at=None):
+        """(The watch's thread.) A SIGTERM reached node `origin`: every rank of every node
+        gets one, and the watch holds every failure for the preemption's grace."""
+        attempt = self.attempt
+        preempt.PREEMPTED.set()
+        preempt.leave_mark(attempt.spec.work_dir)
+        attempt.watch.preempt(origin, attempt.spec.preempt_grace_s, at)
+        _quietly(attempt.control.preempt_gang)
+        preempt.forward([s.member for s in attempt.runner.slots])  # ranks, local agents
+        print("@torch_distributed on step *%s*: preempted (SIGTERM to node %d): every rank "
+              "gets SIGTERM and %ss to save" % (self.step_name, origin,
+                                                 attempt.spec.preempt_grace_s),
+              file=sys.stderr, flush=True)
+        if origin != 0 and self._body_running.is_set() and \
+                signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None):
+            # rank 0's own handlers (the user's, a framework's) hear it too
+            signal.pthread_kill(self._main_thread, signal.SIGTERM)
 
     def _watchdog(self, attempt):
         deadline = time.monotonic() + self.abort_grace
@@ -536,7 +558,12 @@ class Agent:
                                              self.topology.ranks_of(self.spec.node))
                 if hang_timeout else None,
                 progress_interval=stacks.interval_for(hang_timeout) if hang_timeout else None,
-            ).start()
+                on_preempt=functools.partial(self._preempt_node, runner, control),
+            )
+            self.watch = supervisor
+            # from now on a SIGTERM is a preemption unless node 0 already stops the gang
+            signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, supervisor))
+            supervisor.start()
             supervisor.wait()
             self._send_record(runner, control, joined_at)
             if supervisor.aborted:
@@ -554,6 +581,17 @@ class Agent:
             runner.stop()
             runner.release()
             signal.signal(signal.SIGTERM, old_handler)
+
+    def _preempt_node(self, runner, control, origin, at=None):
+        """(The watch's thread.) This node's ranks get SIGTERM and the preemption's grace; a
+        SIGTERM of this node's own is told to node 0, which preempts the whole gang."""
+        preempt.leave_mark(self.spec.work_dir)
+        self.watch.preempt(origin, self.spec.preempt_grace_s, at)
+        preempt.forward([s.member for s in runner.slots])
+        if origin == self.spec.node:
+            _quietly(control.report_preempted, self.spec.node)
+        print("preempted (SIGTERM to node %d): this node's ranks get SIGTERM" % origin,
+              file=sys.stderr, flush=True)
 
     def _wait_for_exec_ranks(self, runner, control):
         """A node joins once its ranks are ready: exec'd ranks import Metaflow and torch first
@@ -651,6 +689,11 @@ def _local_runtime_pid(spec):
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _on_sigterm(watch, signum, frame):
+    """A supervising process's SIGTERM handler: noted for the watch's thread (preempt.py)."""
+    watch.sigterm()
 
 
 def _kill_ranks_and_leave(slots, signum, frame):

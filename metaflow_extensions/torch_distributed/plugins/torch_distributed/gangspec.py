@@ -43,6 +43,8 @@ class GangSpec:
     # hang detection (stacks.py): how long no collective may complete while a rank waits in
     # one; None: off. Every rank's probe samples at an interval derived from it
     hang_timeout_s: Optional[float] = None
+    # once preempted, how long the ranks may save (preempt.py)
+    preempt_grace_s: float = 25.0
     # The group check's mode when METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK is not set: "error"
     # where the user wrote the decorator, "warn" where it came from --with (groupcheck.py)
     group_check_default: str = "error"

@@ -106,6 +106,15 @@ class Keys:
         """How many heartbeats node `node` has sent while it is alive."""
         return "%snode/%d/beat" % (self._prefix, node)
 
+    @property
+    def preempt(self):
+        """Set by node 0 when the gang is preempted: every node forwards SIGTERM to its ranks."""
+        return self._prefix + "preempt"
+
+    def preempted(self, node):
+        """Set by node `node`'s agent when a SIGTERM reached it (node 0 preempts the gang)."""
+        return "%snode/%d/preempted" % (self._prefix, node)
+
     def progress(self, node):
         """Where node `node`'s ranks stand, for node 0's hang verdict (JSON, see stacks.py)."""
         return "%snode/%d/progress" % (self._prefix, node)

@@ -29,6 +29,9 @@ class GangSettings:
     # How long no rank's collective count may stand still while a rank waits in a collective
     # before the gang is failed as hung (stacks.py); None: hang detection is off (0 given).
     hang_timeout_s: Optional[float] = None
+    # Once the gang is preempted (a SIGTERM to a node), how long its ranks may save before what
+    # still runs is stopped (preempt.py). Under the scheduler's own stop timeout.
+    preempt_grace_s: float = 25.0
 
 
 def resolve(step_name, attributes, config):
@@ -50,6 +53,8 @@ def resolve(step_name, attributes, config):
         abort_grace_s=_seconds(step_name, "abort_grace", None, config["ABORT_GRACE"]),
         start_method=_start_method(step_name, attributes.get("start_method"),
                                    config["START_METHOD"]),
+        preempt_grace_s=_seconds(step_name, "preempt_grace", attributes.get("preempt_grace"),
+                                 config["PREEMPT_GRACE"]),
         hang_timeout_s=_seconds_or_off(step_name, "hang_timeout", attributes.get("hang_timeout"),
                                        config["HANG_TIMEOUT"]),
     )

@@ -42,6 +42,10 @@ _TIMEOUT_HINT = re.compile(r"time[sd]? ?out|timed out|Timeout", re.I)
 HEARTBEAT_INTERVAL = 1.0
 
 
+def _num(seconds):
+    return "%g" % seconds
+
+
 class Phase(enum.Enum):
     WATCHING = "watching"  # nothing has failed
     HOLDING = "holding"  # only symptoms are known: waiting for their cause
@@ -93,8 +97,18 @@ class Watch:
         self._seen_slots = set()  # ids of slots whose failure is already recorded
         self._seen_nodes = set()  # nodes whose reported failure is already recorded
         self._polling = False  # the thread polls (or a test drives poll_once)
+        # a preemption (preempt.py): (node whose SIGTERM it was, when), and until when the
+        # ranks may save; every failure meanwhile is held, the preemption is the outcome
+        self.preempted = None
+        self._preempt_until = None
+        self._sigterm_at = None  # when a SIGTERM reached this node's supervising process
         self._thread = threading.Thread(target=self._run, name="torch-distributed-supervisor",
                                         daemon=True)
+
+    def sigterm(self):
+        """Called from this process's SIGTERM handler: the thread acts on it (on_preempt) at
+        its next poll, so that the handler itself does nothing but note it."""
+        self._sigterm_at = time.time()
 
     def start(self):
         self.begin()
@@ -119,14 +133,35 @@ class Watch:
     def wait(self, timeout=None):
         return self.finished.wait(timeout)
 
+    def preempt(self, node, grace, at=None):
+        """The gang was preempted (a SIGTERM to node `node`): hold every failure for `grace`
+        seconds, or until every process ended, then fail with the preemption as the cause."""
+        with self._lock:
+            if self.preempted is None and not self.finished.is_set():
+                self.preempted = (node, time.time() if at is None else at)
+                self._preempt_until = self.clock() + grace
+                self._preempt_grace = grace
+
+    def preemption_failure(self):
+        node, at = self.preempted
+        return F.Failure(
+            None, node, "preempted", at,
+            message="was preempted (SIGTERM to node %d): every rank of every node was sent "
+            "SIGTERM and given %ss (preempt_grace) to save before what still ran was stopped. "
+            "A checkpoint saved meanwhile is the one the next attempt (@retry) loads"
+            % (node, _num(self._preempt_grace)))
+
+    def _preempting(self):
+        return self.preempted is not None and self._polling
+
     def report(self, failure):
         """Record a failure seen outside the thread (rank 0's exception in the main thread).
         A symptom joins the thread's wait for a root cause while the thread polls; it is never
         lost: the watch cannot end as FINISHED while it holds one (_finish), and once the watch
-        has ended any report is recorded at once."""
+        has ended any report is recorded at once. While preempted, every failure is held."""
         with self._lock:
-            held = (failure.is_symptom() and not self.failures and self._polling
-                    and not self.finished.is_set())
+            held = ((failure.is_symptom() or self.preempted is not None)
+                    and not self.failures and self._polling and not self.finished.is_set())
             if held:
                 self._hold(failure)
         if not held:
@@ -165,6 +200,12 @@ class Watch:
         failure = self._check()
         if failure is not None and self._settle(failure):
             return True
+        if self.preempted is not None and (self.clock() >= self._preempt_until
+                                           or self._all_ended()):
+            with self._lock:
+                held = list(self._held)
+            self._fail(self.preemption_failure(), *held)
+            return True
         if self.phase is Phase.HOLDING and self.clock() >= self._hold_until:
             if not self._waiting_for_timeouts():
                 self._flush()  # no root cause came: report the symptoms
@@ -179,6 +220,8 @@ class Watch:
         while waiting for its cause is then the outcome, as nothing else can come: the watch
         fails with it rather than finish (a rank 0 whose collective failed after its peers
         left the body)."""
+        if self.preempted is not None:
+            return False  # a preempted gang never finishes: poll_once fails it
         with self._lock:
             held = bool(self._held)
             if not held:
@@ -187,6 +230,10 @@ class Watch:
         if held:
             self._flush()
         return True
+
+    def _all_ended(self):
+        """Every process this watch watches has ended (a preempted gang is then settled)."""
+        return all(s.member.poll() is not None for s in self.slots)
 
     def _check(self):
         """The next failure of this node's processes, or None."""
@@ -226,6 +273,8 @@ class Watch:
         through its agent, is there to be named as the root cause."""
         with self._lock:
             self._hold(failure)
+        if self.preempted is not None:
+            return False  # held with the rest until the preemption is settled (poll_once)
         if failure.is_symptom():
             self._holding(failure)
             return False
@@ -321,8 +370,9 @@ class LeaderWatch(Watch):
     def __init__(self, slots, control, topology, watch_nodes=(), expected_joins=None,
                  join_timeout=None, heartbeat_timeout=None, leader_busy=None,
                  finish_timeout=None, on_failure=None, on_assembled=None, clock=time.monotonic,
-                 progress=None, hang_timeout=None):
+                 progress=None, hang_timeout=None, on_preempt=None):
         super().__init__(slots, control, topology, on_failure, clock)
+        self.on_preempt = on_preempt
         self.on_assembled = on_assembled
         # hang detection (stacks.py): this node's ranks' probes, the other nodes' through the
         # store; a verdict at most once per probe interval
@@ -402,6 +452,15 @@ class LeaderWatch(Watch):
         joins = self._check_joins(now)
         if joins is not None:
             return joins
+        if self.preempted is None and self.on_preempt is not None and self._sigterm_at:
+            self.on_preempt(0, self._sigterm_at)  # the task itself got it
+        if self.preempted is None and self.on_preempt is not None:
+            for node in self._other_nodes():
+                if self.control.node_preempted(node):
+                    self.on_preempt(node)  # the whole gang: Leader._preempt_gang
+                    break
+        if self.preempted is not None:
+            return None  # no hang verdict while the ranks save
         return self._check_hang(now)
 
     def _check_hang(self, now):
@@ -423,6 +482,11 @@ class LeaderWatch(Watch):
 
     def _all_done(self):
         return not self._nodes_left and not self._pending_joins and super()._all_done()
+
+    def _all_ended(self):
+        leader = self.leader_busy is not None and self.leader_busy()
+        nodes_left = [n for n in self._nodes_left if self.control.failure(n) is None]
+        return not leader and not nodes_left and super()._all_ended()
 
     def _check_leader_finishes(self):
         if self._others_done_at is None:
@@ -507,9 +571,10 @@ class AgentWatch(Watch):
     finished and, on a symptom, which still run, and ends when node 0 aborts the gang."""
 
     def __init__(self, slots, control, topology, node, on_failure=None, clock=time.monotonic,
-                 progress=None, progress_interval=None):
+                 progress=None, progress_interval=None, on_preempt=None):
         super().__init__(slots, control, topology, on_failure, clock)
         self.node = node
+        self.on_preempt = on_preempt
         self._next_beat = clock()
         self._reported_done = set()
         # where this node's ranks stand (stacks.NodeProgress), sent to node 0 this often
@@ -535,6 +600,14 @@ class AgentWatch(Watch):
         failure = super()._check()
         if failure is None and self.control.aborted():
             raise GangAborted()
+        if self.preempted is None and self.on_preempt is not None and (
+                self._sigterm_at or self.control.gang_preempted()):
+            if self.control.gang_preempted():
+                self.on_preempt(0)  # node 0 preempted the gang: this node's ranks hear it
+            elif self.control.aborted():  # node 0 stops the gang (a local agent's SIGTERM)
+                raise GangAborted()
+            else:
+                self.on_preempt(self.node, self._sigterm_at)  # this node's own SIGTERM
         return failure
 
     def _holding(self, symptom):

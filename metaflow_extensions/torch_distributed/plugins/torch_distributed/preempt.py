@@ -1,0 +1,91 @@
+"""Preemption reaches every rank.
+
+A SIGTERM to the task (node 0) or to a node's agent (a scheduler stopping the job, a spot
+reclaim notice, a `kill`) is a preemption of the whole gang: every rank of every node gets a
+SIGTERM that its Python code can handle (Lightning's and transformers' own handlers run), and
+`current.torch_distributed.preempted` (an Event a plain loop can check) is set. The gang then
+gives its ranks `preempt_grace` seconds to save, stops what is left, and fails the attempt as
+preempted, whatever the ranks did meanwhile, so that `@retry` starts the next attempt from
+what they saved.
+
+The gang's own stop (another rank failed) also sends SIGTERM to every member. A rank tells the
+two apart by a mark its node's supervisor leaves in the node's work dir before it forwards a
+preemption: the rank's handler, installed when its body starts (before the user's code, which
+may replace it or chain it), sets the event when the mark is there, and otherwise ends the rank
+as the default action always did. Only a handler nobody else installed is ever replaced, and
+ours are removed exactly when the gang ends.
+"""
+
+import os
+import signal
+import threading
+
+# Set in every process of the gang once it is preempted (current.torch_distributed.preempted).
+PREEMPTED = threading.Event()
+
+
+def mark_file(work_dir):
+    return os.path.join(work_dir, "preempted")
+
+
+def leave_mark(work_dir):
+    try:
+        with open(mark_file(work_dir), "w"):
+            pass
+    except OSError:  # the work dir is gone: the gang is tearing down
+        pass
+
+
+def install_rank_handler(work_dir):
+    """In a rank other than node 0's rank 0, from its main thread: a SIGTERM with the mark
+    sets PREEMPTED; one without ends the rank (the gang's stop). None if SIGTERM already has
+    a handler of someone else's (it stays)."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+
+    def on_sigterm(signum, frame):
+        if os.path.exists(mark_file(work_dir)):
+            PREEMPTED.set()
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return on_sigterm
+
+
+class SupervisorHandler:
+    """While the `with` block runs in a supervising process's main thread (node 0's task, or a
+    node agent), a SIGTERM calls `on_preempt()` instead of ending the process. Installed only
+    where SIGTERM has no handler yet; a handler installed meanwhile (by rank 0's body) stays."""
+
+    def __init__(self, on_preempt):
+        self.on_preempt = on_preempt
+        self.installed = False
+
+    def _handler(self, signum, frame):
+        PREEMPTED.set()  # rank 0's body may look at once; the watch's thread does the rest
+        self.on_preempt()
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self._handler)
+            self.installed = True
+        return self
+
+    def __exit__(self, *exc):
+        if self.installed and signal.getsignal(signal.SIGTERM) == self._handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return False
+
+
+def forward(members):
+    """SIGTERM to each running member's process (not its group: a rank's own children, e.g.
+    DataLoader workers, are its business)."""
+    for member in members:
+        if member.poll() is None:
+            try:
+                os.kill(member.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
