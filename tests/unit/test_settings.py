@@ -10,13 +10,14 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.settings im
     GangSettings, resolve)
 
 CONFIG = {"RENDEZVOUS_TIMEOUT": 300, "FINISH_TIMEOUT": None, "HEARTBEAT_TIMEOUT": 30,
-          "ABORT_GRACE": 2, "START_METHOD": "auto", "HANG_TIMEOUT": 600}
+          "ABORT_GRACE": 2, "START_METHOD": "auto", "HANG_TIMEOUT": 600,
+          "PREEMPT_GRACE": 25}
 
 
 def test_defaults_come_from_the_configuration():
     assert resolve("train", {}, CONFIG) == GangSettings(
         rendezvous_timeout_s=300.0, finish_timeout_s=300.0, heartbeat_timeout_s=30.0,
-        abort_grace_s=2.0, start_method="auto", hang_timeout_s=600.0)
+        abort_grace_s=2.0, start_method="auto", hang_timeout_s=600.0, preempt_grace_s=25.0)
 
 
 def test_the_finish_timeout_follows_the_steps_rendezvous_timeout_unless_given():

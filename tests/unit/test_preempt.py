@@ -1,0 +1,111 @@
+"""Preemption's parts (preempt.py, the watch's hold): a rank's SIGTERM handler, in a real
+process, tells a preemption (the node's mark) from the gang's own stop; the watch, with an
+injected clock, holds every failure for the grace and ends with the preemption as the cause."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor import (
+    LeaderWatch, Phase, Slot)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _rank(work_dir, marked, own_handler=False):
+    """A process that installs the rank handler (after its own, if asked), is sent SIGTERM,
+    and says what happened: (returncode, output)."""
+    script = textwrap.dedent('''
+        import os, signal, sys, time
+        sys.path.insert(0, %r)
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed import preempt
+        if %r:
+            signal.signal(signal.SIGTERM, lambda s, f: print("own handler", flush=True))
+        installed = preempt.install_rank_handler(%r)
+        print("installed" if installed else "left alone", flush=True)
+        if %r:
+            preempt.leave_mark(%r)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        print("preempted" if preempt.PREEMPTED.is_set() else "not preempted", flush=True)
+    ''' % (REPO, own_handler, work_dir, marked, work_dir))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    return proc.returncode, proc.stdout
+
+
+def test_a_marked_sigterm_keeps_the_rank_running_with_preempted_set(tmp_path):
+    code, out = _rank(str(tmp_path), marked=True)
+    assert code == 0 and out.split() == ["installed", "preempted"], out
+
+
+def test_an_unmarked_sigterm_ends_the_rank_as_the_default_would(tmp_path):
+    code, out = _rank(str(tmp_path), marked=False)
+    assert code == -signal.SIGTERM and out.split() == ["installed"], (code, out)
+
+
+def test_a_handler_of_the_users_is_left_in_place(tmp_path):
+    code, out = _rank(str(tmp_path), marked=True, own_handler=True)
+    assert code == 0 and "left alone" in out and "own handler" in out, out
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class Member:
+    label = "[rank 1]"
+
+    def __init__(self):
+        self.code = None
+
+    def poll(self):
+        return self.code
+
+
+def _watch():
+    clock, members = Clock(), [Member(), Member()]
+    watch = LeaderWatch([Slot(m, 0, r, r) for r, m in enumerate(members, 1)], None,
+                        Topology(1, 3), leader_busy=lambda: False, clock=clock).begin()
+    return watch, clock, members
+
+
+def test_a_preempted_gang_holds_its_failures_for_the_grace_and_fails_as_preempted():
+    watch, clock, members = _watch()
+    watch.preempt(0, grace=20, at=100.0)
+    members[0].code = 1  # a rank that raised while it saved
+    watch.report(Failure(0, 0, "exception", 101.0, local_rank=0, message="ValueError: x"))
+    for _ in range(10):
+        assert not watch.poll_once()  # held: the others still save
+        clock.now += 1
+    clock.now = 20.0
+    assert watch.poll_once()
+    assert watch.phase is Phase.FAILED
+    cause = watch.failures[0]
+    assert cause.kind == "preempted" and cause.node == 0 and cause.detected_at == 100.0
+    assert "was preempted (SIGTERM to node 0)" in cause.describe()
+    assert "20s (preempt_grace)" in cause.describe()
+    assert [f.kind for f in watch.failures[1:]] == ["exception", "exit"]  # kept, not the cause
+
+
+def test_a_preempted_gang_whose_ranks_all_left_fails_at_once_never_finishes():
+    watch, clock, members = _watch()
+    watch.preempt(0, grace=20)
+    for m in members:
+        m.code = 0  # saved and left the body
+    assert watch.poll_once()
+    assert watch.phase is Phase.FAILED and watch.failures[0].kind == "preempted"
+
+
+def test_only_the_first_preemption_counts():
+    watch, _, _ = _watch()
+    watch.preempt(0, 5, at=1.0)
+    watch.preempt(1, 5, at=2.0)
+    assert watch.preempted == (0, 1.0)
