@@ -16,8 +16,12 @@ def test_foreach_of_gangs_runs_concurrently_and_joins_one_input_per_branch(flow_
         "run = Flow('ForeachGangs').latest_run\n"
         "j = run['join'].task\n"
         "result = dict(results=j['results'].data, n=j['n_inputs'].data, ports=j['ports'].data,\n"
-        "              train_tasks=len(list(run['train'])))")
+        "              train_tasks=len(list(run['train'])), merged=j['merged_lrs'].data,\n"
+        "              names=sorted({a.id for t in run['train'] for a in t}))")
     assert got["n"] == 2 and got["train_tasks"] == 2
+    assert got["merged"] == [1.0, 10.0]
+    # nothing of the package's own is an artifact a join, task.data or resume would see
+    assert not [n for n in got["names"] if "torch_distributed" in n], got["names"]
     assert got["results"] == [[1.0, 3.0], [10.0, 30.0]]
     assert len(set(got["ports"])) == 2
 

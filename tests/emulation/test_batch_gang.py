@@ -18,8 +18,9 @@ from .probes import batch_views, frozen_node, intruder_env, published_secret, wa
 
 FLOWS = Path(__file__).parent / "flows"
 # The gang records (events.py) the train task kept in the attempts %s, oldest first.
-RECORDS = ("[__import__('metaflow').Task(run['train'].task.pathspec, attempt=a)"
-           "['_torch_distributed_gang'].data for a in %s]")
+RECORDS = ("[__import__('metaflow_extensions.torch_distributed.plugins.torch_distributed.events',"
+           " fromlist=['gang_record']).gang_record("
+           "__import__('metaflow').Task(run['train'].task.pathspec, attempt=a)) for a in %s]")
 
 
 class BatchRun:

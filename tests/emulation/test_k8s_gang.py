@@ -156,7 +156,9 @@ def test_the_gangs_card_shows_the_jobset_and_its_pods(shared):
     assert res.returncode == 0, res.output
     # (Metaflow's @card cannot render inside this emulation, as with AWS Batch: the card's data
     # is built here from the record the task kept.)
-    record = gang.client("run['train'].task['_torch_distributed_gang'].data")
+    record = gang.client(
+        "__import__('metaflow_extensions.torch_distributed.plugins.torch_distributed.events',"
+        " fromlist=['gang_record']).gang_record(run['train'].task)")
     data = card.card_data(record, [])
     assert ["Nodes run", "as one Kubernetes JobSet"] in data["topology"]
     pods = gang.client("[p['pod'] for p in run['train'].task['places'].data]")

@@ -222,7 +222,7 @@ class _Broken:
         return fail
 
 
-def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys):
+def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys, tmp_path):
     """The record cannot be put together, or the card cannot take it: a line on stderr, no
     exception (these run as the step ends, in a `finally`)."""
     from types import SimpleNamespace
@@ -242,17 +242,28 @@ def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys):
     assert "@torch_distributed on step *train*: could not record the gang for its card: boom" \
         in capsys.readouterr().err
 
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import internals
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import \
+        TaskIdentity
+
     deco = TorchDistributedDecorator.__new__(TorchDistributedDecorator)
-    deco.step_name, deco.flow_datastore = "train", None
+    deco.step_name = "train"
+    deco.flow_datastore = internals.flow_datastore_at("Flow", "local@%s" % tmp_path)
+    identity = TaskIdentity("1", "2", "", None, 0, 0, None, "local@%s" % tmp_path)
     flow = SimpleNamespace()
     current._update_env({"card": _Broken()})
     try:
-        deco._show_gang(flow, record(), None, 0)
+        deco._show_gang(flow, record(), identity, 0)
     finally:
         current._update_env({"card": None})
     assert "@torch_distributed on step *train*: could not add the gang to its card: boom" \
         in capsys.readouterr().err
-    assert flow._torch_distributed_gang["step"] == "train"  # the record is kept all the same
+    # the record is kept all the same, beside the attempt's files, never as an artifact
+    assert vars(flow) == {}
+    kept = internals.load_attempt_file(deco.flow_datastore, "1", "train", "2", 0,
+                                       events.RECORD_FILE)
+    assert kept["step"] == "train"
+    assert events.earlier_attempts(deco.flow_datastore, identity, "train", 1) == [kept]
 
 
 def test_joining_a_group_is_noted_as_the_rank_enters_the_rendezvous(tmp_path):

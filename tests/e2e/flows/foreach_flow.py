@@ -1,4 +1,5 @@
-"""A foreach of gangs: one 2-process gang per learning rate, joined as ordinary branches."""
+"""A foreach of gangs: one 2-process gang per learning rate, joined as ordinary branches, with
+merge_artifacts as Metaflow's own MergeArtifactsTest does."""
 
 from metaflow import FlowSpec, current, step, torch_distributed
 
@@ -26,6 +27,9 @@ class ForeachGangs(FlowSpec):
 
     @step
     def join(self, inputs):
+        # what the branches share merges (the gang keeps nothing of its own as an artifact)
+        self.merge_artifacts(inputs, exclude=["lr", "total", "port"])
+        self.merged_lrs = self.lrs
         self.results = sorted((i.lr, i.total) for i in inputs)
         self.ports = [i.port for i in inputs]
         self.n_inputs = len(list(inputs))

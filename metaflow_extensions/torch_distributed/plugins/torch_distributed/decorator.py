@@ -290,7 +290,12 @@ class TorchDistributedDecorator(StepDecorator):
 
         if record is None:
             return
-        setattr(flow, events.ARTIFACT, record)
+        try:
+            events.save_record(self.flow_datastore, identity, self.step_name, retry_count,
+                               record)
+        except Exception as ex:  # noqa: BLE001 - the card's record; the step's result stands
+            print("@torch_distributed on step *%s*: could not keep the gang's record: %s"
+                  % (self.step_name, ex), file=sys.stderr, flush=True)
         try:
             history = events.earlier_attempts(self.flow_datastore, identity, self.step_name,
                                               retry_count)

@@ -4,8 +4,11 @@ Nothing here runs on the way to the step body: a rank notes times in memory and 
 local file as it enters init_process_group and again when its body ends; node agents and node 0
 read those files, and a remote node sends its share to node 0 through the gang's store in one
 write, after its ranks are done. The record of a gang
-attempt is a JSON-able dict (see `GangRecorder.collect`), saved with the task as the private
-artifact `_torch_distributed_gang` so that a retry's card can show every attempt.
+attempt is a JSON-able dict (see `GangRecorder.collect`), saved beside the attempt's own files
+in the task's datastore (`<attempt>.torch_distributed_record`), never as an artifact: a join's
+`merge_artifacts`, the client's `task.data` and `resume` see only the user's artifacts. A
+retry's card reads the earlier attempts' records from there; `gang_record(task)` reads one with
+Metaflow's client.
 """
 
 import collections
@@ -21,8 +24,8 @@ from .failures import communication_error
 TAIL_LINES = 30
 # Values of one scalar a rank may record; older ones are dropped.
 MAX_SCALAR_VALUES = 1000
-# The private artifact holding a gang attempt's record.
-ARTIFACT = "_torch_distributed_gang"
+# The attempt file holding a gang attempt's record (internals.save_attempt_file).
+RECORD_FILE = "torch_distributed_record"
 
 _RANK_PREFIX = b"[rank "
 
@@ -168,13 +171,31 @@ def earlier_attempts(flow_datastore, identity, step_name, attempt):
     found = []
     for earlier in range(attempt):
         try:
-            ds = internals.attempt_datastore(flow_datastore, identity.run_id, step_name,
-                                             identity.task_id, earlier)
-            if ARTIFACT in ds:
-                found.append(ds[ARTIFACT])
+            record = internals.load_attempt_file(flow_datastore, identity.run_id, step_name,
+                                                 identity.task_id, earlier, RECORD_FILE)
         except Exception:  # noqa: BLE001 - that attempt left nothing readable: show the others
             continue
+        if record is not None:
+            found.append(record)
     return found
+
+
+def save_record(flow_datastore, identity, step_name, attempt, record):
+    """Keep `record` with the task's attempt `attempt` (see the module's docstring)."""
+    internals.save_attempt_file(flow_datastore, identity.run_id, step_name, identity.task_id,
+                                attempt, RECORD_FILE, record)
+
+
+def gang_record(task):
+    """The gang's record of a Metaflow client `Task` (the attempt the Task object is of: pass
+    `Task(pathspec, attempt=n)` for an earlier one), as its card shows it; None if the attempt
+    kept none."""
+    meta = task.metadata_dict
+    flow_datastore = internals.flow_datastore_at(
+        task.pathspec.split("/")[0], "%s@%s" % (meta["ds-type"], meta["ds-root"]))
+    run_id, step_name, task_id = task.pathspec.split("/")[1:]
+    return internals.load_attempt_file(flow_datastore, run_id, step_name, task_id,
+                                       task.current_attempt, RECORD_FILE)
 
 
 class TailKeeper:
