@@ -4,6 +4,7 @@ loopback API and JobSet controller, tests/emulation/k8s_api.py, with moto for S3
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -205,6 +206,23 @@ def test_a_gpu_gang_is_warned_about_shared_memory_and_needs_its_gpus_on_each_pod
            "4, from @kubernetes(gpu=2)) but it shows 0" in res.output
     [jobset] = gang.jobsets_of("train")
     assert [r["replicas"] for r in jobset["spec"]["replicatedJobs"]] == [1, 1]
+
+
+def test_a_rank_on_the_worker_pod_stuck_outside_any_collective_is_named_with_its_stack(
+        aws, kubernetes, tmp_path):
+    """Hang detection across pods: the worker pod's agent sends where its ranks stand through
+    node 0's store; node 0 names rank 2 with its stack (no timeout in init_process_group)."""
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    res = gang.run(TD_HANG_RANK=2, TD_HANG_TIMEOUT=8)
+    out = res.output
+    assert res.returncode != 0, out[-6000:]
+    assert "rank 2 (node 1, local rank 0) made no progress: for " in out, out[-6000:]
+    assert "while ranks 0, 1, 3 wait (hang_timeout=8s)" in out, out[-6000:]
+    assert out.index("rank 2 (node 1): at k8s_gang_flow.py:") < \
+        out.index("ranks 0, 1, 3 (nodes 0, 1): all_reduce, called from k8s_gang_flow.py:")
+    stack = out[out.index("Rank 2's stack (most recent call last):"):]
+    assert re.search(r'File ".*k8s_gang_flow\.py", line \d+, in train', stack), stack[:2000]
+    assert len(gang.jobsets_of("train")) == 1
 
 
 def test_a_failing_rank_on_the_worker_pod_fails_the_jobset_and_retry_creates_a_new_one(

@@ -5,7 +5,8 @@ carries them into the JobSet, so every pod imports this file with the same value
 TD_FAIL_RANK raises on that rank (in attempt TD_FAIL_ATTEMPT only, if set); TD_BUSY keeps every
 rank in all-reduces for that many seconds (a test stops a node meanwhile). TD_INTRUDER (the path
 of tests/intruder.py): rank 0 starts it first, an outside process that reached the gang's store
-with MASTER_ADDR and MASTER_PORT only; it writes to TD_INTRUDER_DIR."""
+with MASTER_ADDR and MASTER_PORT only; it writes to TD_INTRUDER_DIR. TD_HANG_RANK sleeps on that
+rank while the others wait in all_reduce; TD_HANG_TIMEOUT is the step's hang_timeout."""
 
 import os
 import runpy
@@ -34,7 +35,9 @@ class KubernetesGangFlow(FlowSpec):
 
     @environment(vars=TD)
     @retry(times=RETRIES, minutes_between_retries=0)
-    @torch_distributed(nodes=NODES, nproc_per_node=NPROC, rendezvous_timeout=TIMEOUT)
+    @torch_distributed(nodes=NODES, nproc_per_node=NPROC, rendezvous_timeout=TIMEOUT,
+                       hang_timeout=float(TD["TD_HANG_TIMEOUT"]) if TD.get("TD_HANG_TIMEOUT")
+                       else None)
     @step
     def train(self):
         import torch
@@ -48,6 +51,9 @@ class KubernetesGangFlow(FlowSpec):
             else (lambda: None)
         dist.init_process_group("gloo")
         total = torch.tensor([float(rank + 1)])
+        if int(TD.get("TD_HANG_RANK", "-1")) == rank:
+            print("rank %d hangs outside any collective" % rank, flush=True)
+            time.sleep(3600)
         dist.all_reduce(total)
         deadline = time.time() + float(TD.get("TD_BUSY", "0"))
         while time.time() < deadline:
