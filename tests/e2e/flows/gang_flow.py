@@ -10,7 +10,7 @@ teardown keeps its process alive for seconds), after_body (the others have finis
 How (TD_FAIL_HOW): raise, exit (code 3), sigkill, hang (sleeps; TD_PG_TIMEOUT gives the process
 group a short timeout so that the peers of a hung rank give up), raise_with_child (raises with
 a torch.multiprocessing child running that ignores SIGTERM; the child writes its pid to
-$TD_MARK_DIR/child-pid).
+$TD_MARK_DIR/child-pid), oom (allocates until the kernel's OOM killer ends it).
 TD_SLOW_RANK, TD_SLOW_S, TD_SLOW_STEPS: before the collective, every rank runs TD_SLOW_STEPS
 all_reduces, and rank TD_SLOW_RANK sleeps TD_SLOW_S seconds before each (slow, never hung).
 TD_RANK0_LATE_COLLECTIVE: rank 0 calls one more all_reduce after the others left the body.
@@ -65,6 +65,10 @@ def maybe_fail(when):
         os.kill(os.getpid(), signal.SIGKILL)
     if how == "hang":
         time.sleep(3600)
+    if how == "oom":  # until the kernel's OOM killer ends it (a test runs the flow in a
+        hog = []      # memory cgroup with a limit)
+        while True:
+            hog.append(b"\x01" * (64 << 20))
 
 
 def train_on_loader(dist):

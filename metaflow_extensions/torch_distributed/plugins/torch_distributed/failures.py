@@ -113,7 +113,8 @@ class Failure:
 
     def what(self):
         if self.kind == "signal":
-            return "was killed by %s" % _signal_name(-self.exitcode)
+            killed = "was killed by %s" % _signal_name(-self.exitcode)
+            return "%s: %s" % (killed, self.message) if self.message else killed
         if self.kind == "exit":
             return "exited with code %d" % self.exitcode
         if self.kind == "exception":

@@ -22,13 +22,14 @@ failure of the outcome at once, then calls `on_failure` once; the caller stops t
 
 import enum
 import re
+import signal
 import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
 
 from . import failures as F
-from . import stacks
+from . import oom, stacks
 from .procs import Member
 
 POLL_INTERVAL = 0.05
@@ -102,6 +103,7 @@ class Watch:
         self.preempted = None
         self._preempt_until = None
         self._sigterm_at = None  # when a SIGTERM reached this node's supervising process
+        self._oom = oom.OomWatch()  # this node's cgroup: was a SIGKILL the OOM killer's?
         self._thread = threading.Thread(target=self._run, name="torch-distributed-supervisor",
                                         daemon=True)
 
@@ -258,7 +260,11 @@ class Watch:
                 return reported or F.Failure(
                     None, slot.node, "agent", now, code,
                     message="node agent exited with code %d before reporting a cause" % code)
-            return F.from_exit(slot.rank, slot.node, slot.local_rank, code, now, slot.error_file)
+            failure = F.from_exit(slot.rank, slot.node, slot.local_rank, code, now,
+                                  slot.error_file)
+            if failure.kind is F.FailureKind.SIGNAL and code == -signal.SIGKILL:
+                failure.message = self._oom.evidence() or ""
+            return failure
         return None
 
     def _all_done(self):

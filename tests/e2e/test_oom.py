@@ -1,0 +1,56 @@
+"""A real OOM kill, named as such: the flow runs in a memory cgroup with a limit (as a container
+does), rank 1 allocates until the kernel's OOM killer ends it, and the step's error says that
+the OOM killer did it, from the cgroup's own count (oom.py). Machines that do not let a test
+create a memory cgroup skip this test (the fixture-based tests in tests/unit/test_oom.py run
+everywhere)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LIMIT = 1400 << 20  # the Metaflow runtime, the task (rank 0) and rank 1 fit; rank 1's hog not
+
+
+def _memory_cgroup(tmp_name):
+    v1 = Path("/sys/fs/cgroup/memory")
+    try:
+        if (v1 / "memory.limit_in_bytes").exists():
+            group = v1 / tmp_name
+            group.mkdir()
+            (group / "memory.limit_in_bytes").write_text(str(LIMIT))
+            if (group / "memory.memsw.limit_in_bytes").exists():
+                (group / "memory.memsw.limit_in_bytes").write_text(str(LIMIT))
+        else:
+            group = Path("/sys/fs/cgroup") / tmp_name
+            group.mkdir()
+            (group / "memory.max").write_text(str(LIMIT))
+            if (group / "memory.swap.max").exists():
+                (group / "memory.swap.max").write_text("0")
+    except OSError as ex:
+        pytest.skip("this machine does not let a test create a memory cgroup: %s" % ex)
+    return group
+
+
+def test_a_rank_ended_by_the_oom_killer_is_named_as_such(flow_runner):
+    group = _memory_cgroup("mftd-test-%d" % os.getpid())
+    try:
+        flow = flow_runner.flow_path("gang_flow.py")
+        env = flow_runner.env({"TD_NODES": 1, "TD_NPROC": 2, "TD_FAIL_RANK": 1,
+                               "TD_FAIL_WHEN": "after_init", "TD_FAIL_HOW": "oom"})
+        proc = subprocess.run(
+            ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group),
+             sys.executable, str(flow), "--no-pylint", "run"],
+            cwd=flow_runner.root, env=env, capture_output=True, text=True, timeout=180)
+    finally:
+        try:
+            group.rmdir()
+        except OSError:
+            pass
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-6000:]
+    assert "rank 1 (node 0, local rank 1) was killed by SIGKILL: the kernel's OOM killer: the " \
+        "memory cgroup's oom_kill count went from 0 to 1" in out, out[-6000:]
+    flow_runner.assert_no_leftovers()
