@@ -133,3 +133,25 @@ def test_num_parallel_is_rejected_by_one_message_that_drops_it_and_parallel(flow
     assert "does not have a @parallel decorator" not in res.output, res
     assert "cannot be combined with @parallel" not in res.output, res
     assert "start step ran" not in res.output
+
+
+@pytest.mark.parametrize("how", ["succeeds", "raises", "exits"])
+def test_rank_0_ignoring_sigchld_changes_nothing_the_gang_sees(flow_runner, how):
+    """User code in rank 0 that ignores SIGCHLD (the kernel then reaps the forked ranks before
+    the gang can): a rank that finished is finished, one that raised or exited failed with its
+    own cause, never 'killed by SIGKILL'."""
+    env = {"TD_NODES": 1, "TD_NPROC": 2, "TD_RANK0_IGNORE_SIGCHLD": 1}
+    if how != "succeeds":
+        env.update(TD_FAIL_RANK=1, TD_FAIL_WHEN="after_body",
+                   TD_FAIL_HOW="raise" if how == "raises" else "exit")
+    res = flow_runner.run("gang_flow.py", env=env)
+    assert "SIGKILL" not in res.output, res.output[-4000:]
+    if how == "succeeds":
+        assert res.returncode == 0, res.output[-4000:]
+    else:
+        assert res.returncode != 0, res.output[-4000:]
+        assert ("rank 1 (node 0, local rank 1) raised this error"
+                if how == "raises" else "rank 1 (node 0, local rank 1) exited with code 3") \
+            in res.output, res.output[-4000:]
+        if how == "raises":
+            assert "ValueError: injected failure on rank 1" in res.output

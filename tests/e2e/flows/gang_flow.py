@@ -13,6 +13,7 @@ a torch.multiprocessing child running that ignores SIGTERM; the child writes its
 $TD_MARK_DIR/child-pid), oom (allocates until the kernel's OOM killer ends it).
 TD_SLOW_RANK, TD_SLOW_S, TD_SLOW_STEPS: before the collective, every rank runs TD_SLOW_STEPS
 all_reduces, and rank TD_SLOW_RANK sleeps TD_SLOW_S seconds before each (slow, never hung).
+TD_RANK0_IGNORE_SIGCHLD: rank 0 (the task) ignores SIGCHLD first, as some libraries do.
 TD_RANK0_LATE_COLLECTIVE: rank 0 calls one more all_reduce after the others left the body.
 TD_INTRUDER (the path of tests/intruder.py): rank 0 first starts it, an outside process that
 reached the gang's store with MASTER_ADDR and MASTER_PORT only; it writes to $TD_MARK_DIR."""
@@ -134,6 +135,8 @@ class GangFlow(FlowSpec):
 
         # An artifact set before anything can fail: a failed attempt must not show it.
         self.started_attempt = current.retry_count
+        if os.environ.get("TD_RANK0_IGNORE_SIGCHLD") and os.environ["RANK"] == "0":
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps every child
         before_gather = runpy.run_path(os.environ["TD_INTRUDER"])["intrude_from"](
             int(os.environ["RANK"]), NODES * NPROC, NODES, os.environ["TD_MARK_DIR"]) \
             if os.environ.get("TD_INTRUDER") else (lambda: None)

@@ -107,7 +107,7 @@ class NodeRunner:
                 spawn_env.update(env)
                 for key in foreign_launcher_vars(spawn_env):
                     del spawn_env[key]
-                member = spawn_member(label, argv, spawn_env)
+                member = spawn_member(label, argv, spawn_env, error_file=self.error_file(rank))
             self.spawned[rank] = time.time()
             self.slots.append(Slot(member, self.spec.node, rank, local_rank, self.error_file(rank)))
         return self.slots

@@ -39,27 +39,33 @@ def die_with_parent(parent_pid):
 class Member:
     """A process of the gang started by this process, in a process group of its own."""
 
-    def __init__(self, label, pid, stdout_fd, stderr_fd, popen=None):
+    def __init__(self, label, pid, stdout_fd, stderr_fd, popen=None, exit_file=None):
         self.label = label
         self.pid = pid
         self.stdout_fd = stdout_fd
         self.stderr_fd = stderr_fd
         self.returncode = None
         self._popen = popen
+        # where a rank writes its exit status as it leaves (run_member_body): read when the
+        # kernel or someone else reaped it first
+        self.exit_file = exit_file
 
     def poll(self):
         if self.returncode is not None:
             return self.returncode
-        if self._popen is not None:
-            self.returncode = self._popen.poll()
-            return self.returncode
         try:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
-            self.returncode = -signal.SIGKILL
-            return self.returncode
-        if pid:
+            # Reaped already: user code in this process ignores SIGCHLD (the kernel then
+            # reaps every child) or reaps children itself. The status the member wrote as it
+            # left tells; without one it was killed before it could write.
+            self.returncode = _written_exit(self.exit_file)
+        else:
+            if not pid:
+                return None
             self.returncode = os.waitstatus_to_exitcode(status)
+        if self._popen is not None:
+            self._popen.returncode = self.returncode  # Popen must not wait for it again
         return self.returncode
 
     def signal_group(self, signum):
@@ -67,6 +73,26 @@ class Member:
             os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _reaped(pid):
+    """True once child `pid` has exited (reaped here, or already: SIGCHLD ignored)."""
+    try:
+        return bool(os.waitpid(pid, os.WNOHANG)[0])
+    except ChildProcessError:
+        return True
+
+
+def exit_file_of(error_file):
+    return None if not error_file else error_file + ".exit"
+
+
+def _written_exit(path):
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (TypeError, OSError, ValueError):
+        return -signal.SIGKILL
 
 
 def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=()):
@@ -94,7 +120,7 @@ def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=()):
             os._exit(code)
     os.close(out_w)
     os.close(err_w)
-    return Member(label, pid, out_r, err_r)
+    return Member(label, pid, out_r, err_r, exit_file=exit_file_of(error_file))
 
 
 def run_member_body(body, error_file):
@@ -123,7 +149,19 @@ def run_member_body(body, error_file):
         code = 1
     finally:
         _flush_stdio()
+    _write_exit(exit_file_of(error_file), code)
     return code
+
+
+def _write_exit(path, code):
+    """The exit status, for a supervisor whose process had it reaped first (Member.poll)."""
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(str(code))
+    except OSError:
+        pass
 
 
 def _flush_stdio():
@@ -151,7 +189,7 @@ def record_error(ex, error_file):
             os.environ["TORCHELASTIC_ERROR_FILE"] = previous
 
 
-def spawn_member(label, argv, env, cwd=None):
+def spawn_member(label, argv, env, cwd=None, error_file=None):
     """Start `argv` as a member in a new process group, its output on pipes."""
     popen = subprocess.Popen(
         argv,
@@ -169,7 +207,7 @@ def spawn_member(label, argv, env, cwd=None):
     popen.stdout.close()
     popen.stderr.close()
     popen.stdout = popen.stderr = None
-    return Member(label, popen.pid, out_fd, err_fd, popen)
+    return Member(label, popen.pid, out_fd, err_fd, popen, exit_file=exit_file_of(error_file))
 
 
 def stop_members(members, grace):
@@ -257,12 +295,13 @@ class OutputPump:
             return True
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if os.waitpid(self.pid, os.WNOHANG)[0]:
+            if _reaped(self.pid):
                 self.pid = None
                 return True
             time.sleep(0.01)
         os.kill(self.pid, signal.SIGKILL)
-        os.waitpid(self.pid, 0)
+        while not _reaped(self.pid):
+            time.sleep(0.01)
         self.pid = None
         return False
 
