@@ -51,6 +51,20 @@ def frozen_node(node_dir: Path, timeout_s: float):
                 p.kill()
 
 
+def assert_hang_report(out: str, flow_file: str, hang_timeout: int) -> None:
+    """The gang's hang report for rank 2 (node 1) stuck outside any collective while ranks 0,
+    1 and 3 wait in all_reduce, as the task's log of `flow_file` shows it (stacks.py)."""
+    import re
+
+    assert "rank 2 (node 1, local rank 0) made no progress: for " in out, out[-6000:]
+    assert "while ranks 0, 1, 3 wait (hang_timeout=%ds)" % hang_timeout in out, out[-6000:]
+    assert out.index("rank 2 (node 1): at %s:" % flow_file) < out.index(
+        "ranks 0, 1, 3 (nodes 0, 1): all_reduce, called from %s:" % flow_file)
+    stack = out[out.index("Rank 2's stack (most recent call last):"):]
+    assert re.search(r'File ".*%s", line \d+, in train' % re.escape(flow_file), stack), \
+        stack[:2000]
+
+
 def processes_of(emulator_url: str) -> list[psutil.Process]:
     """Live processes started by the emulator at `emulator_url` (marked by their env)."""
     return processes_with("AWS_ENDPOINT_URL_BATCH", emulator_url)

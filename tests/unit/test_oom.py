@@ -9,6 +9,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures im
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor import (
     LeaderWatch, Slot)
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from tests.unit.fakes import FakeMember
 
 
 def _tree(tmp_path, v1):
@@ -47,19 +48,9 @@ def test_the_oom_killer_is_named_only_when_the_count_rose(tmp_path):
     assert oom.OomWatch(str(tmp_path / "nothing")).evidence() is None  # unreadable: no claim
 
 
-class Member:
-    label = "[rank 1]"
-
-    def __init__(self, code):
-        self.code = code
-
-    def poll(self):
-        return self.code
-
-
 def test_a_sigkilled_rank_says_oom_when_its_cgroup_counted_one(tmp_path):
     proc, group = _tree(tmp_path, v1=True)
-    watch = LeaderWatch([Slot(Member(None), 0, 1, 1)], None, Topology(1, 2))
+    watch = LeaderWatch([Slot(FakeMember(), 0, 1, 1)], None, Topology(1, 2))
     watch._oom = oom.OomWatch(str(group))
     (group / "memory.oom_control").write_text("oom_kill 3\n")
     watch.slots[0].member.code = -signal.SIGKILL

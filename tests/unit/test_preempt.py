@@ -12,6 +12,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures im
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor import (
     LeaderWatch, Phase, Slot)
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from tests.unit.fakes import Clock, FakeMember
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -53,25 +54,8 @@ def test_a_handler_of_the_users_is_left_in_place(tmp_path):
     assert code == 0 and "left alone" in out and "own handler" in out, out
 
 
-class Clock:
-    now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
-class Member:
-    label = "[rank 1]"
-
-    def __init__(self):
-        self.code = None
-
-    def poll(self):
-        return self.code
-
-
 def _watch():
-    clock, members = Clock(), [Member(), Member()]
+    clock, members = Clock(), [FakeMember(), FakeMember()]
     watch = LeaderWatch([Slot(m, 0, r, r) for r, m in enumerate(members, 1)], None,
                         Topology(1, 3), leader_busy=lambda: False, clock=clock).begin()
     return watch, clock, members

@@ -10,6 +10,7 @@ import pytest
 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import stacks
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from tests.unit.fakes import Clock
 
 SITE = "/venv/lib/python3.11/site-packages"
 C10D = SITE + "/torch/distributed/distributed_c10d.py"
@@ -102,13 +103,6 @@ def test_a_rank_whose_probe_stopped_writing_is_said_to_hold_pythons_lock():
     assert "rank 1: no sample for 45s" in text
 
 
-class Clock:
-    now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
 def write_probe(work_dir, rank, seq, done=False, stack=None):
     sample = {"rank": rank, "at": time.time(), "seq": seq, "done": done,
               "stack": stack or frames((FLOW, 54, "train"), (C10D, 1, "all_reduce"))}
@@ -130,7 +124,7 @@ def test_a_sample_caught_half_written_is_skipped_not_misread(tmp_path):
 
 
 def test_a_node_times_how_long_each_ranks_collective_count_stands_still(tmp_path):
-    clock = Clock()
+    clock = Clock(100.0)
     progress = stacks.NodeProgress(str(tmp_path), [0, 1], clock)
     assert progress.read() == {}  # no probe wrote yet
     write_probe(tmp_path, 0, 5)

@@ -16,24 +16,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor 
     Slot,
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
-class FakeMember:
-    label = "[rank 1]"
-
-    def __init__(self):
-        self.code = None
-
-    def poll(self):
-        return self.code
+from tests.unit.fakes import Clock, FakeMember
 
 
 def rank0_failure(symptom):
