@@ -115,3 +115,28 @@ def test_the_runtimes_sigint_leaves_a_mark_and_still_interrupts(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60)
     assert done.stdout == "interrupted True\nforgotten True\n", done.stderr
+
+
+def test_an_interrupt_still_pending_when_the_gang_ends_never_kills_the_task():
+    """The abort's signal sent while the main thread had it blocked (pending) when the `with`
+    block ends: restoring the default action (terminate, for a real-time signal) must not let
+    it kill the task once unblocked. In a process of its own: the bug ends that process."""
+    import subprocess
+    import sys
+
+    script = (
+        "import signal, sys, threading\n"
+        "from metaflow_extensions.torch_distributed.plugins.torch_distributed.interrupt import "
+        "BodyInterrupt\n"
+        "interruption = BodyInterrupt(lambda: RuntimeError('stop'), lambda: False)\n"
+        "with interruption:\n"
+        "    signum = interruption.signum\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, [signum])\n"
+        "    interruption.interrupt(threading.main_thread().ident)\n"
+        "    assert signum in signal.sigpending()\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])\n"
+        "print('alive', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "alive", (proc.returncode,
+                                                                      proc.stderr[-2000:])

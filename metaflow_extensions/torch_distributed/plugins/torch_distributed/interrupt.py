@@ -59,8 +59,11 @@ class BodyInterrupt:
         return True
 
     def __exit__(self, *exc):
-        # Restore only our own: a handler the body installed on this signal stays.
+        # Restore only our own: a handler the body installed on this signal stays. Through
+        # SIG_IGN first: it discards an abort still pending (sent while the signal was
+        # blocked), which SIG_DFL, a real-time signal's "terminate", would let kill the task.
         if self.signum is not None and signal.getsignal(self.signum) == self._handler:
+            signal.signal(self.signum, signal.SIG_IGN)
             signal.signal(self.signum, signal.SIG_DFL)
         return False
 
