@@ -63,3 +63,18 @@ def test_a_rank_that_is_slow_but_reaches_its_collectives_is_not_a_hang(flow_runn
     res = flow_runner.run("gang_flow.py", env=env, timeout=120)
     assert res.returncode == 0, res.output[-6000:]
     assert "made no progress" not in res.output
+
+
+def test_a_rank_named_hung_by_its_peers_timeouts_comes_with_its_stack(flow_runner):
+    """A process-group timeout shorter than hang_timeout (600 s here): the peers time out
+    first and the rank they waited for is named hung, now with the stack its probe saw."""
+    env = dict(GANG, TD_FAIL_RANK=2, TD_FAIL_WHEN="in_collective", TD_FAIL_HOW="hang",
+               TD_PG_TIMEOUT=8)
+    res = flow_runner.run("gang_flow.py", env=env, timeout=120)
+    out = res.output
+    assert res.returncode != 0, out[-6000:]
+    assert "rank 2 (node 1, local rank 0) hung: it neither failed nor finished" in out, \
+        out[-6000:]
+    stack = out[out.index("Its stack as its probe last saw it (most recent call last):"):]
+    assert re.search(r'File ".*gang_flow\.py", line \d+, in maybe_fail', stack), stack[:2000]
+    assert "made no progress" not in out  # hang_timeout (600 s) did not come first

@@ -385,6 +385,7 @@ class LeaderWatch(Watch):
         self.progress = progress
         self.hang_timeout = hang_timeout
         self._next_hang_check = clock()
+        self._last_reports = {}  # {rank: stacks report} as last read
         self.assembled = threading.Event()
         self.join_timeout = join_timeout
         self.join_deadline = clock() + join_timeout if join_timeout is not None else None
@@ -478,6 +479,7 @@ class LeaderWatch(Watch):
         reports = self.progress.read()
         for node in self._other_nodes():
             reports.update(self.control.progress(node))
+        self._last_reports = reports
         found = stacks.verdict(reports, self.topology.world_size, self.hang_timeout,
                                self.topology.locate)
         if found is None:
@@ -549,6 +551,16 @@ class LeaderWatch(Watch):
         """True while node 0 still waits for `node` to join (a join it does not expect, as in
         a watch of nodes alone, counts as joined)."""
         return any(p.node == node and p.rank is None for p in self._pending_joins.values())
+
+    def _hung_rank(self, symptoms):
+        """As Watch's, with the hung rank's stack as its probe last saw it, when it did."""
+        hung = super()._hung_rank(symptoms)
+        seen = self._last_reports.get(hung.rank) if hung is not None else None
+        if seen and seen["stack"]:
+            hung.message = hung.message.split("; see the debugging guide")[0] + (
+                ". Its stack as its probe last saw it (most recent call last):\n%s"
+                % seen["stack"])
+        return hung
 
     def _other_nodes(self):
         """Every other node: the ones watched through the store, and local agents."""
