@@ -67,6 +67,9 @@ def test_ranks_waiting_in_a_collective_while_one_is_elsewhere_is_a_hang_naming_i
     assert text.index("rank 2 (node 1): at flow.py:65 in maybe_fail, not in a collective") < \
         text.index("ranks 0, 1, 3 (nodes 0, 1): all_reduce, called from flow.py:54 in train")
     assert "Rank 2's stack (most recent call last)" in text
+    # one stack for each place, the straggler's first
+    assert text.index("Rank 2's stack") < \
+        text.index("Ranks 0, 1, 3's stack (rank 0's, most recent call last)")
     assert "raise hang_timeout, or set it to 0" in text
 
 

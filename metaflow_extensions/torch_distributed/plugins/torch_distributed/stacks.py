@@ -19,7 +19,8 @@ Node 0 decides (`verdict`, pure): the gang is hung when no rank's count moved fo
 seconds while at least one rank waits in a collective. A rank that is slow but still reaches its
 collectives moves the counts, so it is not a hang; ranks busy without collectives, with no one
 waiting, are not either. The straggler named first is the rank that is not waiting (it never
-reached the collective), else the one behind on collectives, else the one waiting elsewhere.
+reached the collective), else the one behind on collectives, else the one waiting elsewhere;
+the report shows one stack for each place where ranks stand, the straggler's first.
 """
 
 import json
@@ -267,9 +268,16 @@ def verdict(reports, world_size, hang_timeout, locate):
         text += ("\n(%s: no sample for %ds; it holds Python's lock in native code, or is "
                  "stopped: the stack shown is its last)" % (
                      _ranks_text(stale, None), max(reports[r]["age_s"] for r in stale)))
-    stack = reports[first]["stack"]
-    if stack:
-        text += "\nRank %d's stack (most recent call last):\n%s" % (first, stack)
+    for ranks, _ in groups:  # one stack per place, the straggler's first
+        shown = first if first in ranks else ranks[0]
+        stack = reports[shown]["stack"]
+        if not stack:
+            continue
+        if len(ranks) == 1:
+            text += "\nRank %d's stack (most recent call last):\n%s" % (shown, stack)
+        else:
+            text += "\n%s's stack (rank %d's, most recent call last):\n%s" % (
+                _ranks_text(ranks, None).capitalize(), shown, stack)
     text += ("\nA rank that legitimately works alone this long (saving, evaluating, "
              "downloading while the others wait in a collective): raise hang_timeout, or set "
              "it to 0 to turn hang detection off.")
