@@ -82,7 +82,10 @@ def test_ranks_waiting_in_a_collective_while_one_is_elsewhere_is_a_hang_naming_i
     {r: report(100, "all_reduce") for r in range(3)},
     # a rank finished its body: the finish timeout's business
     {0: report(100, "barrier"), 1: report(100, done=True), 2: report(100), 3: report(100)},
-], ids=["one-moves", "none-waits", "one-unknown", "one-done"])
+    # a rank's collective count is unknown (before init_process_group, or a backend without
+    # sequence numbers): its stillness proves nothing
+    {0: report(100, "all_reduce"), 1: report(100, seq=None), 2: report(100), 3: report(100)},
+], ids=["one-moves", "none-waits", "one-unknown", "one-done", "one-count-unknown"])
 def test_no_verdict_while_the_gang_moves_or_cannot_be_judged(reports):
     assert stacks.verdict(reports, 4, 20, TOPO.locate) is None
 

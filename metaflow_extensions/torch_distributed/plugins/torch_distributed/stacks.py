@@ -244,8 +244,12 @@ def verdict(reports, world_size, hang_timeout, locate):
     """(straggler rank, report text) when the gang is hung, else None. `reports` {rank: report}
     for the ranks of every node (NodeProgress.read, merged); `locate(rank)` gives (node, local
     rank). Pure. No verdict while a rank has not reported or any rank finished its body (the
-    finish timeout covers the rest)."""
+    finish timeout covers the rest), nor while a rank's collective count is unknown: before
+    its process group exists (torch's own init timeout covers the rendezvous), or on a
+    backend that keeps no sequence numbers (a gang that trains would then look still)."""
     if len(reports) < world_size or any(r["done"] for r in reports.values()):
+        return None
+    if any(r["seq"] is None for r in reports.values()):
         return None
     quiet = min(r["quiet_s"] for r in reports.values())
     waiting = sorted(rank for rank, r in reports.items() if r["waiting"])
