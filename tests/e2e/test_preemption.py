@@ -57,3 +57,26 @@ def test_a_sigterm_reaches_every_rank_which_saves_and_the_retry_resumes(flow_run
                              "steps=t['steps'].data, attempt=t.current_attempt)")
     assert got == dict(resumed=saved[0]["step"], steps=saved[0]["step"] + 5, attempt=1), got
     flow_runner.assert_no_leftovers()
+
+
+def test_a_preemption_after_rank_0_left_its_body_still_reaches_the_others(flow_runner):
+    """Rank 0 finished its body while the other ranks still work: the task waits for them, and
+    a SIGTERM to it then is a preemption too (every other rank saves), never the task's end."""
+    proc = flow_runner.popen("preempt_flow.py", "run", env={"TD_RANK0_LEAVES_FIRST": 1})
+    try:
+        running = wait_for(lambda: _running(flow_runner.marks, 0), 120, "every rank started")
+        wait_for(lambda: (flow_runner.marks / "rank0-left").exists(), 60, "rank 0 to leave")
+        time.sleep(0.5)
+        sent = time.time()
+        os.kill(running[0]["pid"], signal.SIGTERM)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = out + err
+    assert proc.returncode == 0, output[-6000:]  # preempted, then the retry succeeded
+    for rank in (1, 2, 3):
+        state = json.loads((flow_runner.marks / ("checkpoint-%d.json" % rank)).read_text())
+        assert state["at"] - sent < REACH_BOUND, (rank, output[-4000:])
+    assert "was preempted (SIGTERM to node 0)" in output, output[-6000:]
+    flow_runner.assert_no_leftovers()

@@ -7,7 +7,9 @@ $TD_MARK_DIR/checkpoint-<rank>.json ({step, at, own_handler}) when it saves. Ran
 SIGTERM handler of its own (as a framework does): it replaces the gang's, and it runs (it writes
 $TD_MARK_DIR/own-handler-2, the time). The
 other ranks look at current.torch_distributed.preempted. Attempt 1 trains 5 steps from its
-checkpoint and keeps where it resumed."""
+checkpoint and keeps where it resumed. TD_RANK0_LEAVES_FIRST: in attempt 0, rank 0 leaves its
+body at once (writing $TD_MARK_DIR/rank0-left) and the others wait, without collectives, to be
+told."""
 
 import json
 import os
@@ -70,8 +72,19 @@ class PreemptFlow(FlowSpec):
         with open(os.path.join(MARKS, "running-%d-%d" % (rank, attempt)), "w") as f:
             json.dump({"pid": os.getpid(), "ppid": os.getppid()}, f)
         self.resumed_from = start
-        self.steps = train_steps(dist, torch, start, attempt, preempted, told_me, saved,
-                                 own_handler=rank == 2)
+        if os.environ.get("TD_RANK0_LEAVES_FIRST") and attempt == 0:
+            # rank 0 is done with its body; the others work on, with no collective, until told
+            if rank == 0:
+                open(os.path.join(MARKS, "rank0-left"), "w").close()
+            else:
+                while not (preempted.is_set() or told_me):
+                    time.sleep(0.02)
+                with open(saved, "w") as f:
+                    json.dump({"step": 0, "at": time.time(), "own_handler": bool(told_me)}, f)
+            self.steps = None
+        else:
+            self.steps = train_steps(dist, torch, start, attempt, preempted, told_me, saved,
+                                     own_handler=rank == 2)
         if self.steps is not None:
             dist.destroy_process_group()
         self.next(self.end)

@@ -272,10 +272,13 @@ class Leader:
             with contextlib.ExitStack() as running:
                 self._start(attempt, listener, running, on_assembled)
                 preempt.PREEMPTED.clear()
-                with self.interruption, preempt.SupervisorHandler(attempt.watch.sigterm):
-                    self._run_rank0(attempt, step_func, args, on_body_start)
-                if not attempt.watch.wait(spec.finish_timeout_s):
-                    attempt.watch.report(attempt.watch.unfinished_failure(spec.finish_timeout_s))
+                # a preemption while the other ranks still run after rank 0's body is one too
+                with preempt.SupervisorHandler(attempt.watch.sigterm):
+                    with self.interruption:
+                        self._run_rank0(attempt, step_func, args, on_body_start)
+                    if not attempt.watch.wait(spec.finish_timeout_s):
+                        attempt.watch.report(
+                            attempt.watch.unfinished_failure(spec.finish_timeout_s))
         if attempt.outcome is not None:
             self._raise_failure(attempt)
 
