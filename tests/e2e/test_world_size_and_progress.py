@@ -53,15 +53,14 @@ def stamped(text):
 
 def assert_bars_were_live(text):
     """Each rank's tqdm bar (80 redraws over 12 s) shows as a few lines of its state, the first
-    seconds before the bar ended, between the rank's plain lines; never as one giant line."""
+    seconds before the bar ended, and the rank's plain lines are there; never one giant line."""
     lines = stamped(text)
     assert max(len(line) for line in text.split("\n")) < 300
     for rank in range(WORLD):
         prefix = "[rank %d] " % rank
         mine = [(t, line[len(prefix):]) for t, line in lines if line.startswith(prefix)]
-        when = {line: t for t, line in mine}
-        before = when["rank %d before the bar" % rank]
-        after = when["rank %d after the bar" % rank]
+        plain = {line for _, line in mine}
+        assert {"rank %d before the bar" % rank, "rank %d after the bar" % rank} <= plain, mine
         states = [(t, line) for t, line in mine if line.startswith("rank %d: " % rank)]
         final = [(t, line) for t, line in states if "| 80/80 " in line]
         assert len(final) == 1, states
@@ -69,10 +68,12 @@ def assert_bars_were_live(text):
         assert 2 <= len(states) <= 3, states
         first_time, first = states[0]
         assert "| 80/80 " not in first
-        assert before <= first_time, (before, states)
-        # live: its first state was captured seconds before its last, on the same stream (the
-        # bar is on stderr, the plain lines on stdout, whose capture times may drift apart by
-        # seconds on a loaded machine: seen twice as a first state stamped after "after")
+        # live: its first state was captured seconds before its last, on the same stream. Never
+        # compared with the plain lines' times: the bar is on stderr, they are on stdout, and
+        # Metaflow's local runtime reads one line per poll event through a buffered readline
+        # (runtime.py, Worker.read_logline), so of two lines that reach a pipe together the
+        # second is stamped when the next output on that stream arrives: seen in CI as "before
+        # the bar" stamped 12 s late, with the bar's final state, and the other way round.
         assert (final[0][0] - first_time).total_seconds() > 1.5, states
 
 
