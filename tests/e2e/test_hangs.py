@@ -68,8 +68,10 @@ def test_a_rank_that_is_slow_but_reaches_its_collectives_is_not_a_hang(flow_runn
 def test_a_rank_named_hung_by_its_peers_timeouts_comes_with_its_stack(flow_runner):
     """A process-group timeout shorter than hang_timeout (600 s here): the peers time out
     first and the rank they waited for is named hung, now with the stack its probe saw."""
+    # 12 s: longer than a probe sample (5 s at the default hang_timeout) and a half, so that a
+    # sample taken while rank 2 hangs has reached node 0 when its peers time out
     env = dict(GANG, TD_FAIL_RANK=2, TD_FAIL_WHEN="in_collective", TD_FAIL_HOW="hang",
-               TD_PG_TIMEOUT=8)
+               TD_PG_TIMEOUT=12)
     res = flow_runner.run("gang_flow.py", env=env, timeout=120)
     out = res.output
     assert res.returncode != 0, out[-6000:]

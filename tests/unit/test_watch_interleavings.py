@@ -72,3 +72,27 @@ def test_a_report_after_the_watch_finished_is_still_recorded():
     assert watch.poll_once() and watch.phase is Phase.FINISHED
     watch.report(rank0_failure(True))
     assert watch.failed() and watch.phase is Phase.FAILED
+
+
+def test_a_hung_rank_is_named_when_a_peers_timeout_closed_another_peers_connection():
+    """Ranks 1 and 3 time out waiting for rank 2 and leave; rank 0, still waiting, then sees
+    its connection to them closed (not a timeout). Rank 2, running without an error, is the
+    one they all waited for (seen on a 2 x 2 gang with a process-group timeout of 8 s)."""
+    clock = Clock()
+    members = {rank: FakeMember() for rank in (1, 2, 3)}
+    watch = LeaderWatch([Slot(m, rank // 2, rank, rank % 2) for rank, m in members.items()],
+                        None, Topology(2, 2), leader_busy=lambda: True, finish_timeout=30,
+                        on_failure=lambda f: None, clock=clock).begin()
+    for rank in (1, 3):
+        watch.report(Failure(rank, rank // 2, "exception", 1.0, local_rank=rank % 2,
+                             symptom=True, message="RuntimeError: Timed out waiting 8000ms "
+                             "for recv operation to complete"))
+    watch.report(Failure(0, 0, "exception", 1.2, local_rank=0, symptom=True,
+                         message="RuntimeError: Connection closed by peer [127.0.0.1]:17122"))
+    for _ in range(int((SYMPTOM_WAIT + 6) / 0.05)):
+        if watch.poll_once():
+            break
+        clock.now += 0.05
+    assert watch.phase is Phase.FAILED
+    hung = [f for f in watch.failures if f.kind == "hung"]
+    assert [(f.rank, f.node) for f in hung] == [(2, 1)], watch.failures

@@ -560,7 +560,8 @@ class Agent:
                 progress=stacks.NodeProgress(self.spec.work_dir,
                                              self.topology.ranks_of(self.spec.node))
                 if hang_timeout else None,
-                progress_interval=stacks.interval_for(hang_timeout) if hang_timeout else None,
+                # twice per probe sample: what node 0 holds is at most a sample and a half old
+                progress_interval=stacks.interval_for(hang_timeout) / 2 if hang_timeout else None,
                 on_preempt=functools.partial(self._preempt_node, runner, control),
             )
             self.watch = supervisor

@@ -342,9 +342,10 @@ class Watch:
         return []
 
     def _hung_rank(self, symptoms):
-        """When every failure so far is a peer's timeout, the rank still running without an
-        error is the one the others waited for: name it (None if there is no such rank)."""
-        if not all(_TIMEOUT_HINT.search(f.message) for f in symptoms):
+        """When every failure so far is a symptom and some are peers' timeouts (the others:
+        connections that closed as those peers gave up and left), the rank still running
+        without an error is the one the others waited for: name it (None if there is none)."""
+        if not any(_TIMEOUT_HINT.search(f.message) for f in symptoms):
             return None
         failed = {f.rank for f in symptoms}
         running = [(s.rank, s.node, s.local_rank) for s in self._running_slots()]
@@ -555,6 +556,14 @@ class LeaderWatch(Watch):
     def _hung_rank(self, symptoms):
         """As Watch's, with the hung rank's stack as its probe last saw it, when it did."""
         hung = super()._hung_rank(symptoms)
+        if hung is not None and self.progress is not None and self.hang_timeout:
+            try:  # what the probes say now, not at the last hang check
+                fresh = self.progress.read()
+                for node in self._other_nodes():
+                    fresh.update(self.control.progress(node))
+                self._last_reports.update(fresh)
+            except Exception:  # noqa: BLE001 - the store may be going: the last reading stands
+                pass
         seen = self._last_reports.get(hung.rank) if hung is not None else None
         if seen and seen["stack"]:
             hung.message = hung.message.split("; see the debugging guide")[0] + (
