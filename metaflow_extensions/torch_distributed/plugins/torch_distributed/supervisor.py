@@ -153,9 +153,6 @@ class Watch:
             "A checkpoint saved meanwhile is the one the next attempt (@retry) loads"
             % (node, _num(self._preempt_grace)))
 
-    def _preempting(self):
-        return self.preempted is not None and self._polling
-
     def report(self, failure):
         """Record a failure seen outside the thread (rank 0's exception in the main thread).
         A symptom joins the thread's wait for a root cause while the thread polls; it is never
