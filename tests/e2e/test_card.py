@@ -1,8 +1,10 @@
-"""The gang's card, end to end: a 2 nodes x 2 gang with @card whose rank 3 is SIGKILLed in its
-first attempt and succeeds on retry. One run gives both cards: the failed attempt's (root cause,
-who was stopped) and the retry's (success, every attempt). Then the failed card is rendered in
-a real browser (headless Chromium) to a PNG."""
+"""The gang's card, end to end: a 2 nodes x 2 gang (no @card asked for) whose rank 3 is
+SIGKILLed in its first attempt and succeeds on retry. One run gives both of the gang's cards: the
+failed attempt's (root cause, who was stopped) and the retry's (success, every attempt). Then the
+failed card is rendered in a real browser (headless Chromium) to a PNG. Last, the user's own
+card beside the gang's: exactly as the user built it."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -19,8 +21,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def card_run(tmp_path_factory):
     """The run, and the data of each of its train task's cards, oldest attempt first."""
     runner = FlowRunner(tmp_path_factory.mktemp("card"))
-    res = runner.run("gang_flow.py", "--with", "card",
-                     "--with", "retry:times=1,minutes_between_retries=0",
+    res = runner.run("gang_flow.py", "--with", "retry:times=1,minutes_between_retries=0",
                      env=dict(GANG, TD_FAIL_RANK=3, TD_FAIL_WHEN="in_collective",
                               TD_FAIL_HOW="sigkill", TD_FAIL_ATTEMPT=0))
     assert res.returncode == 0, res
@@ -30,12 +31,14 @@ def card_run(tmp_path_factory):
     listed = runner.cli("gang_flow.py", "card", "list", pathspec)
     assert listed.returncode == 0, listed
     cards = []
-    for card_hash in re.findall(r"Card Hash: (\w+)", listed.output):
+    for card_id, card_type, card_hash in re.findall(
+            r"Card Id: (\w+)\s+Card Type: (\w+)\s+Card Hash: (\w+)", listed.output):
         out = runner.root / ("card-%s.html" % card_hash)
         got = runner.cli("gang_flow.py", "card", "get", pathspec, "--hash", card_hash, str(out))
         assert got.returncode == 0, got
         html = out.read_text()
-        cards.append(dict(path=out, html=html, data=card_json(html)))
+        cards.append(dict(path=out, html=html, data=card_json(html),
+                          type=(card_id, card_type)))
     runner.assert_no_leftovers()
     return dict(cards=sorted(cards, key=lambda c: "attempt 1" in c["data"]), root=runner.root)
 
@@ -47,7 +50,8 @@ def timeline(card):
 
 def test_both_attempts_have_a_card(card_run):
     cards = card_run["cards"]
-    assert len(cards) == 2
+    assert len(cards) == 2  # the gang's own, one per attempt, with no @card on the step
+    assert all(c["type"] == ("torch_distributed", "torch_distributed") for c in cards)
     assert "Gang of step train, attempt 0" in cards[0]["data"]
     assert "Gang of step train, attempt 1" in cards[1]["data"]
 
@@ -110,3 +114,73 @@ def test_failed_card_renders_in_a_browser(card_run, tmp_path):
     assert re.search(r"vega-embed.*?<(svg|canvas)", dom.stdout, re.S), dom.stdout[-3000:]
     assert "Root cause" in dom.stdout
     assert png.stat().st_size > 10000
+
+
+# -- the user's own cards beside the gang's -----------------------------------------------------
+
+def _cards(runner, flow, pathspec):
+    """{(card id, card type): the card's data as JSON} of every card of task `pathspec`."""
+    listed = runner.cli(flow, "card", "list", pathspec)
+    assert listed.returncode == 0, listed
+    found = {}
+    for card_id, card_type, card_hash in re.findall(
+            r"Card Id: (\w+)\s+Card Type: (\w+)\s+Card Hash: (\w+)", listed.output):
+        out = runner.root / ("card-%s.html" % card_hash)
+        got = runner.cli(flow, "card", "get", pathspec, "--hash", card_hash, str(out))
+        assert got.returncode == 0, got
+        found[(card_id, card_type)] = json.loads(card_json(out.read_text()))
+    return found
+
+
+def _train_task(res):
+    run_id = re.search(r"run-id (\d+)", res.output).group(1)
+    return "%s/train/%s" % (run_id, re.search(r"%s/train/(\d+)" % run_id, res.output).group(1))
+
+
+def _contents(card):
+    """The components on the page of a blank card, without their random ids."""
+    def bare(node):
+        if isinstance(node, dict):
+            return {k: bare(v) for k, v in node.items() if k != "id"}
+        return [bare(v) for v in node] if isinstance(node, list) else node
+
+    (page,) = card["components"]
+    return bare(page["contents"])
+
+
+@pytest.mark.parametrize("gang_card", ["on", "off"])
+def test_the_users_own_card_is_exactly_as_built(tmp_path, gang_card):
+    """Metaflow's DefaultEditableCardTest, on a gang: rank 0's current.card.append lands in the
+    user's editable card, which holds that and nothing of the gang's; the gang's card is beside
+    it unless METAFLOW_TORCH_DISTRIBUTED_CARD=0 (it wrote into the user's card before)."""
+    runner = FlowRunner(tmp_path)
+    env = {} if gang_card == "on" else {"METAFLOW_TORCH_DISTRIBUTED_CARD": "0"}
+    res = runner.run("card_flow.py", "--with", "card:type=blank", env=env)
+    assert res.returncode == 0, res
+    cards = _cards(runner, "card_flow.py", _train_task(res))
+    # what Metaflow makes of the one Markdown("79") the user appended, and nothing else
+    assert _contents(cards[("None", "blank")]) == [
+        {"type": "section", "contents": [{"type": "markdown", "source": "\n79"}]}]
+    if gang_card == "on":
+        assert set(cards) == {("None", "blank"), ("torch_distributed", "torch_distributed")}
+        gang = json.dumps(cards[("torch_distributed", "torch_distributed")])
+        assert "Gang of step train, attempt 0" in gang and "### Outcome: success" in gang
+        assert '"79"' not in gang
+    else:
+        assert set(cards) == {("None", "blank")}
+
+
+def test_without_a_card_of_the_users_the_gangs_card_takes_no_component(tmp_path):
+    """The gang's card is not editable: with no card of the user's, current.card.append goes
+    nowhere, as on a plain step, and the gang's card shows only the gang."""
+    runner = FlowRunner(tmp_path)
+    res = runner.run("card_flow.py")
+    assert res.returncode == 0, res
+    cards = _cards(runner, "card_flow.py", _train_task(res))
+    assert set(cards) == {("torch_distributed", "torch_distributed")}
+    gang = json.dumps(cards[("torch_distributed", "torch_distributed")])
+    assert "Gang of step train, attempt 0" in gang and '"79"' not in gang
+    # and only the gang step gets one
+    run_id = _train_task(res).split("/")[0]
+    assert "Card not found" in runner.cli("card_flow.py", "card", "list",
+                                          "%s/start/1" % run_id).output

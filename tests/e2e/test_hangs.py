@@ -19,7 +19,7 @@ SLACK = 8
 def test_a_rank_stuck_outside_any_collective_is_named_with_its_stack(flow_runner):
     env = dict(GANG, TD_FAIL_RANK=2, TD_FAIL_WHEN="in_collective", TD_FAIL_HOW="hang",
                METAFLOW_TORCH_DISTRIBUTED_HANG_TIMEOUT=HANG_TIMEOUT)
-    res = flow_runner.run("gang_flow.py", "--with", "card", env=env, timeout=120)
+    res = flow_runner.run("gang_flow.py", env=env, timeout=120)
     ended = time.time()
     out = res.output
     assert res.returncode != 0, out[-6000:]

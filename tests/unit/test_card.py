@@ -2,6 +2,7 @@
 a retry. Records are built as events.py writes them (GangRecorder.collect)."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -223,11 +224,9 @@ class _Broken:
 
 
 def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys, tmp_path):
-    """The record cannot be put together, or the card cannot take it: a line on stderr, no
-    exception (these run as the step ends, in a `finally`)."""
+    """The record cannot be put together, or the datastore cannot keep it: a line on stderr,
+    no exception (these run as the step ends, in a `finally`)."""
     from types import SimpleNamespace
-
-    from metaflow import current
 
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.decorator import \
         TorchDistributedDecorator
@@ -248,17 +247,16 @@ def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys, tmp_path
 
     deco = TorchDistributedDecorator.__new__(TorchDistributedDecorator)
     deco.step_name = "train"
-    deco.flow_datastore = internals.flow_datastore_at("Flow", "local@%s" % tmp_path)
     identity = TaskIdentity("1", "2", "", None, 0, 0, None, "local@%s" % tmp_path)
     flow = SimpleNamespace()
-    current._update_env({"card": _Broken()})
-    try:
-        deco._show_gang(flow, record(), identity, 0)
-    finally:
-        current._update_env({"card": None})
-    assert "@torch_distributed on step *train*: could not add the gang to its card: boom" \
+    # a datastore that cannot take the record: said, not raised
+    deco.flow_datastore = _Broken()
+    deco._show_gang(flow, record(), identity, 0)
+    assert "@torch_distributed on step *train*: could not keep the gang's record: boom" \
         in capsys.readouterr().err
-    # the record is kept all the same, beside the attempt's files, never as an artifact
+    # the record is kept beside the attempt's files, never as an artifact
+    deco.flow_datastore = internals.flow_datastore_at("Flow", "local@%s" % tmp_path)
+    deco._show_gang(flow, record(), identity, 0)
     assert vars(flow) == {}
     kept = internals.load_attempt_file(deco.flow_datastore, "1", "train", "2", 0,
                                        events.RECORD_FILE)
@@ -318,3 +316,20 @@ def test_a_card_whose_ranks_printed_nothing_says_so():
     last = comps[-1].render()
     assert "### Last lines of each rank" in last.get("source", "")
     assert "No rank wrote to its stdout or stderr." in last.get("source", ""), last
+
+
+def _deco(name, **attributes):
+    return SimpleNamespace(name=name, attributes=attributes)
+
+
+@pytest.mark.parametrize("on, decorators, remote, metadata, expected", [
+    (True, [], False, "local", True),
+    (True, [_deco("card", type="default", id=None)], False, "local", True),  # the user's own
+    (False, [], False, "local", False),  # card=False / METAFLOW_TORCH_DISTRIBUTED_CARD=0
+    (True, [_deco("card", type="torch_distributed", id=None)], False, "local", False),  # there
+    (True, [_deco("card", type="blank", id="torch_distributed")], False, "local", False),
+    (True, [], True, "local", False),  # in a Batch job or a pod, no card can render
+    (True, [], True, "service", True),
+])
+def test_which_gang_steps_get_the_gangs_card(on, decorators, remote, metadata, expected):
+    assert card.wanted(on, decorators, remote, metadata) is expected

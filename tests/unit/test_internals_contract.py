@@ -335,6 +335,75 @@ def test_card_decorator_private_attributes():
             "it is None until @card made a card")
 
 
+def test_card_types_of_extensions_and_their_base():
+    from metaflow.plugins import CARDS
+    from metaflow.plugins.cards.card_modules.card import MetaflowCard
+
+    require(internals.card_base() is MetaflowCard, "card_modules.card.MetaflowCard",
+            "every card type subclasses it")
+    ours = [c for c in CARDS if c.type == "torch_distributed"]
+    require(len(ours) == 1 and issubclass(ours[0], MetaflowCard), "metaflow.plugins.CARDS",
+            "it lists the card types of extensions' plugins/cards packages (card_modules/"
+            "__init__.py: _load_external_cards); got %r" % [c.type for c in CARDS])
+    require(ours[0].ALLOW_USER_COMPONENTS is False, "MetaflowCard.ALLOW_USER_COMPONENTS",
+            "a card type that takes no components is not editable, so current.card.append "
+            "goes to the user's own card")
+
+
+def _card_step_init(deco, step_name, decorators):
+    deco.step_init(_FLOW, None, step_name, decorators, None, None, lambda *a, **k: None)
+
+
+class _FLOW:
+    @staticmethod
+    def _get_parameters():
+        return []
+
+
+@pytest.mark.parametrize("users_card_first", [True, False])
+def test_card_decorator_counts_the_cards_of_a_step_once(monkeypatch, users_card_first):
+    """@card counts a step's cards in the first @card's step_init; add_card's card is counted
+    whether the user's @card ran step_init before or after it."""
+    from metaflow.plugins.cards.card_decorator import CardDecorator
+
+    require(isinstance(getattr(CardDecorator, "total_decos_on_step", None), dict)
+            and isinstance(getattr(CardDecorator, "_called_once", None), dict),
+            "CardDecorator.total_decos_on_step/_called_once",
+            "@card keeps a step's card count and its registered events on the class")
+    monkeypatch.setattr(CardDecorator, "total_decos_on_step", {})
+    monkeypatch.setattr(CardDecorator, "_called_once", {})
+    users = CardDecorator(attributes={"type": "blank"})
+    users.external_init()
+    decorators = [users]
+    if users_card_first:
+        _card_step_init(users, "train", decorators)
+    ours = internals.add_card("train", decorators, {"type": "torch_distributed",
+                                                    "id": "torch_distributed"},
+                              (_FLOW, None, None, None, lambda *a, **k: None))
+    if not users_card_first:
+        _card_step_init(users, "train", decorators)
+    _card_step_init(ours, "train", decorators)  # Metaflow's own loop reaches it too
+    require(decorators == [users, ours] and ours.attributes["id"] == "torch_distributed"
+            and ours.attributes["timeout"] == 45, "CardDecorator(attributes=...)",
+            "it fills the attributes not given from its defaults")
+    require(CardDecorator.total_decos_on_step == {"train": 2},
+            "CardDecorator._set_card_counts_per_step",
+            "the step's count is set once, in the first @card's step_init; got %r"
+            % CardDecorator.total_decos_on_step)
+
+
+def test_the_metadata_type_of_this_process(monkeypatch):
+    from metaflow.cli_args import cli_args
+    from metaflow.metaflow_config import DEFAULT_METADATA
+
+    monkeypatch.setattr(cli_args, "_top_kwargs", {"metadata": "service"})
+    require(internals.metadata_type() == "service", "CLIArgs.top_kwargs['metadata']",
+            "it holds the top-level --metadata option")
+    monkeypatch.setattr(cli_args, "_top_kwargs", {})
+    require(internals.metadata_type() == DEFAULT_METADATA, "metaflow_config.DEFAULT_METADATA",
+            "it is the metadata provider without --metadata")
+
+
 # -- AWS Batch and Step Functions ------------------------------------------------------------------
 
 def test_batch_create_job():
@@ -756,6 +825,9 @@ CONTRACTS = {
     "artifact_names": "test_task_datastore_persist_walks_the_flow",
     "drop_artifacts": "test_task_datastore_persist_walks_the_flow",
     "render_failed_card": "test_card_decorator_private_attributes",
+    "card_base": "test_card_types_of_extensions_and_their_base",
+    "add_card": "test_card_decorator_counts_the_cards_of_a_step_once",
+    "metadata_type": "test_the_metadata_type_of_this_process",
     "wrap_batch_create_job": "test_batch_create_job_is_wrapped_per_step",
     "show_child_nodes": "test_batch_launch_job_and_wait",
     "is_fargate_refusal": "test_batch_client_fargate_refusal",

@@ -11,13 +11,14 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.settings im
 
 CONFIG = {"RENDEZVOUS_TIMEOUT": 300, "FINISH_TIMEOUT": None, "HEARTBEAT_TIMEOUT": 30,
           "ABORT_GRACE": 2, "START_METHOD": "auto", "HANG_TIMEOUT": 600,
-          "PREEMPT_GRACE": 25}
+          "PREEMPT_GRACE": 25, "CARD": True}
 
 
 def test_defaults_come_from_the_configuration():
     assert resolve("train", {}, CONFIG) == GangSettings(
         rendezvous_timeout_s=300.0, finish_timeout_s=300.0, heartbeat_timeout_s=30.0,
-        abort_grace_s=2.0, start_method="auto", hang_timeout_s=600.0, preempt_grace_s=25.0)
+        abort_grace_s=2.0, start_method="auto", hang_timeout_s=600.0, preempt_grace_s=25.0,
+        card=True)
 
 
 def test_the_finish_timeout_follows_the_steps_rendezvous_timeout_unless_given():
@@ -83,3 +84,22 @@ def test_settings_are_frozen():
     settings = resolve("train", {}, CONFIG)
     with pytest.raises(Exception):
         settings.rendezvous_timeout_s = 1
+
+
+@pytest.mark.parametrize("attribute, configured, expected", [
+    (None, True, True), (None, "0", False), (None, "off", False), (None, "yes", True),
+    (False, True, False), (True, "0", True), ("false", True, False), (None, False, False)])
+def test_the_gangs_card_is_on_unless_turned_off(attribute, configured, expected):
+    assert resolve("train", {"card": attribute}, dict(CONFIG, CARD=configured)).card is expected
+
+
+def test_a_card_switch_that_is_neither_on_nor_off_names_the_step_and_the_fix():
+    with pytest.raises(TorchDistributedConfigError) as raised:
+        resolve("train", {"card": "sometimes"}, CONFIG)
+    assert "train" in str(raised.value)
+    assert "card='sometimes' is neither on nor off. Give card=True or card=False." \
+        in str(raised.value)
+    with pytest.raises(TorchDistributedConfigError,
+                       match="METAFLOW_TORCH_DISTRIBUTED_CARD='2' is neither on nor off. Give "
+                             "METAFLOW_TORCH_DISTRIBUTED_CARD=1 or 0."):
+        resolve("train", {}, dict(CONFIG, CARD="2"))

@@ -43,6 +43,11 @@ TORCH_DISTRIBUTED_HANG_TIMEOUT = from_conf("TORCH_DISTRIBUTED_HANG_TIMEOUT", 600
 # before what still runs is stopped; under the schedulers' own stop timeouts (30 s).
 TORCH_DISTRIBUTED_PREEMPT_GRACE = from_conf("TORCH_DISTRIBUTED_PREEMPT_GRACE", 25)
 
+# Whether every gang step gets the gang's own card (type and id `torch_distributed`): its
+# topology, every rank's timeline, the root cause of a failure. The decorator attribute `card`
+# overrides it per step.
+TORCH_DISTRIBUTED_CARD = from_conf("TORCH_DISTRIBUTED_CARD", True)
+
 # What happens when a rank of a gang ran its step body without joining the gang's process
 # group (its ranks trained independently): "error", "warn" or "off". Unset: "error" on steps
 # that carry @torch_distributed in the flow, "warn" on steps that got it from --with.

@@ -1,13 +1,23 @@
 """The gang's card: topology, a timeline of every rank, the outcome and each rank's last lines.
 
-`card_data` turns the records of a gang's attempts (events.py) into what the card shows: plain
-data, tested by tables. `components` turns that into Metaflow card components (Markdown, Table,
-VegaChart), which `attach` adds to the step's default card when the step has `@card`.
-`render_failed` renders the cards of a failed attempt, which Metaflow's @card leaves unrendered.
+Every gang step gets a card of its own, of type and id `torch_distributed` (GANG_CARD; the card
+type is plugins/cards/torch_distributed_card), which Metaflow renders with `card create` as any
+card; the user's own cards and `current.card` are left exactly as the user built them.
+`render` draws the card of one attempt from the gang records kept with the task (events.py).
+`card_data` turns those records into what the card shows: plain data, tested by tables.
+`components` turns that into Metaflow card components (Markdown, Table, VegaChart).
+`render_failed` renders the gang's card of a failed attempt, which Metaflow's @card leaves
+unrendered.
 """
 
-from . import sealed
+from . import events, sealed
 from .failures import Failure, FailureKind
+
+# The @card that @torch_distributed puts on its step: the card's type and its id, for
+# `card get --id torch_distributed` and `current.card["torch_distributed"]` (which takes nothing:
+# the card draws itself from the gang's record).
+GANG_CARD_TYPE = "torch_distributed"
+GANG_CARD = {"type": GANG_CARD_TYPE, "id": "torch_distributed"}
 
 # Colours of the timeline's bars, by state.
 STATES = {
@@ -317,19 +327,43 @@ def _code(lines):
     return "```text\n%s\n```" % "\n".join(line.replace("```", "'''") for line in folded)
 
 
-def attach(record, history=()):
-    """Add the gang's components to the step's default card, if the step has @card."""
-    from metaflow import current
+def render(task):
+    """The HTML of the gang's card of the attempt of `task`, a client Task (as `card create`
+    gives it to the card type)."""
+    from metaflow.cards import BlankCard, Markdown
 
-    if "card" not in current:
-        return
-    current.card.extend(components(card_data(record, history)))
+    record, history = events.attempt_records(task)
+    if record is None:
+        parts = [Markdown("## Gang of step %s, attempt %d\n\nThis attempt kept no record of a "
+                          "gang: it was @catch's fallback, which runs the step on its own, or its "
+                          "task ended before the gang's record was kept (see the task's log)."
+                          % (task.pathspec.split("/")[2], task.current_attempt))]
+    else:
+        parts = components(card_data(record, history))
+    return BlankCard(components=parts).render(task)
+
+
+def is_gang_card(deco):
+    """True for the @card decorator that shows the gang (GANG_CARD)."""
+    return deco.name == "card" and (deco.attributes.get("type") == GANG_CARD_TYPE
+                                    or deco.attributes.get("id") == GANG_CARD["id"])
+
+
+def wanted(on, decorators, remote, metadata):
+    """Whether a gang step gets the gang's card from step_init: `on` (its `card` setting),
+    unless `decorators` (the step's) hold it already, or the step runs in a Batch job or a
+    Kubernetes pod (`remote`) with local metadata (`metadata`), where no card can render
+    (docs/seeing-the-gang.md, Limits)."""
+    return on and not any(is_gang_card(d) for d in decorators) and not (
+        remote and metadata == "local")
 
 
 def render_failed(decorators):
-    """Render the cards of this failed attempt (Metaflow's @card renders only those of
-    attempts that succeeded), with the components added so far."""
+    """Render the gang's card of this failed attempt: Metaflow's @card renders only the cards
+    of attempts that succeeded, and the failed attempt's card is where its root cause is. The
+    user's own cards are left as Metaflow leaves them."""
     from . import internals
 
     for deco in decorators:
-        internals.render_failed_card(deco)
+        if is_gang_card(deco):
+            internals.render_failed_card(deco)

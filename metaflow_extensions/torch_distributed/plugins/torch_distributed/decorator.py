@@ -7,7 +7,7 @@ import threading
 
 from metaflow.decorators import StepDecorator
 
-from . import attempt_secret, batch, checkpoints, devices, kubernetes
+from . import attempt_secret, batch, card, checkpoints, devices, kubernetes
 from . import current as current_mod
 from . import groupcheck, internals, interrupt
 from . import argo, schedulers, settings, stepfunctions
@@ -63,6 +63,10 @@ class TorchDistributedDecorator(StepDecorator):
         every rank gets SIGTERM and current.torch_distributed.preempted is set) before what
         still runs is stopped and the attempt fails as preempted.
         Default: METAFLOW_TORCH_DISTRIBUTED_PREEMPT_GRACE (25).
+    card : bool, optional
+        Give the step the gang's own card (type and id `torch_distributed`): topology, every
+        rank's timeline, the outcome with its root cause, each rank's last lines. The step's
+        other cards are left as they are. Default: METAFLOW_TORCH_DISTRIBUTED_CARD (True).
 
     MF Add To Current
     -----------------
@@ -86,6 +90,7 @@ class TorchDistributedDecorator(StepDecorator):
         "start_method": None,
         "hang_timeout": None,
         "preempt_grace": None,
+        "card": None,
     }
 
     def step_init(self, flow, graph, step_name, decorators, environment, flow_datastore, logger):
@@ -121,6 +126,10 @@ class TorchDistributedDecorator(StepDecorator):
         groupcheck.check_mode(step_name, os.environ)  # a bad value fails before the run
         self.on_batch = any(d.name == "batch" for d in decorators)
         self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
+        if card.wanted(self.settings.card, decorators, self.on_batch or self.on_kubernetes,
+                       internals.metadata_type()):
+            internals.add_card(step_name, decorators, card.GANG_CARD,
+                               (flow, graph, environment, flow_datastore, logger))
         target = schedulers.check_deploy(step_name, self.topology)
         if self.on_kubernetes and self.gpus_requested and schedulers.cli_words()[:1] in (
                 ["run"], ["resume"]):
@@ -285,8 +294,8 @@ class TorchDistributedDecorator(StepDecorator):
         return gang_step
 
     def _show_gang(self, flow, record, identity, retry_count):
-        """Keep this attempt's record with the task, and put it on the step's card."""
-        from . import card, events
+        """Keep this attempt's record with the task: the gang's card is drawn from it."""
+        from . import events
 
         if record is None:
             return
@@ -296,21 +305,12 @@ class TorchDistributedDecorator(StepDecorator):
         except Exception as ex:  # noqa: BLE001 - the card's record; the step's result stands
             print("@torch_distributed on step *%s*: could not keep the gang's record: %s"
                   % (self.step_name, ex), file=sys.stderr, flush=True)
-        try:
-            history = events.earlier_attempts(self.flow_datastore, identity, self.step_name,
-                                              retry_count)
-            card.attach(record, history)
-        except Exception as ex:  # noqa: BLE001 - runs as the step ends: never hide its result
-            print("@torch_distributed on step *%s*: could not add the gang to its card: %s"
-                  % (self.step_name, ex), file=sys.stderr, flush=True)
 
     def task_finished(self, step_name, flow, graph, is_task_ok, retry_count,
                       max_user_code_retries):
         # Metaflow's @card renders only the cards of attempts that succeeded; the card of a
         # failed gang is where its root cause is.
         if self.active and self.led_gang and not is_task_ok:
-            from . import card
-
             card.render_failed(self.step_decorators)
 
     def _place_remote_agent(self, spec, flow_name):
@@ -430,7 +430,7 @@ internals.check_graph_before_parallel_lint(check_num_parallel)
 def _configured_settings():
     """The METAFLOW_TORCH_DISTRIBUTED_* values settings.resolve reads."""
     from metaflow.metaflow_config import (
-        TORCH_DISTRIBUTED_ABORT_GRACE, TORCH_DISTRIBUTED_FINISH_TIMEOUT,
+        TORCH_DISTRIBUTED_ABORT_GRACE, TORCH_DISTRIBUTED_CARD, TORCH_DISTRIBUTED_FINISH_TIMEOUT,
         TORCH_DISTRIBUTED_HANG_TIMEOUT, TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT,
         TORCH_DISTRIBUTED_PREEMPT_GRACE,
         TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT, TORCH_DISTRIBUTED_START_METHOD)
@@ -441,7 +441,8 @@ def _configured_settings():
             "ABORT_GRACE": TORCH_DISTRIBUTED_ABORT_GRACE,
             "START_METHOD": TORCH_DISTRIBUTED_START_METHOD,
             "HANG_TIMEOUT": TORCH_DISTRIBUTED_HANG_TIMEOUT,
-            "PREEMPT_GRACE": TORCH_DISTRIBUTED_PREEMPT_GRACE}
+            "PREEMPT_GRACE": TORCH_DISTRIBUTED_PREEMPT_GRACE,
+            "CARD": TORCH_DISTRIBUTED_CARD}
 
 
 def _rehearsal():

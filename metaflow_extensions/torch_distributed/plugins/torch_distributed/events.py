@@ -190,12 +190,31 @@ def gang_record(task):
     """The gang's record of a Metaflow client `Task` (the attempt the Task object is of: pass
     `Task(pathspec, attempt=n)` for an earlier one), as its card shows it; None if the attempt
     kept none."""
+    return _task_records(task, [task.current_attempt])[0]
+
+
+def attempt_records(task):
+    """(the record of the attempt of client `Task` task, the records of its attempts before,
+    oldest first): what the gang's card of that attempt shows. An earlier attempt that kept
+    no record is left out; the first is None if this attempt kept none."""
+    attempt = task.current_attempt
+    found = _task_records(task, range(attempt + 1))
+    return found[-1], [record for record in found[:-1] if record is not None]
+
+
+def _task_records(task, attempts):
     meta = task.metadata_dict
     flow_datastore = internals.flow_datastore_at(
         task.pathspec.split("/")[0], "%s@%s" % (meta["ds-type"], meta["ds-root"]))
     run_id, step_name, task_id = task.pathspec.split("/")[1:]
-    return internals.load_attempt_file(flow_datastore, run_id, step_name, task_id,
-                                       task.current_attempt, RECORD_FILE)
+    found = []
+    for attempt in attempts:
+        try:
+            found.append(internals.load_attempt_file(flow_datastore, run_id, step_name,
+                                                     task_id, attempt, RECORD_FILE))
+        except Exception:  # noqa: BLE001 - that attempt left nothing readable: show the others
+            found.append(None)
+    return found
 
 
 class TailKeeper:

@@ -202,6 +202,47 @@ def drop_artifacts(flow, names):
 
 # -- @card -------------------------------------------------------------------------------------
 
+def metadata_type():
+    """The metadata provider this process uses ("local", "service", ...). Why: a step
+    decorator's step_init is not given the metadata provider; Metaflow's top-level --metadata
+    option is in cli_args.top_kwargs, else METAFLOW_DEFAULT_METADATA."""
+    from metaflow.cli_args import cli_args
+    from metaflow.metaflow_config import DEFAULT_METADATA
+
+    return (getattr(cli_args, "top_kwargs", None) or {}).get("metadata") or DEFAULT_METADATA
+
+
+def card_base():
+    """Metaflow's MetaflowCard, for the gang's card type (plugins/cards). Why: Metaflow loads
+    an extension's card types while it imports `metaflow.cards` (card_modules/__init__.py:
+    _load_external_cards), so `from metaflow.cards import MetaflowCard` there is a circular
+    import; the class is already loaded in its own module by then."""
+    from metaflow.plugins.cards.card_modules.card import MetaflowCard
+
+    return MetaflowCard
+
+
+def add_card(step_name, decorators, attributes, step_init_args):
+    """Put a @card with `attributes` on step `step_name`, from a step decorator's step_init
+    (`decorators`: the step's list; `step_init_args`: what step_init was given after the step
+    name), and return it. Why: Metaflow has no public way for a decorator to add a decorator
+    to a step outside a mutator. @card counts a step's cards once, in the first @card's
+    step_init (card_decorator.py: _set_card_counts_per_step), and sets `current.card` up when
+    the last one's task_pre_step has run: the count must include the card added here,
+    whichever of the step's cards ran step_init first."""
+    from metaflow.plugins.cards.card_decorator import CardDecorator
+
+    deco = CardDecorator(attributes=attributes, statically_defined=False,
+                         inserted_by=["torch_distributed"])
+    deco.external_init()
+    decorators.append(deco)
+    deco.step_init(*step_init_args[:2], step_name, decorators, *step_init_args[2:])
+    CardDecorator._set_card_counts_per_step(
+        step_name, sum(isinstance(d, CardDecorator) for d in decorators))
+    CardDecorator._register_event("step-init-%s" % step_name)
+    return deco
+
+
 def render_failed_card(deco):
     """Render the cards of one @card decorator of this failed attempt. Why: @card renders only
     in task_finished of an attempt that succeeded, and keeps what rendering needs in private

@@ -32,6 +32,8 @@ class GangSettings:
     # Once the gang is preempted (a SIGTERM to a node), how long its ranks may save before what
     # still runs is stopped (preempt.py). Under the scheduler's own stop timeout.
     preempt_grace_s: float = 25.0
+    # Whether the step gets the gang's own card (card.py: GANG_CARD).
+    card: bool = True
 
 
 def resolve(step_name, attributes, config):
@@ -57,7 +59,28 @@ def resolve(step_name, attributes, config):
                                  config["PREEMPT_GRACE"]),
         hang_timeout_s=_seconds_or_off(step_name, "hang_timeout", attributes.get("hang_timeout"),
                                        config["HANG_TIMEOUT"]),
+        card=_switch(step_name, "card", attributes.get("card"), config["CARD"]),
     )
+
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+
+
+def _switch(step_name, name, value, configured):
+    """`value` (the decorator attribute) or else `configured` (its METAFLOW_ setting) as a
+    bool: True/False, or one of the words of _ON/_OFF."""
+    raw = configured if value is None else value
+    if isinstance(raw, bool):
+        return raw
+    word = str(raw).strip().lower()
+    if word in _ON or word in _OFF:
+        return word in _ON
+    where = ("%s=%r" % (name, raw) if value is not None
+             else "METAFLOW_TORCH_DISTRIBUTED_%s=%r" % (name.upper(), raw))
+    return _bad(step_name, "%s is neither on nor off. Give %s." % (
+        where, "%s=True or %s=False" % (name, name) if value is not None
+        else "METAFLOW_TORCH_DISTRIBUTED_%s=1 or 0" % name.upper()))
 
 
 def _seconds_or_off(step_name, name, value, configured):
