@@ -114,6 +114,27 @@ def test_failed_card_renders_in_a_browser(card_run, tmp_path):
     assert re.search(r"vega-embed.*?<(svg|canvas)", dom.stdout, re.S), dom.stdout[-3000:]
     assert "Root cause" in dom.stdout
     assert png.stat().st_size > 10000
+    # the phases' labels as drawn: apart on the failed card and on the retry's
+    _assert_labels_apart(dom.stdout)
+    retry = subprocess.run(args + ["--dump-dom", card_run["cards"][1]["path"].as_uri()],
+                           capture_output=True, text=True, timeout=120)
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    _assert_labels_apart(retry.stdout)
+
+
+# Vertical labels of 10 px type: their left edges at least this far apart do not overlap.
+LABEL_APART_PX = 12
+
+
+def _assert_labels_apart(dom):
+    """The timeline's phase labels, as vega drew them into the page's SVG, do not overlap."""
+    group = re.search(r'<g class="mark-text role-mark layer_2_marks".*?</g>', dom, re.S)
+    assert group, dom[-3000:]
+    drawn = re.findall(r'transform="translate\(([\d.]+),[^"]*rotate\(270\)[^"]*"[^>]*>([^<]+)<',
+                       group.group(0))
+    assert any("gang ended" in name for _, name in drawn) and len(drawn) >= 2, drawn
+    xs = sorted(float(x) for x, _ in drawn)
+    assert all(b - a >= LABEL_APART_PX for a, b in zip(xs, xs[1:])), drawn
 
 
 # -- the user's own cards beside the gang's -----------------------------------------------------
