@@ -80,3 +80,79 @@ def test_a_preemption_after_rank_0_left_its_body_still_reaches_the_others(flow_r
         assert state["at"] - sent < REACH_BOUND, (rank, output[-4000:])
     assert "was preempted (SIGTERM to node 0)" in output, output[-6000:]
     flow_runner.assert_no_leftovers()
+
+
+def test_the_checkpoint_saved_in_the_preemptions_window_is_the_one_every_node_resumes_from(
+        flow_runner):
+    """@checkpoint + @retry, local 2 x 2: a SIGTERM to the task between two of the periodic
+    saves; every rank is told, rank 0 saves where the gang stands, and attempt 1 loads that
+    checkpoint on every rank of both nodes and ends with the weights of an uninterrupted run."""
+    gang = {"TD_NODES": 2, "TD_NPROC": 2}
+    proc = flow_runner.popen("checkpoint_flow.py", "run", env=dict(gang, TD_PREEMPT=1))
+    try:
+        wait_for(lambda: all((flow_runner.marks / ("training-%d" % r)).exists() for r in RANKS),
+                 120, "every rank training")
+        time.sleep(1.0)  # some steps, past the first periodic save at 10 or not
+        pid = int((flow_runner.marks / "training-0").read_text())
+        os.kill(pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = out + err
+    assert proc.returncode == 0, output[-6000:]
+    assert "was preempted (SIGTERM to node 0)" in output, output[-6000:]
+    saved = {int((flow_runner.marks / ("preempt-saved-%d" % r)).read_text()) for r in RANKS}
+    assert len(saved) == 1, saved  # every rank was told, and they stopped at the same step
+    step = saved.pop()
+    assert 0 < step < 60
+    for rank in RANKS:  # attempt 1 loaded the preemption's checkpoint, on both nodes
+        assert (flow_runner.marks / ("loaded-1-rank-%d" % rank)).read_text() == "'preempted'"
+        assert int((flow_runner.marks / ("start-1-rank-%d" % rank)).read_text()) == step
+    train = "t = Flow('CheckpointFlow').latest_run['train'].task\n"
+    resumed = flow_runner.client(train + "result = dict(w=t['weights'].data, "
+                                 "first=t['resumed_from'].data, attempt=t.current_attempt)")
+    assert resumed["first"] == step and resumed["attempt"] == 1, resumed
+    whole = flow_runner.run("checkpoint_flow.py", env=gang)
+    assert whole.returncode == 0, whole
+    uninterrupted = flow_runner.client(train + "result = t['weights'].data")
+    assert json.loads(resumed["w"]) == json.loads(uninterrupted)
+    flow_runner.assert_no_leftovers()
+
+
+def test_a_lightning_trainer_hears_the_sigterm_through_its_own_handler(flow_runner):
+    """Lightning's own SIGTERM handling runs in rank 0 (the task), whose handler chains the
+    gang's only after a broadcast: the gang still hears of the SIGTERM at once (it waited for
+    that broadcast before, and hung), tells every rank, and ends the attempt as preempted
+    within the grace; the retry trains, from OnExceptionCheckpoint's checkpoint when Lightning
+    got to save one (Lightning 2.6 issues collectives inside its signal handler, so a rank may
+    be held until the grace ends; docs/frameworks/lightning.md)."""
+    proc = flow_runner.popen("preempt_lightning_flow.py", "run")
+    try:
+        wait_for(lambda: all((flow_runner.marks / ("training-%d" % r)).exists() for r in RANKS),
+                 180, "every rank training")
+        time.sleep(1.0)
+        pid = int((flow_runner.marks / "training-0").read_text())
+        os.kill(pid, signal.SIGTERM)
+        # the grace (10 s) and a retry of 5 steps; the gang waited for hang detection
+        # (600 s) when the handler's broadcast held the gang's own handler back
+        out, err = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = out + err
+    assert proc.returncode == 0, output[-6000:]
+    assert "was preempted (SIGTERM to node 0)" in output, output[-6000:]
+    # Lightning stopped rank 0's fit and its callbacks' on_exception ran (with its
+    # SIGTERMException, or the error of a collective its handler's broadcast left unmatched)
+    assert (flow_runner.marks / "exception-0").exists(), output[-6000:]
+    told = {r: (flow_runner.marks / ("exception-%d" % r)).read_text() for r in RANKS
+            if (flow_runner.marks / ("exception-%d" % r)).exists()}
+    got = flow_runner.client("t = Flow('PreemptLightningFlow').latest_run['train'].task\n"
+                             "result = dict(at=t['resumed_at'].data, end=t['global_step'].data,"
+                             " attempt=t.current_attempt, saved=t['had_checkpoint'].data)")
+    print("on_exception ran on ranks %s; checkpoint saved: %s; resumed at %s"
+          % (told, got["saved"], got["at"]))
+    assert got["attempt"] == 1 and got["end"] == got["at"] + 5, got
+    assert (got["at"] > 1) == got["saved"], got  # resumed from it when Lightning saved one
+    flow_runner.assert_no_leftovers()

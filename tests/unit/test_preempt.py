@@ -93,3 +93,57 @@ def test_only_the_first_preemption_counts():
     watch.preempt(0, 5, at=1.0)
     watch.preempt(1, 5, at=2.0)
     assert watch.preempted == (0, 1.0)
+
+
+def _supervisor(body):
+    """Run `body` (code) in a real process inside preempt.SupervisorHandler, whose on_preempt
+    appends the time to `calls`; returns what the process printed."""
+    script = textwrap.dedent('''
+        import os, signal, socket, sys, time
+        sys.path.insert(0, %r)
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed import preempt
+        calls = []
+        handler = preempt.SupervisorHandler(lambda: calls.append(time.time()))
+    ''' % REPO) + textwrap.dedent(body)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+def test_a_sigterm_reaches_the_supervisor_while_a_handler_of_rank_0s_blocks():
+    """Rank 0's body replaced the handler with one that waits before it chains ours (Lightning
+    2.6 broadcasts first): the gang still hears of the SIGTERM at once, through the wakeup fd,
+    and the wakeup fd is given back as found when the block ends."""
+    out = _supervisor('''
+        with handler:
+            ours = signal.getsignal(signal.SIGTERM)
+
+            def lightning_like(signum, frame):
+                time.sleep(3)  # a collective that waits for the peers
+                ours(signum, frame)
+
+            signal.signal(signal.SIGTERM, lightning_like)
+            sent = time.time()
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+            print("heard-after-%.1f" % (calls[0] - sent))
+            print("preempted" if preempt.PREEMPTED.is_set() else "not-preempted")
+        print("wakeup-fd", signal.set_wakeup_fd(-1))
+    ''')
+    heard = float(out[0].rsplit("-", 1)[1])
+    assert heard < 1.0 and out[1:] == ["preempted", "wakeup-fd", "-1"], out
+
+
+def test_a_wakeup_fd_of_someone_elses_is_left_alone():
+    out = _supervisor('''
+        theirs, _ = socket.socketpair()
+        theirs.setblocking(False)
+        signal.set_wakeup_fd(theirs.fileno())
+        with handler:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            print("called", len(calls))
+        print("same" if signal.set_wakeup_fd(-1) == theirs.fileno() else "replaced")
+    ''')
+    assert out == ["called", "1", "same"], out  # the handler alone told the gang

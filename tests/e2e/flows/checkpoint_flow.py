@@ -5,6 +5,11 @@ steps with current.checkpoint.save(). TD_KILL_RANK is SIGKILLed at step TD_KILL_
 under @retry the next attempt starts from the latest checkpoint on every rank of every node.
 TD_KILL_IN_SAVE=<step> SIGKILLs rank 0 inside its save of that step on attempt 0, after the files
 were uploaded and before the save became the task's latest checkpoint.
+TD_PREEMPT=1: every step the ranks agree (an all_reduce of max) whether any of them was told of a
+preemption (current.torch_distributed.preempted); then rank 0 saves the current step with
+current.checkpoint.save() (metadata why="preempted"), every rank marks preempt-saved-<rank> and
+leaves its body; each rank writes training-<rank> ({pid}) at its first step of attempt 0 and
+trains 0.05 s slower per step, so that a test can send the SIGTERM between two saves.
 Each rank's batch depends only on (step, rank), so a resumed run ends with exactly the weights of
 an uninterrupted one. TD_BUG=1 makes every attempt raise a ValueError instead (a user's bug)."""
 
@@ -68,6 +73,8 @@ class CheckpointFlow(FlowSpec):
             state = torch.load(path)
             model.load_state_dict(state["model"])
             first = state["step"]
+            mark("loaded-%d-rank-%d" % (current.retry_count, rank), state.get("why", "every"))
+        preempting = os.environ.get("TD_PREEMPT") == "1" and current.retry_count == 0
         # every rank records where it started (tests read these marks)
         mark("start-%d-rank-%d" % (current.retry_count, rank), first)
         ddp = DistributedDataParallel(model)
@@ -81,6 +88,22 @@ class CheckpointFlow(FlowSpec):
                 os.kill(os.getpid(), signal.SIGKILL)
             if i == first:  # when the first training step of this attempt began
                 mark("first-step-%d-rank-%d" % (current.retry_count, rank), time.time())
+                if preempting:
+                    mark("training-%d" % rank, os.getpid())
+            if preempting:
+                time.sleep(0.05)
+                told = torch.tensor([1.0 if current.torch_distributed.preempted.is_set()
+                                     else 0.0])
+                dist.all_reduce(told, op=dist.ReduceOp.MAX)
+                if told.item():  # save where we are, in the preemption's window
+                    if rank == 0:
+                        folder = tempfile.mkdtemp()
+                        torch.save({"model": model.state_dict(), "step": i, "why": "preempted"},
+                                   os.path.join(folder, "model.pt"))
+                        current.checkpoint.save(folder, metadata={"step": i})
+                    dist.barrier()
+                    mark("preempt-saved-%d" % rank, i)
+                    break
             gen = torch.Generator().manual_seed(1000 * i + rank)
             x = torch.randn(16, 8, generator=gen)
             y = x.sum(dim=1, keepdim=True)

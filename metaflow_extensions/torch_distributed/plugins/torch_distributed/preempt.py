@@ -18,6 +18,7 @@ ours are removed exactly when the gang ends.
 
 import os
 import signal
+import socket
 import threading
 
 # Set in every process of the gang once it is preempted (current.torch_distributed.preempted).
@@ -57,11 +58,20 @@ def install_rank_handler(work_dir):
 class SupervisorHandler:
     """While the `with` block runs in a supervising process's main thread (node 0's task, or a
     node agent), a SIGTERM calls `on_preempt()` instead of ending the process. Installed only
-    where SIGTERM has no handler yet; a handler installed meanwhile (by rank 0's body) stays."""
+    where SIGTERM has no handler yet; a handler installed meanwhile (by rank 0's body) stays.
+
+    A Python signal handler runs in the main thread, between two bytecodes of whatever it runs:
+    in node 0's task that is rank 0's body, which may sit in a collective, or in a handler of
+    its own that waits on one (Lightning 2.6's SIGTERM handler broadcasts before it calls the
+    handler it replaced), so the gang would hear of its preemption only when that returns. So
+    the signal's number also goes to a wakeup fd (signal.set_wakeup_fd: Python's C-level
+    handler writes it as the signal arrives), which a thread of ours reads and acts on at once.
+    Only a wakeup fd nobody else set is taken, and it is given back as found."""
 
     def __init__(self, on_preempt):
         self.on_preempt = on_preempt
         self.installed = False
+        self._wakeup = None  # (read end, write end, reader thread) while ours is the wakeup fd
 
     def _handler(self, signum, frame):
         PREEMPTED.set()  # rank 0's body may look at once; the watch's thread does the rest
@@ -72,12 +82,60 @@ class SupervisorHandler:
                 signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._handler)
             self.installed = True
+            self._take_wakeup_fd()
         return self
 
     def __exit__(self, *exc):
+        self._give_back_wakeup_fd()
         if self.installed and signal.getsignal(signal.SIGTERM) == self._handler:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         return False
+
+    def _take_wakeup_fd(self):
+        read_end, write_end = socket.socketpair()
+        write_end.setblocking(False)
+        try:
+            previous = signal.set_wakeup_fd(write_end.fileno(), warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            previous = None
+        if previous != -1:  # someone else's (or none could be set): leave it as it was
+            if previous is not None:
+                signal.set_wakeup_fd(previous)
+            read_end.close()
+            write_end.close()
+            return
+        reader = threading.Thread(target=self._read_wakeups, args=(read_end,),
+                                  name="torch-distributed-sigterm", daemon=True)
+        self._wakeup = (read_end, write_end, reader)
+        reader.start()
+
+    def _read_wakeups(self, read_end):
+        while True:
+            try:
+                signums = read_end.recv(64)
+            except OSError:
+                return
+            if not signums or 0 in signums:  # closed, or told to stop (_give_back_wakeup_fd)
+                return
+            if signal.SIGTERM in signums:
+                PREEMPTED.set()
+                self.on_preempt()
+
+    def _give_back_wakeup_fd(self):
+        if self._wakeup is None:
+            return
+        read_end, write_end, reader = self._wakeup
+        self._wakeup = None
+        current = signal.set_wakeup_fd(-1)
+        if current != write_end.fileno():  # replaced meanwhile (asyncio, ...): theirs stays
+            signal.set_wakeup_fd(current)
+        try:
+            write_end.send(b"\0")
+        except OSError:
+            pass
+        reader.join(timeout=1.0)
+        read_end.close()
+        write_end.close()
 
 
 def forward(members):

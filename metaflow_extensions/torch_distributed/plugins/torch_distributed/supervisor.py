@@ -109,8 +109,10 @@ class Watch:
 
     def sigterm(self):
         """Called from this process's SIGTERM handler: the thread acts on it (on_preempt) at
-        its next poll, so that the handler itself does nothing but note it."""
-        self._sigterm_at = time.time()
+        its next poll, so that the handler itself does nothing but note it. The first one
+        counts (preempt.SupervisorHandler may note the same signal twice)."""
+        if self._sigterm_at is None:
+            self._sigterm_at = time.time()
 
     def start(self):
         self.begin()
