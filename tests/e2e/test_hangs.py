@@ -80,3 +80,59 @@ def test_a_rank_named_hung_by_its_peers_timeouts_comes_with_its_stack(flow_runne
     stack = out[out.index("Its stack as its probe last saw it (most recent call last):"):]
     assert re.search(r'File ".*gang_flow\.py", line \d+, in maybe_fail', stack), stack[:2000]
     assert "made no progress" not in out  # hang_timeout (600 s) did not come first
+
+
+def _task_pid(root):
+    """The pid of the gang step's task (Metaflow's `step train` process, node 0)."""
+    from tests.support import live_processes, started_in
+
+    steps = {p.pid: p for p in live_processes(started_in(root))
+             if "step" in p.info["cmdline"] and "train" in p.info["cmdline"]}
+    # node 0's forked ranks have the task's command line: the task is the one whose parent
+    # is not among them
+    tasks = [pid for pid, p in steps.items() if p.ppid() not in steps]
+    return tasks[0] if len(tasks) == 1 else None
+
+
+def test_every_ranks_stacks_on_demand_with_sigusr1_to_the_task(flow_runner):
+    """A SIGUSR1 to the task while rank 2 is stuck outside any collective and the others wait
+    in all_reduce: every rank of both nodes prints all its threads' stacks into the log (rank
+    2's own loop among them), nothing is stopped, and the gang goes on to its hang verdict."""
+    import os
+    import signal
+
+    from tests.emulation.probes import wait_for
+
+    env = dict(GANG, TD_FAIL_RANK=2, TD_FAIL_WHEN="in_collective", TD_FAIL_HOW="hang",
+               METAFLOW_TORCH_DISTRIBUTED_HANG_TIMEOUT=15)
+    proc = flow_runner.popen("gang_flow.py", "run", env=env)
+    try:
+        wait_for(flow_runner.failed_at, 120, "rank 2 to stop in its loop")
+        time.sleep(1.5)  # the others are in their all_reduce
+        pid = wait_for(lambda: _task_pid(flow_runner.root), 10, "the task's pid")
+        os.kill(pid, signal.SIGUSR1)
+        asked = time.time()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = out + err
+    assert proc.returncode != 0, output[-6000:]
+    asked_line = output.index("every rank prints its threads' stacks (asked with SIGUSR1); "
+                              "the gang goes on")
+    assert "node 0 asked for every rank's stacks: this node's ranks print theirs" in output
+    # once: the handler in rank 0's main thread, run when its all_reduce was interrupted,
+    # does not ask again (the wakeup fd's reader already did)
+    assert output.count("(asked with SIGUSR1)") == 1, output[-8000:]
+    for rank in range(4):  # faulthandler's dump of every thread, in the rank's own lines
+        assert re.search(r"\[rank %d\] (Current thread|Thread) 0x[0-9a-f]+ \(most recent call "
+                         r"first\):" % rank, output), (rank, output[-8000:])
+    assert re.search(r'\[rank 2\]   File ".*gang_flow\.py", line \d+ in maybe_fail', output)
+    assert re.search(r'\[rank 0\]   File ".*distributed_c10d\.py", line \d+ in all_reduce',
+                     output), output[-8000:]
+    # nothing was stopped by the request: the gang still failed as hung, after it
+    verdict = output.index("rank 2 (node 1, local rank 0) made no progress: for ")
+    assert asked_line < verdict
+    assert "killed by" not in output, output[-6000:]
+    assert time.time() - asked > 5  # the verdict came seconds later, not at the request
+    flow_runner.assert_no_leftovers()

@@ -10,6 +10,7 @@ import pytest
 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import stacks
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from tests.support import REPO
 from tests.unit.fakes import Clock
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -190,3 +191,56 @@ def test_the_probe_interval_follows_the_hang_timeout_within_bounds():
     assert stacks.interval_for(600) == stacks.MAX_INTERVAL
     assert stacks.interval_for(10) == 0.5
     assert stacks.interval_for(1) == stacks.MIN_INTERVAL
+
+
+def test_stacks_on_demand_dump_once_per_request_and_at_most_once_a_second(monkeypatch):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import stacks
+
+    sent, said, asked = [], [], []
+    monkeypatch.setattr(stacks, "dump", lambda pids: sent.append(list(pids)))
+    now = [100.0]
+    control = type("Control", (), {"request_stacks": lambda self, n: asked.append(n)})()
+    node0 = stacks.OnDemand(said.append, lambda: [10, 11], clock=lambda: now[0])
+    node0.ask(control, "train")
+    node0.ask(control, "train")  # the same signal heard twice, or a second kill at once
+    now[0] += 1.5
+    node0.ask(control, "train")
+    assert sent == [[10, 11], [10, 11]] and asked == [1, 2]
+    assert "every rank prints its threads' stacks (asked with SIGUSR1)" in said[0]
+    agent = stacks.OnDemand(said.append, lambda: [20], clock=lambda: now[0])
+    agent.follow(0)  # never asked
+    agent.follow(1)
+    agent.follow(1)  # the same request, read again at the next beat
+    now[0] += 1.5
+    agent.follow(2)
+    assert sent[2:] == [[20], [20]]
+
+
+def test_a_rank_registers_its_dump_and_the_gang_ignores_the_signal_until_then():
+    """In a real process: ignored under ignoring_dumps (a rank not yet in its body survives
+    it); registered, it dumps every thread to stderr and the process goes on."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent('''
+        import os, sys, time
+        sys.path.insert(0, %r)
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed import stacks
+        with stacks.ignoring_dumps():
+            stacks.dump([os.getpid()])
+            time.sleep(0.1)
+            print("survived", flush=True)
+            assert stacks.register_dump()
+            stacks.dump([os.getpid()])
+            time.sleep(0.2)
+            stacks.unregister_dump()
+            stacks.dump([os.getpid()])
+            time.sleep(0.1)
+            print("still here", flush=True)
+    ''' % str(REPO))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["survived", "still here"]
+    assert proc.stderr.count("Current thread 0x") == 1, proc.stderr

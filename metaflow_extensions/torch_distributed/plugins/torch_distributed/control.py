@@ -327,6 +327,15 @@ class ControlPlane:
     def gang_preempted(self):
         return self._flag(self._keys.preempt, "preempt")
 
+    def request_stacks(self, count):
+        """Ask every node for its ranks' stacks, the `count`-th time (stacks.py)."""
+        self._set(self._keys.stacks, str(count).encode())
+
+    def stacks_requested(self):
+        """How many times node 0 asked for stacks so far (0: never, or nothing that opens)."""
+        payload = self._read(self._keys.stacks, "stacks")
+        return int(payload.decode()) if payload is not None else 0
+
     def report_preempted(self, node):
         self._set(self._keys.preempted(node), b"1")
 

@@ -186,6 +186,7 @@ def run_rank_body(spec, topology, local_rank, step_func, args):
     if spec.hang_timeout_s:
         probe = stacks.Probe(stacks.probe_file(spec.work_dir, rank),
                              stacks.interval_for(spec.hang_timeout_s), rank).start()
+    dumps = stacks.register_dump()  # stacks on demand (rank 0's: in the task, undone below)
     try:
         events.run_recorded(rank, events.rank_file(spec.work_dir, rank),
                             lambda: groupcheck.run_body(
@@ -193,6 +194,8 @@ def run_rank_body(spec, topology, local_rank, step_func, args):
                                 default_mode=spec.group_check_default,
                                 on_join=events.note_join))
     finally:
+        if dumps:
+            stacks.unregister_dump()
         if probe is not None:
             probe.stop()
 
@@ -269,11 +272,17 @@ class Leader:
                 events.GangRecorder(spec, self.topology))
             held.callback(self._settle, attempt)
             held.callback(_restore_environ, dict(os.environ))  # rank 0's body changes it
+            held.enter_context(stacks.ignoring_dumps())
             with contextlib.ExitStack() as running:
                 self._start(attempt, listener, running, on_assembled)
                 preempt.PREEMPTED.clear()
                 # a preemption while the other ranks still run after rank 0's body is one too
-                with preempt.SupervisorHandler(attempt.watch.sigterm):
+                on_demand = stacks.OnDemand(
+                    _say, lambda: [os.getpid()] + [s.member.pid for s in attempt.runner.slots
+                                                   if s.rank is not None])
+                with preempt.SupervisorHandler(
+                        attempt.watch.sigterm,
+                        on_stacks=lambda: on_demand.ask(attempt.control, self.step_name)):
                     with self.interruption:
                         self._run_rank0(attempt, step_func, args, on_body_start)
                     if not attempt.watch.wait(spec.finish_timeout_s):
@@ -531,6 +540,10 @@ class Agent:
 
     def run(self, step_func, args, decorator_name):
         """Run the node; the process exit status to leave with."""
+        with stacks.ignoring_dumps():  # until each rank's body registers it
+            return self._run(step_func, args, decorator_name)
+
+    def _run(self, step_func, args, decorator_name):
         runner = NodeRunner(self.spec, self.topology, step_func, args, decorator_name)
         runner.start_ranks(range(self.topology.nproc_per_node))
         runner.capture(naming.agent_label(self.spec.node))
@@ -563,6 +576,7 @@ class Agent:
                 # twice per probe sample: what node 0 holds is at most a sample and a half old
                 progress_interval=stacks.interval_for(hang_timeout) / 2 if hang_timeout else None,
                 on_preempt=functools.partial(self._preempt_node, runner, control),
+                stacks=stacks.OnDemand(_say, lambda: [s.member.pid for s in runner.slots]),
             )
             self.watch = supervisor
             # from now on a SIGTERM is a preemption unless node 0 already stops the gang
@@ -693,6 +707,10 @@ def _local_runtime_pid(spec):
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _say(line):
+    print(line, file=sys.stderr, flush=True)
 
 
 def _on_sigterm(watch, signum, frame):

@@ -111,6 +111,12 @@ class Keys:
         """Set by node 0 when the gang is preempted: every node forwards SIGTERM to its ranks."""
         return self._prefix + "preempt"
 
+    @property
+    def stacks(self):
+        """How many times node 0 asked for every rank's stacks (SIGUSR1 to the task): each
+        node has its ranks dump theirs when the count grows (stacks.py, on demand)."""
+        return self._prefix + "stacks"
+
     def preempted(self, node):
         """Set by node `node`'s agent when a SIGTERM reached it (node 0 preempts the gang)."""
         return "%snode/%d/preempted" % (self._prefix, node)

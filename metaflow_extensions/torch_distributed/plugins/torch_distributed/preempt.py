@@ -21,6 +21,9 @@ import signal
 import socket
 import threading
 
+# What a user sends the task to have every rank print its stacks (stacks.py: on demand).
+ASK_SIGNAL = signal.SIGUSR1
+
 # Set in every process of the gang once it is preempted (current.torch_distributed.preempted).
 PREEMPTED = threading.Event()
 
@@ -68,20 +71,43 @@ class SupervisorHandler:
     handler writes it as the signal arrives), which a thread of ours reads and acts on at once.
     Only a wakeup fd nobody else set is taken, and it is given back as found."""
 
-    def __init__(self, on_preempt):
+    def __init__(self, on_preempt, on_stacks=None):
         self.on_preempt = on_preempt
+        # called on ASK_SIGNAL (SIGUSR1): every rank prints its stacks (stacks.OnDemand)
+        self.on_stacks = on_stacks
         self.installed = False
+        self.asking = False  # ours is ASK_SIGNAL's handler
         self._wakeup = None  # (read end, write end, reader thread) while ours is the wakeup fd
 
     def _handler(self, signum, frame):
         PREEMPTED.set()  # rank 0's body may look at once; the watch's thread does the rest
         self.on_preempt()
 
+    def _ask_handler(self, signum, frame):
+        if not self._wakeup_is_ours():  # else the reader thread acted on it as it came
+            self.on_stacks()
+
+    def _wakeup_is_ours(self):
+        """(Main thread.) Whether the wakeup fd is still ours: rank 0's code may have set its
+        own meanwhile (asyncio), and then only the Python handler hears the signal."""
+        if self._wakeup is None:
+            return False
+        ours = self._wakeup[1].fileno()
+        current = signal.set_wakeup_fd(ours, warn_on_full_buffer=False)
+        if current != ours:
+            signal.set_wakeup_fd(current)
+        return current == ours
+
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._handler)
             self.installed = True
+        if self.on_stacks is not None and signal.getsignal(ASK_SIGNAL) is signal.SIG_DFL:
+            signal.signal(ASK_SIGNAL, self._ask_handler)
+            self.asking = True
+        if self.installed or self.asking:
             self._take_wakeup_fd()
         return self
 
@@ -89,6 +115,8 @@ class SupervisorHandler:
         self._give_back_wakeup_fd()
         if self.installed and signal.getsignal(signal.SIGTERM) == self._handler:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if self.asking and signal.getsignal(ASK_SIGNAL) == self._ask_handler:
+            signal.signal(ASK_SIGNAL, signal.SIG_DFL)
         return False
 
     def _take_wakeup_fd(self):
@@ -117,9 +145,11 @@ class SupervisorHandler:
                 return
             if not signums or 0 in signums:  # closed, or told to stop (_give_back_wakeup_fd)
                 return
-            if signal.SIGTERM in signums:
+            if signal.SIGTERM in signums and self.installed:
                 PREEMPTED.set()
                 self.on_preempt()
+            if ASK_SIGNAL in signums and self.asking:
+                self.on_stacks()
 
     def _give_back_wakeup_fd(self):
         if self._wakeup is None:

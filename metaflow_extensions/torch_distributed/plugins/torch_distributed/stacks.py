@@ -21,10 +21,20 @@ collectives moves the counts, so it is not a hang; ranks busy without collective
 waiting, are not either. The straggler named first is the rank that is not waiting (it never
 reached the collective), else the one behind on collectives, else the one waiting elsewhere;
 the report shows one stack for each place where ranks stand, the straggler's first.
+
+On demand: a SIGUSR1 to the task (its pid is on every line of Metaflow's log) has every rank of
+every node print all its threads' Python stacks into the log, without stopping anything. Each
+rank registers Python's `faulthandler` on DUMP_SIGNAL when its body starts; faulthandler writes
+from its C-level signal handler, so a rank blocked in native code (a collective) or holding
+Python's lock dumps too. Node 0 signals its own ranks and asks the other nodes through the
+store; each agent signals its ranks (see `dump`).
 """
 
+import contextlib
+import faulthandler
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -39,6 +49,14 @@ MAX_INTERVAL = 5.0
 MAX_FRAMES = 40
 
 
+# The signal a rank dumps all its threads' stacks on (faulthandler): a real-time signal of its
+# own, so that no user's or framework's use of SIGUSR1/SIGUSR2 is disturbed (Lightning takes
+# SIGUSR1 under SLURM). The user asks with SIGUSR1 to the task (preempt.SupervisorHandler).
+# Its default action ends a process, so every process of the gang ignores it until its body
+# registers (ignoring_dumps): a rank asked while it starts or ends lets it pass.
+DUMP_SIGNAL = signal.SIGRTMIN + 1
+
+
 def interval_for(hang_timeout):
     return min(max(hang_timeout / SAMPLES_PER_TIMEOUT, MIN_INTERVAL), MAX_INTERVAL)
 
@@ -48,6 +66,89 @@ def probe_file(work_dir, rank):
 
 
 # -- in a rank ------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def ignoring_dumps():
+    """While a supervising process (node 0's task, an agent) runs its gang, from its main
+    thread: DUMP_SIGNAL is ignored there, and so in the members it starts (an ignored signal
+    stays ignored through fork and exec), until a rank's body registers it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(DUMP_SIGNAL, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(DUMP_SIGNAL, previous if previous is not None else signal.SIG_DFL)
+
+
+def register_dump():
+    """In a rank, as its body starts: DUMP_SIGNAL prints every thread's stack to its stderr
+    (the rank's own lines of the log). Left alone where the signal has a handler already;
+    True if registered (undo with unregister_dump: the signal is ignored again)."""
+    if signal.getsignal(DUMP_SIGNAL) not in (signal.SIG_DFL, signal.SIG_IGN, None):
+        return False
+    try:
+        faulthandler.register(DUMP_SIGNAL, file=sys.__stderr__, all_threads=True, chain=False)
+    except (ValueError, OSError, RuntimeError, AttributeError):  # no usable stderr
+        return False
+    return True
+
+
+def unregister_dump():
+    faulthandler.unregister(DUMP_SIGNAL)
+
+
+def dump(pids):
+    """Have the ranks of `pids` print their stacks (DUMP_SIGNAL); a rank gone is skipped."""
+    for pid in pids:
+        try:
+            os.kill(pid, DUMP_SIGNAL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class OnDemand:
+    """A node's side of stacks on demand: `ask` (node 0, on SIGUSR1 to its task) or `follow`
+    (an agent, on a new count in the store) dumps its own ranks, at most once a second."""
+
+    MIN_GAP_S = 1.0
+
+    def __init__(self, say, pids, clock=time.monotonic):
+        self.say = say  # prints one line to the log
+        self.pids = pids  # the pids of this node's running ranks, when called
+        self.clock = clock
+        self._last = None
+        self._seen = 0
+        self._lock = threading.Lock()
+
+    def _dump(self, line):
+        with self._lock:
+            now = self.clock()
+            if self._last is not None and now - self._last < self.MIN_GAP_S:
+                return False
+            self._last = now
+        self.say(line)
+        dump(self.pids())
+        return True
+
+    def ask(self, control, step_name):
+        """Node 0: dump its ranks and ask the other nodes (through `control`) for theirs."""
+        if self._dump("@torch_distributed on step *%s*: every rank prints its threads' stacks "
+                      "(asked with SIGUSR1); the gang goes on" % step_name) and control:
+            self._seen += 1
+            try:
+                control.request_stacks(self._seen)
+            except Exception:  # noqa: BLE001 - the store is going away: this node's are shown
+                pass
+
+    def follow(self, requested):
+        """An agent: node 0's count of requests is `requested`; dump when it grew."""
+        if requested > self._seen:
+            self._seen = requested
+            self._dump("node 0 asked for every rank's stacks: this node's ranks print theirs")
+
+
 
 
 class Probe:

@@ -597,10 +597,11 @@ class AgentWatch(Watch):
     finished and, on a symptom, which still run, and ends when node 0 aborts the gang."""
 
     def __init__(self, slots, control, topology, node, on_failure=None, clock=time.monotonic,
-                 progress=None, progress_interval=None, on_preempt=None):
+                 progress=None, progress_interval=None, on_preempt=None, stacks=None):
         super().__init__(slots, control, topology, on_failure, clock)
         self.node = node
         self.on_preempt = on_preempt
+        self.stacks = stacks  # stacks.OnDemand: node 0's requests for every rank's stacks
         self._next_beat = clock()
         self._reported_done = set()
         # where this node's ranks stand (stacks.NodeProgress), sent to node 0 this often
@@ -616,6 +617,8 @@ class AgentWatch(Watch):
         if self.clock() >= self._next_beat:
             self.control.beat(self.node)
             self._next_beat = self.clock() + HEARTBEAT_INTERVAL
+            if self.stacks is not None:  # as often as it beats: one read a second
+                self.stacks.follow(self.control.stacks_requested())
         if self.progress is not None and self.clock() >= self._next_progress:
             self._next_progress = self.clock() + self.progress_interval
             reports = self.progress.read()
