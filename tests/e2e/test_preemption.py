@@ -25,22 +25,37 @@ def _running(marks, attempt):
     return None
 
 
-@pytest.mark.parametrize("target, node", [("task", 0), ("agent", 1)])
-def test_a_sigterm_reaches_every_rank_which_saves_and_the_retry_resumes(flow_runner, target,
-                                                                       node):
-    proc = flow_runner.popen("preempt_flow.py", "run")
+def _sigterm_mid_run(flow_runner, flow, ready, pid_of, timeout, env=None):
+    """Run `flow`, wait until `ready()` (what it returned goes to `pid_of`), let it train a
+    second, SIGTERM `pid_of(...)`, and wait for the run: (returncode, output, when sent)."""
+    proc = flow_runner.popen(flow, "run", env=env)
     try:
-        running = wait_for(lambda: _running(flow_runner.marks, 0), 120, "every rank training")
+        state = wait_for(ready, 180, "every rank training")
         time.sleep(1.0)  # some steps of training
-        pid = running[0]["pid"] if target == "task" else running[2]["ppid"]  # node 1's agent
+        pid = pid_of(state)
         sent = time.time()
         os.kill(pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=180)
+        out, err = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
-    output = out + err
-    assert proc.returncode == 0, output[-6000:]  # the retry succeeded
+    return proc.returncode, out + err, sent
+
+
+def _training(flow_runner):
+    """Each rank's training-<rank> mark holds its pid: rank 0's (the task's) once all are."""
+    marks = [flow_runner.marks / ("training-%d" % r) for r in RANKS]
+    return all(m.exists() for m in marks) and int(marks[0].read_text())
+
+
+@pytest.mark.parametrize("target, node", [("task", 0), ("agent", 1)])
+def test_a_sigterm_reaches_every_rank_which_saves_and_the_retry_resumes(flow_runner, target,
+                                                                       node):
+    code, output, sent = _sigterm_mid_run(
+        flow_runner, "preempt_flow.py", lambda: _running(flow_runner.marks, 0),
+        # the task, or node 1's agent
+        lambda running: running[0]["pid"] if target == "task" else running[2]["ppid"], 180)
+    assert code == 0, output[-6000:]  # the retry succeeded
     saved = [json.loads((flow_runner.marks / ("checkpoint-%d.json" % r)).read_text())
              for r in RANKS]
     for rank, state in enumerate(saved):
@@ -88,19 +103,10 @@ def test_the_checkpoint_saved_in_the_preemptions_window_is_the_one_every_node_re
     saves; every rank is told, rank 0 saves where the gang stands, and attempt 1 loads that
     checkpoint on every rank of both nodes and ends with the weights of an uninterrupted run."""
     gang = {"TD_NODES": 2, "TD_NPROC": 2}
-    proc = flow_runner.popen("checkpoint_flow.py", "run", env=dict(gang, TD_PREEMPT=1))
-    try:
-        wait_for(lambda: all((flow_runner.marks / ("training-%d" % r)).exists() for r in RANKS),
-                 120, "every rank training")
-        time.sleep(1.0)  # some steps, past the first periodic save at 10 or not
-        pid = int((flow_runner.marks / "training-0").read_text())
-        os.kill(pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    output = out + err
-    assert proc.returncode == 0, output[-6000:]
+    code, output, _ = _sigterm_mid_run(flow_runner, "checkpoint_flow.py",
+                                       lambda: _training(flow_runner), lambda pid: pid, 240,
+                                       env=dict(gang, TD_PREEMPT=1))
+    assert code == 0, output[-6000:]
     assert "was preempted (SIGTERM to node 0)" in output, output[-6000:]
     saved = {int((flow_runner.marks / ("preempt-saved-%d" % r)).read_text()) for r in RANKS}
     assert len(saved) == 1, saved  # every rank was told, and they stopped at the same step
@@ -127,21 +133,11 @@ def test_a_lightning_trainer_hears_the_sigterm_through_its_own_handler(flow_runn
     within the grace; the retry trains, from OnExceptionCheckpoint's checkpoint when Lightning
     got to save one (Lightning 2.6 issues collectives inside its signal handler, so a rank may
     be held until the grace ends; docs/frameworks/lightning.md)."""
-    proc = flow_runner.popen("preempt_lightning_flow.py", "run")
-    try:
-        wait_for(lambda: all((flow_runner.marks / ("training-%d" % r)).exists() for r in RANKS),
-                 180, "every rank training")
-        time.sleep(1.0)
-        pid = int((flow_runner.marks / "training-0").read_text())
-        os.kill(pid, signal.SIGTERM)
-        # the grace (10 s) and a retry of 5 steps; the gang waited for hang detection
-        # (600 s) when the handler's broadcast held the gang's own handler back
-        out, err = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    output = out + err
-    assert proc.returncode == 0, output[-6000:]
+    # within the grace (10 s) and a retry of 5 steps; the gang waited for hang detection
+    # (600 s) when the handler's broadcast held the gang's own handler back
+    code, output, _ = _sigterm_mid_run(flow_runner, "preempt_lightning_flow.py",
+                                       lambda: _training(flow_runner), lambda pid: pid, 150)
+    assert code == 0, output[-6000:]
     assert "was preempted (SIGTERM to node 0)" in output, output[-6000:]
     # Lightning stopped rank 0's fit and its callbacks' on_exception ran (with its
     # SIGTERMException, or the error of a collective its handler's broadcast left unmatched)
