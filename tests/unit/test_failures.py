@@ -549,3 +549,15 @@ def test_a_sys_exit_of_rank_0_has_its_summary_printed(monkeypatch, capsys):
     own = users_own(SystemExit(3), "rank 0 raised this error")
     assert "rank 0 raised this error" in capsys.readouterr().err
     assert not getattr(own, "__notes__", None)
+
+
+def test_ranks_that_ended_in_a_preemptions_grace_are_not_said_to_have_failed_on_their_own():
+    """Lightning raises SIGTERMException (no message) in every rank it stops on SIGTERM: after a
+    preemption that is what the ranks did in their grace, not failures of their own."""
+    preempted = Failure(None, 1, FailureKind.PREEMPTED, 1.0, message="SIGTERM to node 1")
+    outcome = gang_outcome([preempted], range(4),
+                           exited=[_raised(0, 1.5, "SIGTERMException: ")])
+    note = outcome.others_note()
+    assert note.startswith("While the ranks had their grace to save: rank 0 (node 0, local "
+                           "rank 0) raised SIGTERMException. "), note
+    assert "on their own" not in note

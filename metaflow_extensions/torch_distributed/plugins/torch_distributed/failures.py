@@ -129,7 +129,7 @@ class Failure:
         first = _without_our_prefix(self.message).split("\n", 1)[0]
         if len(first) > BRIEF_CHARS:
             return "raised %s ..." % first[:BRIEF_CHARS].rsplit(" ", 1)[0]
-        return "raised %s" % first.rstrip(".")
+        return "raised %s" % first.rstrip(".: ")  # an exception without a message
 
     def sentence(self):
         """Who failed and how, in one sentence (no traceback)."""
@@ -338,8 +338,12 @@ class GangOutcome:
         notes = []
         if len(self.failed) > 1:
             others = "; ".join("%s %s" % (f.where(), f.brief()) for f in self.failed[1:])
-            notes.append("Also failed on their own, after it: %s%s"
-                         % (others, "" if others.endswith("...") else "."))
+            # once preempted, ranks end as their code reacts to the SIGTERM (a framework's
+            # SIGTERMException, an exit): what they did in the grace, not failures of their own
+            lead = ("While the ranks had their grace to save: "
+                    if self.root_cause.kind == FailureKind.PREEMPTED
+                    else "Also failed on their own, after it: ")
+            notes.append("%s%s%s" % (lead, others, "" if others.endswith("...") else "."))
         if self.stopped:
             notes.append("The other ranks still running (%s) were stopped."
                          % ", ".join(map(str, sorted(self.stopped))))
