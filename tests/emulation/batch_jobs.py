@@ -270,7 +270,9 @@ class JobBoard:
             if node.status == "RUNNING":
                 if node.stop_reason is None:
                     node.stop_reason = reason
-                node.process.request_stop(time.monotonic(), self._stop_grace_s)
+                # like `docker stop`: SIGTERM to the container's main process (PID 1) only
+                node.process.request_stop(time.monotonic(), self._stop_grace_s,
+                                          whole_group=False)
             elif node.status not in FINISHED:
                 # Never launched (or held in STARTING): nothing to stop.
                 node.move("FAILED")

@@ -266,14 +266,15 @@ class JobSetController:
     start_pod : starts a pod's container: (pod, argv, env) -> NodeProcess.
     hold_pods : (replicated job, job index) pairs whose pods stay Pending forever (a pod
         that cannot be scheduled, an image that never pulls).
-    stop_grace_s : SIGTERM to SIGKILL delay when pods are stopped (Kubernetes' default is 30).
+    stop_grace_s : SIGTERM to SIGKILL delay when pods are stopped; None: each pod's own
+        terminationGracePeriodSeconds, as the kubelet does.
     queue_admission_s : with a number, a stand-in for Kueue: a JobSet labelled with a queue
         (QUEUE_LABEL) is created suspended, as Kueue's webhook makes it, and admitted (resumed)
         that many seconds later. Plain Jobs are not queued.
     """
 
     def __init__(self, start_pod: Callable, *, hold_pods: Collection[tuple[str, int]] = (),
-                 stop_grace_s: float = 2.0, queue_admission_s: float | None = None) -> None:
+                 stop_grace_s: float | None = None, queue_admission_s: float | None = None) -> None:
         self._start_pod = start_pod
         self._hold = frozenset(hold_pods)
         self._queue_admission_s = queue_admission_s
@@ -467,8 +468,15 @@ class JobSetController:
         if pod.phase in ("Running", "Pending") and pod.process is not None:
             pod.reason = pod.reason or reason
             # The kubelet signals the container's main process (PID 1) only; the others get
-            # SIGKILL when the grace period ends.
-            pod.process.request_stop(time.monotonic(), self._stop_grace_s, whole_group=False)
+            # SIGKILL when the pod's grace period ends.
+            pod.process.request_stop(time.monotonic(), self._grace_of(pod), whole_group=False)
+
+    def _grace_of(self, pod: Pod) -> float:
+        """The pod's terminationGracePeriodSeconds (default 30), at least the kubelet's
+        minimum of 2 s; with `stop_grace_s` set, that instead (a test's shortcut)."""
+        if self._stop_grace_s is not None:
+            return self._stop_grace_s
+        return max(2.0, float(pod.template["spec"].get("terminationGracePeriodSeconds", 30)))
 
     def _conclude(self, jobset: JobSet) -> None:
         failed = [p for p in jobset.pods if p.phase == "Failed"]

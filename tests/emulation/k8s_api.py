@@ -102,6 +102,10 @@ class _Server(ThreadingHTTPServer):
     emulator: KubernetesEmulator
 
 
+# SIGTERM to SIGKILL when the emulator itself stops (every pod's whole process group).
+SHUTDOWN_GRACE_S = 2.0
+
+
 class KubernetesEmulator:
     """A Kubernetes API with a JobSet controller on 127.0.0.1, pods as local process groups.
 
@@ -110,7 +114,9 @@ class KubernetesEmulator:
     image_env : what the container image and cluster provide (credentials, endpoints).
     hold_pods : (replicated job, job index) pairs whose pods never start.
     workdir : where pod directories, logs, the kubeconfig and DNS records go.
-    stop_grace_s : SIGTERM to SIGKILL delay when pods are stopped.
+    stop_grace_s : SIGTERM to SIGKILL delay when pods are stopped; None (the default): each
+        pod's terminationGracePeriodSeconds, as the kubelet does. The emulator's own shutdown
+        always gives SHUTDOWN_GRACE_S.
     poll_s : how often the controller advances JobSets and polls pod processes.
     queue_admission_s : queue JobSets that carry Kueue's queue label this long (see
         JobSetController).
@@ -120,7 +126,7 @@ class KubernetesEmulator:
 
     def __init__(self, *, image_env: dict[str, str] | None = None,
                  hold_pods: Collection[tuple[str, int]] = (), workdir: Path | None = None,
-                 stop_grace_s: float = 2.0, poll_s: float = 0.05,
+                 stop_grace_s: float | None = None, poll_s: float = 0.05,
                  queue_admission_s: float | None = None,
                  cluster: ClusterApi | None = None) -> None:
         self.cluster = cluster if cluster is not None else ClusterApi()
@@ -131,7 +137,6 @@ class KubernetesEmulator:
         self.controller = JobSetController(self._start_pod, hold_pods=hold_pods,
                                            stop_grace_s=stop_grace_s,
                                            queue_admission_s=queue_admission_s)
-        self._stop_grace_s = stop_grace_s
         self._server: _Server | None = None
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -184,8 +189,8 @@ class KubernetesEmulator:
         processes = self.controller.processes()
         started = time.monotonic()
         for process in processes:
-            process.request_stop(started, self._stop_grace_s)
-        while time.monotonic() - started < self._stop_grace_s and any(
+            process.request_stop(started, SHUTDOWN_GRACE_S)
+        while time.monotonic() - started < SHUTDOWN_GRACE_S and any(
                 process.exit_code() is None for process in processes):
             time.sleep(0.02)
         for process in processes:

@@ -69,10 +69,11 @@ class NodeProcess:
         return None if returncode is None else docker_exit_code(returncode)
 
     def request_stop(self, now: float, grace_s: float, whole_group: bool = True) -> None:
-        """Like `docker stop`: SIGTERM now, SIGKILL once `grace_s` has passed (see `enforce`).
-        `whole_group=False` is the kubelet's way: SIGTERM to the container's main process only,
-        which as PID 1 ignores it unless it installed a handler; every process of the container
-        gets the SIGKILL."""
+        """SIGTERM now, SIGKILL once `grace_s` has passed (see `enforce`). `whole_group=False`
+        is how `docker stop` (ECS, for AWS Batch) and the kubelet stop a container: SIGTERM to
+        its main process only, which as PID 1 ignores it unless it installed a handler; every
+        process of the container gets the SIGKILL. `whole_group=True` signals every process of
+        the node (the emulator's own shutdown)."""
         if self._kill_at is None:
             self._kill_at = now + grace_s
             if whole_group:

@@ -1,9 +1,20 @@
 """@checkpoint + @retry on a multi-node gang on the emulated AWS Batch: the agent of node 1 gets
-the checkpoint node 0's @checkpoint loaded, through the gang's control plane."""
+the checkpoint node 0's @checkpoint loaded, through the gang's control plane; a TerminateJob
+(SIGTERM to each node's main process) preempts the gang, whose save in the grace the retry
+loads."""
+
+import re
+import threading
+import time
 
 import pytest
 
-from .test_batch_gang import BatchRun
+from .aws import client
+from .probes import wait_for
+from .test_batch_gang import BatchRun, _train_job_id
+
+# seconds from the SIGTERM to rank 1's own handler: the issue's 1 s, plus a loaded machine
+REACH_BOUND = 3.0
 
 
 class CheckpointRun(BatchRun):
@@ -24,3 +35,39 @@ def test_the_retry_of_a_batch_gang_loads_the_checkpoint_on_every_node(gang):
     assert [(p["rank"], p["node"]) for p in loaded] == [(0, "0"), (1, "1")]
     assert all(p["is_loaded"] and p["found"] == "saved by rank 0 in attempt 0"
                for p in loaded), loaded
+
+
+def test_terminate_job_preempts_every_node_and_the_retry_resumes_from_the_save_in_its_grace(
+        gang):
+    """TerminateJob, as a spot reclaim or `aws batch terminate-job` does: SIGTERM to each
+    container's main process, Metaflow's bash, which has no handler (docker drops it for PID 1):
+    the gang's forwarder in front of it passes it to each node's supervisor, so every rank
+    hears it; rank 1 (node 1) through its own handler. Rank 0 saves in the grace, and the retry,
+    a new multi-node job, loads that on both nodes."""
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(res=gang.run(
+        timeout_s=300, TD_LAUNCH_DIR=gang.workdir, TD_PREEMPT=1, TD_PREEMPT_GRACE=20)))
+    runner.start()
+    wait_for(lambda: all((gang.workdir / ("training-%d" % r)).exists() for r in (0, 1)), 180,
+             "both ranks training")
+    time.sleep(1.0)
+    job_id = _train_job_id(gang.batch)
+    sent = time.time()
+    client(gang.batch.endpoint_url, "batch").terminate_job(jobId=job_id,
+                                                           reason="reclaimed (the test)")
+    runner.join(300)
+    res = outcome["res"]
+    assert res.returncode == 0, res.output  # attempt 0 preempted, the retry succeeded
+    assert re.search(r"was preempted \(SIGTERM to node [01]\)", res.output), res.output
+    assert "OOM" not in res.output and "died without a word" not in res.output
+    handled = float((gang.workdir / "own-handler-1").read_text())
+    assert handled - sent < REACH_BOUND, (handled - sent, res.output)
+    for rank in (0, 1):
+        assert (gang.workdir / ("preempt-saved-%d" % rank)).exists(), res.output
+    jobs = gang.jobs_of("train")
+    assert len(jobs) == 2  # the retry was a new multi-node job
+    loaded = gang.client("run['train'].task['loaded'].data")
+    assert [(p["rank"], p["node"]) for p in loaded] == [(0, "0"), (1, "1")]
+    found = {p["found"] for p in loaded}
+    assert len(found) == 1 and all(p["is_loaded"] for p in loaded), loaded
+    assert re.fullmatch(r"saved by rank 0 at step \d+, preempted", found.pop()), loaded

@@ -225,7 +225,8 @@ def test_attempt_duration_timeout_stops_the_job(aws, start_emulator):
     detail = wait_status(client_, job_id, "FAILED", "SUCCEEDED", timeout_s=5)
 
     assert detail["statusReason"] == "Job attempt duration exceeded timeout"
-    assert detail["container"]["exitCode"] == 143
+    # sleep, the container's PID 1, has no SIGTERM handler: only the SIGKILL stops it
+    assert detail["container"]["exitCode"] == 137
 
 
 def test_main_node_exit_stops_child_nodes(aws, start_emulator, tmp_path):
@@ -243,7 +244,9 @@ def test_main_node_exit_stops_child_nodes(aws, start_emulator, tmp_path):
                 'for i in $(seq 200); do [ -e "$OUT/started-1" ] && [ -e "$OUT/started-2" ] '
                 "&& exit 0; sleep 0.05; done; exit 1",
             ],
-            "1:1": ["bash", "-c", started + " && exec sleep 60"],
+            # As PID 1 it gets the SIGTERM because it handles it (docker stop's way).
+            "1:1": ["bash", "-c", "trap 'exit 143' TERM; %s; while true; do sleep 0.1; done"
+                    % started],
             # Ignores SIGTERM, so only the SIGKILL after the grace period stops it.
             "2:2": ["bash", "-c", "trap '' TERM; %s; while true; do sleep 0.1; done" % started],
         },
@@ -264,8 +267,14 @@ def test_main_node_exit_stops_child_nodes(aws, start_emulator, tmp_path):
 
 
 def test_terminate_job_stops_every_node(aws, batch):
+    """Like `docker stop`, SIGTERM to each container's main process (PID 1) only, which gets it
+    only if it handles it (node 0's bash traps it); SIGKILL to all after the stop timeout."""
     client_ = batch_client(batch)
-    job_id = sleeping_multinode_job(client_, aws, "terminated", 3)
+    register_multinode(client_, "terminated", 3, {
+        "0:0": ["bash", "-c", "trap 'exit 143' TERM; while true; do sleep 0.1; done"],
+        "1:": ["sleep", "60"]})
+    job_id = client_.submit_job(jobName="terminated", jobQueue=aws.queue,
+                                jobDefinition="terminated")["jobId"]
     for index in range(3):
         wait_status(client_, "%s#%d" % (job_id, index), "RUNNING")
 
@@ -276,7 +285,7 @@ def test_terminate_job_stops_every_node(aws, batch):
     assert detail["statusReason"] == "stopped by the test"
     assert detail["isTerminated"] is True
     nodes = [wait_status(client_, "%s#%d" % (job_id, i), "FAILED", timeout_s=5) for i in range(3)]
-    assert [node["container"]["exitCode"] for node in nodes] == [143, 143, 143]
+    assert [node["container"]["exitCode"] for node in nodes] == [143, 137, 137]
     assert processes_of(batch.endpoint_url) == []
 
 

@@ -4,6 +4,7 @@ loopback API and JobSet controller, tests/emulation/k8s_api.py, with moto for S3
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import preempt
 
 from .jobset_controller import validate_jobset
 from .k8s_api import KubernetesEmulator
@@ -331,7 +334,8 @@ def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubern
     gang = KubernetesRun(aws, kubernetes, tmp_path, "remote_checkpoint_flow.py")
     outcome = {}
     runner = threading.Thread(target=lambda: outcome.update(
-        res=gang.run(timeout_s=300, TD_LAUNCH_DIR=gang.workdir, TD_LOSE_NODE=1)))
+        res=gang.run(timeout_s=300, TD_LAUNCH_DIR=gang.workdir, TD_LOSE_NODE=1,
+                     TD_PREEMPT_GRACE=5)))
     runner.start()
     wait_for(lambda: (gang.workdir / "saved").exists(), 180, "the checkpoint of attempt 0")
     [worker] = [p for js in list(kubernetes.controller.jobsets.values()) for p in js.pods
@@ -342,7 +346,51 @@ def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubern
     res = outcome["res"]
     assert res.returncode == 0, res.output
     assert worker.reason == "Evicted" and "killed by SIGKILL" not in res.output, res.output
+    # the pod's SIGTERM reached its agent: a preemption, whose grace the ranks let pass
+    assert "was preempted (SIGTERM to node 1)" in res.output, res.output
     _assert_the_retry_loaded_the_checkpoint_on_both_pods(gang)
+
+
+def test_a_deleted_worker_pod_preempts_the_gang_and_the_retry_resumes_from_the_save_in_its_grace(
+        aws, kubernetes, tmp_path):
+    """Deleting the worker pod (an eviction, a spot node drained): the kubelet's SIGTERM goes to
+    the pod's main process only, the gang's forwarder in front of Metaflow's bash, which passes
+    it to node 1's agent; rank 1 hears it through its own handler, node 0 is told, rank 0 saves
+    in the grace (the pods' terminationGracePeriodSeconds covers it), and @retry's new JobSet
+    loads that save on both pods."""
+    import threading
+
+    from kubernetes import client, config
+
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "remote_checkpoint_flow.py")
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(
+        res=gang.run(timeout_s=300, TD_LAUNCH_DIR=gang.workdir, TD_PREEMPT=1,
+                     TD_PREEMPT_GRACE=20)))
+    runner.start()
+    wait_for(lambda: all((gang.workdir / ("training-%d" % r)).exists() for r in (0, 1)), 180,
+             "both ranks training")
+    time.sleep(1.0)
+    [worker] = [p for js in list(kubernetes.controller.jobsets.values()) for p in js.pods
+                if p.replicated_job == "worker" and p.process is not None]
+    assert worker.template["spec"]["terminationGracePeriodSeconds"] == 20 + \
+        preempt.STOP_MARGIN_S
+    api = client.CoreV1Api(config.new_client_from_config(str(kubernetes.kubeconfig)))
+    sent = time.time()
+    api.delete_namespaced_pod(worker.name, "default")
+    runner.join(300)
+    res = outcome["res"]
+    assert res.returncode == 0, res.output
+    assert "was preempted (SIGTERM to node 1)" in res.output, res.output
+    assert "OOM" not in res.output and "killed by SIGKILL" not in res.output, res.output
+    handled = float((gang.workdir / "own-handler-1").read_text())
+    assert handled - sent < 3.0, (handled - sent, res.output)
+    assert len(gang.jobsets_of("train")) == 2  # the retry was a new JobSet
+    loaded = gang.client("run['train'].task['loaded'].data")
+    assert [p["rank"] for p in loaded] == [0, 1]
+    found = {p["found"] for p in loaded}
+    assert len(found) == 1 and all(p["is_loaded"] for p in loaded), loaded
+    assert re.fullmatch(r"saved by rank 0 at step \d+, preempted", found.pop()), loaded
 
 
 def _assert_the_retry_loaded_the_checkpoint_on_both_pods(gang):

@@ -15,6 +15,7 @@ import pytest
 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import (
     argo,
+    preempt,
     kubernetes,
     naming,
     trampoline,
@@ -125,7 +126,7 @@ def workflow(template):
 def compiled(foreach=False, retries=True):
     wf = workflow(container_template(foreach, retries))
     argo.compile_gang(wf, "train", 3, lambda command: ["bash", "-c", "control: " + command],
-                      ["bash", "-c", "agent"], {"AGENT_SPEC": "{}"})
+                      ["bash", "-c", "agent"], {"AGENT_SPEC": "{}"}, preempt_grace_s=12.5)
     return wf
 
 
@@ -167,6 +168,8 @@ def test_the_step_becomes_one_jobset_of_a_control_pod_and_n_minus_1_workers():
         assert (spec["backoffLimit"], spec["completions"], spec["parallelism"]) == (0, 1, 1)
         pod = spec["template"]["spec"]
         assert pod["subdomain"] == name and pod["restartPolicy"] == "Never"
+        # a deleted pod's SIGTERM reaches the gang, which gets preempt_grace and the margin
+        assert pod["terminationGracePeriodSeconds"] == 13 + preempt.STOP_MARGIN_S
         assert pod["activeDeadlineSeconds"] == 600  # @timeout, on the pods
         assert pod["imagePullSecrets"] == [{"name": "regcred"}]
         assert pod["volumes"] == [{"name": "out", "emptyDir": {}}]
@@ -187,7 +190,9 @@ def test_the_step_becomes_one_jobset_of_a_control_pod_and_n_minus_1_workers():
     assert argo.SPLIT_INDEX_ENV not in worker
     commands = {n: j["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
                 for n, j in jobs.items()}
-    assert commands["worker"] == ["bash", "-c", "agent"]
+    # each pod's command runs under the SIGTERM forwarder, as its main process
+    assert commands["worker"] == preempt.forwarding(["bash", "-c", "agent"])
+    assert commands["control"][:4] == preempt.forwarding([])
     assert commands["control"][-1] == "control: " + COMMAND.replace(
         "{{retries}}", "{{inputs.parameters.retryCount}}")
     # Argo's {{retries}} is not set in a resource template: nowhere left

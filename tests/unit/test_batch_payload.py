@@ -13,8 +13,8 @@ import pytest
 import metaflow  # noqa: F401  (loads the extension)
 from metaflow.plugins.aws.batch.batch import Batch
 from metaflow.plugins.aws.batch.batch_client import BatchJob
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import batch, naming, spinstep, \
-    trampoline
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import batch, naming, preempt, \
+    spinstep, trampoline
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
     TorchDistributedEnvironmentError
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import GangSpec, \
@@ -40,10 +40,14 @@ def validate(operation, params):
     validate_request("batch", operation, params)
 
 
-def test_one_node_keeps_the_tasks_payload():
+def test_one_node_keeps_the_tasks_payload_its_command_under_the_sigterm_forwarder():
     payload = metaflow_payload()
-    assert batch.gang_payload(payload, 1, MAIN_ENV, AGENT_CMD, AGENT_ENV) == payload
-    validate("SubmitJob", payload)
+    got = batch.gang_payload(payload, 1, MAIN_ENV, AGENT_CMD, AGENT_ENV)
+    forwarded = dict(payload["containerOverrides"],
+                     command=preempt.forwarding(["bash", "-c", "task"]))
+    assert got == dict(payload, containerOverrides=forwarded)
+    assert batch.forwarding_payload(payload) == got
+    validate("SubmitJob", got)
 
 
 def test_two_nodes_golden():
@@ -58,11 +62,12 @@ def test_two_nodes_golden():
         "nodeOverrides": {"nodePropertyOverrides": [
             {"targetNodes": "0:0", "containerOverrides": {
                 **task,
+                "command": preempt.forwarding(task["command"]),
                 "environment": task["environment"] + [
                     {"name": batch.MAIN_NODE_ENV, "value": MAIN_ENV[batch.MAIN_NODE_ENV]}]}},
             {"targetNodes": "1:1", "containerOverrides": {
                 **task,
-                "command": AGENT_CMD,
+                "command": preempt.forwarding(AGENT_CMD),
                 "environment": task["environment"] + [
                     {"name": k, "value": v} for k, v in AGENT_ENV.items()]}},
         ]},
@@ -75,8 +80,9 @@ def test_four_nodes_golden():
     got = batch.gang_payload(metaflow_payload(), 4, MAIN_ENV, AGENT_CMD, AGENT_ENV)
     ranges = got["nodeOverrides"]["nodePropertyOverrides"]
     assert [r["targetNodes"] for r in ranges] == ["0:0", "1:3"]
-    assert ranges[0]["containerOverrides"]["command"] == ["bash", "-c", "task"]
-    assert ranges[1]["containerOverrides"]["command"] == AGENT_CMD
+    assert ranges[0]["containerOverrides"]["command"] == preempt.forwarding(
+        ["bash", "-c", "task"])
+    assert ranges[1]["containerOverrides"]["command"] == preempt.forwarding(AGENT_CMD)
     validate("SubmitJob", got)
 
 

@@ -10,6 +10,7 @@ what we rely on, a test below says so (test_where_ob_metaflow_differs_...).
 """
 
 import inspect
+import json
 import os
 import types
 
@@ -709,6 +710,38 @@ def test_the_jobset_exposes_control_and_worker_specs():
     assert spec._kwargs["environment_variables"] == {"A": "1"}
 
 
+def test_the_jobsets_control_command_and_its_pods_stop_grace():
+    """jobset_control_command reads the command Metaflow gave the control pod; jobset_stop_grace
+    changes the manifest KubernetesJobSet.execute submits, where JobSetSpec.dump writes the
+    pods' terminationGracePeriodSeconds (0) inside template.spec.template.spec."""
+    _, JobSetSpec, KubernetesJobSet = _kubernetes()
+    require('command=self._kwargs["command"]' in source_of(JobSetSpec.dump), "JobSetSpec.dump",
+            "the pod's command is the one its command() setter stored")
+    require("termination_grace_period_seconds=0" in source_of(JobSetSpec.dump)
+            and "client.V1PodTemplateSpec(" in source_of(JobSetSpec.dump)
+            and "client.V1JobTemplateSpec(" in source_of(JobSetSpec.dump), "JobSetSpec.dump",
+            "it writes the pods' stop grace (0) in the pod spec of its Job template")
+    require("body=self.dump()" in source_of(KubernetesJobSet.execute), "KubernetesJobSet.execute",
+            "it submits what the JobSet's dump() returns")
+
+    class Control:
+        _kwargs = {"command": ["bash", "-c", "task"]}
+
+    class Built:
+        control = Control()
+
+        def dump(self):
+            job = {"template": {"spec": {"template": {"spec": {
+                "terminationGracePeriodSeconds": 0}}}}}
+            return {"spec": {"replicatedJobs": [job, json.loads(json.dumps(job))]}}
+
+    jobset = Built()
+    assert internals.jobset_control_command(jobset) == ["bash", "-c", "task"]
+    internals.jobset_stop_grace(jobset, 40)
+    assert [j["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            for j in jobset.dump()["spec"]["replicatedJobs"]] == [40, 40]
+
+
 # -- the preflight command -----------------------------------------------------------------------
 
 def test_plugin_cli_groups_of_the_vendored_click():
@@ -840,6 +873,8 @@ CONTRACTS = {
     "wrap_kubernetes_jobset": "test_kubernetes_launch_job_builds_a_jobset_when_num_parallel_is_given",
     "kubernetes_command": "test_kubernetes_command_has_the_signature_we_call",
     "jobset_pods": "test_the_jobset_exposes_control_and_worker_specs",
+    "jobset_control_command": "test_the_jobsets_control_command_and_its_pods_stop_grace",
+    "jobset_stop_grace": "test_the_jobsets_control_command_and_its_pods_stop_grace",
     "metaflow_version": "test_metaflow_version_get_version",
     "cli_click": "test_plugin_cli_groups_of_the_vendored_click",
     "cli_flow_steps": "test_cli_object_graph_and_datastore",

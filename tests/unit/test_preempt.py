@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+from metaflow_extensions.torch_distributed.plugins.torch_distributed import preempt
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor import (
     LeaderWatch, Phase, Slot)
@@ -147,3 +148,98 @@ def test_a_wakeup_fd_of_someone_elses_is_left_alone():
         print("same" if signal.set_wakeup_fd(-1) == theirs.fileno() else "replaced")
     ''')
     assert out == ["called", "1", "same"], out  # the handler alone told the gang
+
+
+# -- a container's main process: preempt.FORWARDING ------------------------------------------
+
+_SUPERVISOR = textwrap.dedent('''
+    import os, signal, sys, time
+    sys.path.insert(0, %r)
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import preempt
+    def on_sigterm(signum, frame):
+        print("supervisor got SIGTERM", flush=True)
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    time.sleep(float(sys.argv[1]))  # before it announces itself
+    print("told before" if preempt.announce() else "announced", flush=True)
+    if sys.argv[2] == "withdraw":
+        preempt.withdraw()
+        print("withdrawn", flush=True)
+    time.sleep(float(sys.argv[3]))
+    print("finished", flush=True)
+''' % REPO)
+
+
+def _container(tmp_path, *args):
+    """A container's main process (FORWARDING) running a supervisor, in a new session, as a
+    node's command runs: (Popen, the file its announced pid goes to)."""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen(
+        preempt.forwarding([sys.executable, "-c", _SUPERVISOR, *map(str, args)]),
+        env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, tmp_path / ("metaflow-torch-distributed-forward.%d" % proc.pid)
+
+
+def _wait_until(predicate, timeout=30):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_sigterm_to_the_containers_main_process_reaches_the_announced_supervisor(tmp_path):
+    proc, announced = _container(tmp_path, 0, "stay", 30)
+    _wait_until(lambda: announced.exists())
+    assert announced.read_text() != str(proc.pid)  # the supervisor's own pid, not PID 1's
+    os.kill(proc.pid, signal.SIGTERM)  # to the main process only, as docker and the kubelet
+    out, _ = proc.communicate(timeout=30)
+    assert out.splitlines() == ["announced", "supervisor got SIGTERM"]
+    assert proc.returncode == 7  # the container exits with its command's status
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+def test_a_sigterm_before_the_supervisor_announced_itself_is_told_when_it_does(tmp_path):
+    proc, _ = _container(tmp_path, 1.5, "stay", 0)
+    _wait_until(lambda: _children(proc.pid))  # the supervisor runs, and sleeps 1.5 s
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert out.splitlines() == ["told before", "finished"]
+    assert proc.returncode == 0
+
+
+def test_a_withdrawn_supervisor_gets_no_sigterm_and_the_command_runs_to_its_end(tmp_path):
+    proc, announced = _container(tmp_path, 0, "withdraw", 1.0)
+    assert [proc.stdout.readline() for _ in range(2)] == ["announced\n", "withdrawn\n"]
+    assert not announced.exists()
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert out.splitlines() == ["finished"]
+    assert proc.returncode == 0
+
+
+def _children(pid):
+    import psutil
+
+    return psutil.Process(pid).children()
+
+
+def test_the_containers_exit_status_is_its_commands(tmp_path):
+    for command, status in ((["bash", "-c", "exit 3"], 3), (["true"], 0),
+                            (["bash", "-c", "kill -KILL $$"], 128 + 9)):
+        assert subprocess.run(preempt.forwarding(command), timeout=30).returncode == status
+
+
+def test_a_supervisor_handler_announces_itself_while_it_is_installed(tmp_path, monkeypatch):
+    path = tmp_path / "forward"
+    monkeypatch.setenv(preempt.FORWARD_ENV, str(path))
+    told = []
+    with preempt.SupervisorHandler(lambda: told.append("preempted")):
+        assert path.read_text() == str(os.getpid())
+    assert not path.exists() and told == []
+    (tmp_path / "forward.term").touch()  # the container was told to stop before
+    with preempt.SupervisorHandler(lambda: told.append("preempted")):
+        _wait_until(lambda: told)
+    assert told[:1] == ["preempted"] and preempt.PREEMPTED.is_set()
+    preempt.PREEMPTED.clear()

@@ -15,6 +15,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed import (
     batch,
     gangspec,
     naming,
+    preempt,
     stepfunctions,
     trampoline,
 )
@@ -74,10 +75,11 @@ def test_node_payload_keeps_step_functions_paths_and_defers_the_port():
     got = stepfunctions.node_payload(sfn_payload(), 2, "train", ["bash", "-c", "agent"],
                                      AGENT_ENV)
     main, agent = got["nodeOverrides"]["nodePropertyOverrides"]
-    assert main["containerOverrides"]["command"] == stepfunctions.BARE_JOB_ID + [
-        "bash", "-c", "task"]
-    assert agent["containerOverrides"]["command"] == stepfunctions.BARE_JOB_ID + [
-        "bash", "-c", "agent"]
+    # the bare job id's bash execs the SIGTERM forwarder, which stays the main process
+    assert main["containerOverrides"]["command"] == stepfunctions.BARE_JOB_ID + \
+        preempt.forwarding(["bash", "-c", "task"])
+    assert agent["containerOverrides"]["command"] == stepfunctions.BARE_JOB_ID + \
+        preempt.forwarding(["bash", "-c", "agent"])
     for node in (main, agent):
         env = node["containerOverrides"]["environment"]
         assert {"name": "METAFLOW_RUN_ID", "value.$": "$.Parameters.['metaflow.run_id']"} in env

@@ -3,6 +3,11 @@
 Attempt 0: rank 0 writes state.txt into current.checkpoint.directory and saves it; then rank 1
 (node 1, under its node agent) is SIGKILLed, or with TD_LOSE_NODE=1 every rank keeps
 all-reducing after leaving the file `saved` in TD_LAUNCH_DIR, until the test takes node 1 away.
+With TD_PREEMPT=1, attempt 0 instead trains (all_reduce steps) until a rank hears of a preemption
+(current.torch_distributed.preempted, or for rank 1 on node 1 its own SIGTERM handler, as a
+framework's), then rank 0 saves the step where the gang stands; each rank leaves marks in
+TD_LAUNCH_DIR: training-<rank> once it trains, own-handler-1 (when its handler ran) and
+preempt-saved-<rank> (when the save was done).
 Attempt 1 (a new multi-node job or JobSet): every rank reads what it finds in its
 current.checkpoint.directory, and rank 0 gathers it into `loaded`, with where each rank ran."""
 
@@ -20,6 +25,40 @@ ENV = dict(TD, METAFLOW_DATASTORE_SYSROOT_LOCAL=TD["TD_LAUNCH_DIR"]) if "TD_LAUN
     else TD
 
 
+def mark(name, value):
+    with open(os.path.join(TD["TD_LAUNCH_DIR"], name), "w") as f:
+        f.write(repr(value))
+
+
+def train_until_preempted(rank, state):
+    import torch
+    import torch.distributed as dist
+
+    heard = []
+    if rank == 1:  # its own SIGTERM handler, as Lightning and transformers install theirs
+        def own_handler(signum, frame):
+            heard.append(signum)
+            mark("own-handler-1", time.time())
+
+        signal.signal(signal.SIGTERM, own_handler)
+    mark("training-%d" % rank, os.getpid())
+    step, deadline = 0, time.time() + 150
+    while time.time() < deadline:
+        told = current.torch_distributed.preempted.is_set() or bool(heard)
+        agreed = torch.tensor([1.0 if told else 0.0])
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        if agreed.item():
+            break
+        step += 1
+        time.sleep(0.05)
+    if rank == 0:
+        with open(state, "w") as f:
+            f.write("saved by rank 0 at step %d, preempted" % step)
+        current.checkpoint.save()
+    dist.barrier()
+    mark("preempt-saved-%d" % rank, time.time())
+
+
 class RemoteCheckpointFlow(FlowSpec):
     @step
     def start(self):
@@ -28,7 +67,8 @@ class RemoteCheckpointFlow(FlowSpec):
     @environment(vars=ENV)
     @retry(times=1, minutes_between_retries=0)
     @checkpoint
-    @torch_distributed(nodes=2, nproc_per_node=1, rendezvous_timeout=60)
+    @torch_distributed(nodes=2, nproc_per_node=1, rendezvous_timeout=60,
+                       preempt_grace=float(TD.get("TD_PREEMPT_GRACE", "25")))
     @step
     def train(self):
         import torch
@@ -45,7 +85,9 @@ class RemoteCheckpointFlow(FlowSpec):
             dict(rank=rank, node=os.environ.get("AWS_BATCH_JOB_NODE_INDEX"),
                  pod=os.environ.get("METAFLOW_KUBERNETES_POD_NAME"), found=found,
                  is_loaded=current.checkpoint.is_loaded))
-        if current.retry_count == 0:
+        if current.retry_count == 0 and "TD_PREEMPT" in TD:
+            train_until_preempted(rank, state)
+        elif current.retry_count == 0:
             if rank == 0:
                 with open(state, "w") as f:
                     f.write("saved by rank 0 in attempt 0")

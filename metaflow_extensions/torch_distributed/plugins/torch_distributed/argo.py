@@ -28,7 +28,7 @@ tests/unit/test_argo.py, tests/emulation/test_argo_gang.py pin them.
 import copy
 import json
 
-from . import internals, kubernetes, trampoline
+from . import internals, kubernetes, preempt, trampoline
 from .errors import TorchDistributedConfigError
 from .spinstep import nested_word, spin_env_additions
 
@@ -177,9 +177,10 @@ def _env(entries, values=None, fields=None):
 
 
 def jobset_manifest(template, nodes, step_name, control_command, agent_command, agent_env,
-                    plan_env, namespace, foreach, pod_metadata=None):
+                    plan_env, namespace, foreach, pod_metadata, preempt_grace_s):
     """The JobSet of the gang's step, from the step's compiled container `template`: the
-    control pod runs `control_command`, the N-1 worker pods `agent_command` (argv lists)."""
+    control pod runs `control_command`, the N-1 worker pods `agent_command` (argv lists), each
+    under preempt.FORWARDING, with a stop grace that covers `preempt_grace_s`."""
     task_id = task_id_expression(step_name, foreach)
     name = jobset_name(task_id)
     meta = template.get("metadata") or {}
@@ -193,19 +194,21 @@ def jobset_manifest(template, nodes, step_name, control_command, agent_command, 
         TASK_ID_ENV: task_id,
     }
     container = pruned(template["container"])
-    control = dict(container, command=list(control_command),
+    control = dict(container, command=preempt.forwarding(control_command),
                    env=_env(container.get("env", []), dict(common, **plan_env), _POD_FIELDS))
     worker_values = dict(common, **agent_env)
     worker_values[INPUT_PATHS_ENV] = "{{inputs.parameters.input-paths}}"
     if foreach:
         worker_values[SPLIT_INDEX_ENV] = "{{inputs.parameters.split-index}}"
-    worker = dict(container, command=list(agent_command),
+    worker = dict(container, command=preempt.forwarding(agent_command),
                   env=_env(container.get("env", []), worker_values, _POD_FIELDS))
     patch = json.loads(template["podSpecPatch"]) if template.get("podSpecPatch") else {}
 
     def job(replicated, replicas, pod_container):
         pod = pruned({
             "restartPolicy": "Never",
+            # a deleted pod's SIGTERM reaches the gang (FORWARDING), which needs the time
+            "terminationGracePeriodSeconds": preempt.scheduler_grace(preempt_grace_s),
             "subdomain": name,
             "setHostnameAsFQDN": True,
             "activeDeadlineSeconds": template.get("activeDeadlineSeconds"),
@@ -270,7 +273,8 @@ def pass_attempt(templates, template_name, retried):
     return found
 
 
-def compile_gang(workflow, step_name, nodes, control_command_of, agent_command, agent_env):
+def compile_gang(workflow, step_name, nodes, control_command_of, agent_command, agent_env,
+                 preempt_grace_s):
     """Turn the step's container template in the compiled `workflow` (JSON tree) into the
     gang's JobSet template. `control_command_of(command text) -> argv` gives node 0's command;
     `agent_command` is the workers' argv."""
@@ -288,7 +292,7 @@ def compile_gang(workflow, step_name, nodes, control_command_of, agent_command, 
     manifest = jobset_manifest(
         template, nodes, step_name, control_command, agent_command, agent_env, plan,
         env.get("ARGO_WORKFLOW_NAMESPACE") or "default", foreach,
-        workflow["spec"].get("podMetadata"))
+        workflow["spec"].get("podMetadata"), preempt_grace_s)
     templates[at] = gang_template(template, manifest)
     if not pass_attempt(templates, name, bool(template.get("retryStrategy"))):
         raise ValueError("no DAG task runs the template %r" % name)
@@ -320,6 +324,7 @@ def install(step_name, graph, nodes, spec_fields, decorator_name):
         def control_command_of(command):
             return ["bash", "-c", internals.argo_with_task_id(command, "${%s}" % TASK_ID_ENV)]
 
-        compile_gang(workflow, step_name, nodes, control_command_of, agent_command, agent_env)
+        compile_gang(workflow, step_name, nodes, control_command_of, agent_command, agent_env,
+                     spec_fields["preempt_grace_s"])
 
     internals.wrap_argo_workflow(build)

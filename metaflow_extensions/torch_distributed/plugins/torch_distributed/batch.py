@@ -22,7 +22,7 @@ import socket
 import tempfile
 from dataclasses import replace
 
-from . import internals, naming, trampoline
+from . import internals, naming, preempt, trampoline
 from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from .gangspec import GangSpec, NodeZero
 from .spinstep import spin_env_additions
@@ -46,20 +46,30 @@ AGENT_TASK_ID = "%s-node-$" + NODE_INDEX
 def gang_payload(payload, nodes, main_env, agent_command, agent_env):
     """The SubmitJob payload of an N-node gang from the one Metaflow built for the task (whose
     job definition already has N nodes): node 0 runs the task's own command, nodes 1..N-1 the
-    node agent's. With one node the payload is the task's, unchanged."""
+    node agent's, each under preempt.FORWARDING (a SIGTERM to the container reaches the node's
+    supervisor). With one node the payload is the task's, its command under FORWARDING."""
     payload = copy.deepcopy(payload)
     if nodes == 1:
-        return payload
+        return forwarding_payload(payload)
     task = payload.pop("containerOverrides")
     main = copy.deepcopy(task)
+    main["command"] = preempt.forwarding(task["command"])
     main["environment"] = _merged_env(main.get("environment", []), main_env)
     agent = copy.deepcopy(task)
-    agent["command"] = list(agent_command)
+    agent["command"] = preempt.forwarding(agent_command)
     agent["environment"] = _merged_env(agent.get("environment", []), agent_env)
     payload["nodeOverrides"] = {"nodePropertyOverrides": [
         {"targetNodes": "0:0", "containerOverrides": main},
         {"targetNodes": "1:%d" % (nodes - 1), "containerOverrides": agent},
     ]}
+    return payload
+
+
+def forwarding_payload(payload):
+    """A single-node job's payload with its command under preempt.FORWARDING."""
+    payload = copy.deepcopy(payload)
+    overrides = payload["containerOverrides"]
+    overrides["command"] = preempt.forwarding(overrides["command"])
     return payload
 
 
@@ -150,6 +160,18 @@ def install_trampoline(step_name, nodes, spec_fields, decorator_name):
 
     internals.wrap_batch_create_job(step_name, build)
     internals.show_child_nodes(step_name, nodes)
+
+
+def install_forwarding(step_name):
+    """In the `batch step` process of a one-node gang's step: its job's command runs under
+    preempt.FORWARDING, so that a TerminateJob's SIGTERM reaches the gang."""
+
+    def build(create, batch, create_args):
+        job = create()
+        internals.submit_as_built(job, forwarding_payload(_plain(internals.job_payload(job))))
+        return job
+
+    internals.wrap_batch_create_job(step_name, build)
 
 
 def create_gang_job(create, step_name, nodes, queue):

@@ -145,10 +145,14 @@ class TorchDistributedDecorator(StepDecorator):
         if self.topology.nodes > 1 and target == "argo-workflows":
             # This process compiles the workflow: the step's template creates one JobSet.
             argo.install(step_name, graph, self.topology.nodes, self._common_fields(), self.name)
-        if self.topology.nodes > 1 and os.environ.get(batch.TRAMPOLINE_ENV) == step_name:
-            # This process submits the step's AWS Batch job (`batch step`): make it N nodes.
-            batch.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
-                                     self.name)
+        if os.environ.get(batch.TRAMPOLINE_ENV) == step_name:
+            # This process submits the step's AWS Batch job (`batch step`): make it N nodes,
+            # each node's command under preempt.FORWARDING.
+            if self.topology.nodes > 1:
+                batch.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
+                                         self.name)
+            else:
+                batch.install_forwarding(step_name)
         if self.topology.nodes > 1 and os.environ.get(kubernetes.TRAMPOLINE_ENV) == step_name:
             # This process creates the step's Kubernetes JobSet (`kubernetes step`): N pods.
             kubernetes.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
@@ -167,12 +171,11 @@ class TorchDistributedDecorator(StepDecorator):
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
         # @batch and @kubernetes send the step away for every attempt but @catch's local
         # fallback; tell that step's `batch step` (`kubernetes step`) process to submit a
-        # multi-node job (a JobSet).
-        if (self.active and self.topology.nodes > 1
-                and retry_count <= max_user_code_retries):
+        # multi-node job (a JobSet), or on Batch the one-node job under preempt.FORWARDING.
+        if self.active and retry_count <= max_user_code_retries:
             if self.on_batch:
                 cli_args.env[batch.TRAMPOLINE_ENV] = self.step_name
-            elif self.on_kubernetes:
+            elif self.on_kubernetes and self.topology.nodes > 1:
                 cli_args.env[kubernetes.TRAMPOLINE_ENV] = self.step_name
 
     def _common_fields(self):

@@ -582,6 +582,8 @@ class Agent:
             # from now on a SIGTERM is a preemption unless node 0 already stops the gang
             signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, supervisor))
             supervisor.start()
+            if preempt.announce():  # its container was told to stop already
+                supervisor.sigterm()
             supervisor.wait()
             self._send_record(runner, control, joined_at)
             if supervisor.aborted:
@@ -596,6 +598,7 @@ class Agent:
             control.finish(self.spec.node)
             return 0
         finally:
+            preempt.withdraw()
             runner.stop()
             runner.release()
             signal.signal(signal.SIGTERM, old_handler)

@@ -432,6 +432,28 @@ def jobset_pods(jobset, worker_command, worker_env, control_env):
         jobset.control.environment_variable(name, value)
 
 
+def jobset_control_command(jobset):
+    """The command Metaflow gave the JobSet's control pod: the task's own. Why: JobSetSpec has
+    a setter for it (command) and no getter."""
+    return list(jobset.control._kwargs["command"])
+
+
+def jobset_stop_grace(jobset, seconds):
+    """Make every pod of the JobSet get `seconds` between its SIGTERM and its SIGKILL
+    (terminationGracePeriodSeconds). Why: JobSetSpec.dump writes 0 there as a literal, with
+    no setter, and KubernetesJobSet.execute submits what its dump() returns."""
+    dump = jobset.dump
+
+    def dump_with_grace():
+        manifest = dump()
+        for replicated in manifest["spec"]["replicatedJobs"]:
+            pod = replicated["template"]["spec"]["template"]["spec"]
+            pod["terminationGracePeriodSeconds"] = seconds
+        return manifest
+
+    jobset.dump = dump_with_grace
+
+
 def wrap_state_machine_job(node_overrides):
     """In this process (`step-functions create`), a Batch job's state submits
     `node_overrides(job payload)` (in PascalCase) instead of its ContainerOverrides whenever that

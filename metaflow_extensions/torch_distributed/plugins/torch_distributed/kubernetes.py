@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import replace
 
-from . import internals, naming, trampoline
+from . import internals, naming, preempt, trampoline
 from .errors import TorchDistributedEnvironmentError
 from .gangspec import NodeZero
 from .spinstep import spin_env_additions
@@ -173,6 +173,9 @@ def gang_jobset(kube, jobset, kw, identity, spec, entrypoint, top_args, nodes, d
     agent_command = internals.kubernetes_command(kube, kw, _AGENT_TASK_ID % identity.task_id,
                                                  [agent_cli])
     plan = {"step": step_name, "nodes": nodes, "master_port": spec.master_port}
-    internals.jobset_pods(jobset, agent_command,
+    internals.jobset_pods(jobset, preempt.forwarding(agent_command),
                           spin_env_additions(os.environ, spec, decorator_name),
                           {MAIN_NODE_ENV: json.dumps(plan)})
+    # a deleted pod's SIGTERM reaches the node's supervisor, which needs time to pass it on
+    jobset.control.command(preempt.forwarding(internals.jobset_control_command(jobset)))
+    internals.jobset_stop_grace(jobset, preempt.scheduler_grace(spec.preempt_grace_s))

@@ -14,8 +14,15 @@ preemption: the rank's handler, installed when its body starts (before the user'
 may replace it or chain it), sets the event when the mark is there, and otherwise ends the rank
 as the default action always did. Only a handler nobody else installed is ever replaced, and
 ours are removed exactly when the gang ends.
+
+On AWS Batch and Kubernetes a scheduler's SIGTERM goes to the container's main process (PID 1)
+only, which is Metaflow's `bash -c "..."`: bash as PID 1 has no handler for it, so the kernel
+drops it, and the step would hear of its stop only as the SIGKILL at the end of the grace. So
+each node's command runs under FORWARDING (`forwarding(argv)`), a bash that traps SIGTERM and
+sends it to the gang's supervisor on that node, the process that `announce`d itself.
 """
 
+import math
 import os
 import signal
 import socket
@@ -23,6 +30,73 @@ import threading
 
 # What a user sends the task to have every rank print its stacks (stacks.py: on demand).
 ASK_SIGNAL = signal.SIGUSR1
+
+# Where a container's PID 1 (FORWARDING) finds the supervisor to forward a SIGTERM to: a file
+# holding its pid (`announce`); `<file>.term` exists once a SIGTERM came, told or not.
+FORWARD_ENV = "METAFLOW_TORCH_DISTRIBUTED_FORWARD"
+
+# A container's main process: runs its command ("$@") as a child, and forwards a SIGTERM to the
+# announced supervisor (none announced yet: the supervisor sees `.term` when it announces).
+# Its exit status is the command's. A trapped signal interrupts `wait`, which is then called
+# again; a child that ended meanwhile is still known to it (bash keeps the status of its
+# background jobs), else (127) the interrupted wait's status stands.
+FORWARDING = (
+    'f="${TMPDIR:-/tmp}/metaflow-torch-distributed-forward.$$"; export %s="$f"; '
+    'rm -f "$f" "$f.term"; '
+    'forward() { interrupted=1; : > "$f.term"; '
+    '[ -s "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null; }; '
+    'trap forward TERM; '
+    '"$@" & child=$!; '
+    'while :; do interrupted=; wait "$child"; code=$?; [ -n "$interrupted" ] || break; '
+    'kill -0 "$child" 2>/dev/null && continue; '
+    'wait "$child"; again=$?; [ "$again" = 127 ] || code=$again; break; done; '
+    'rm -f "$f" "$f.term"; exit "$code"' % FORWARD_ENV)
+
+
+# Seconds a scheduler that lets us set its stop grace (Kubernetes' terminationGracePeriodSeconds)
+# gives past `preempt_grace`: what still runs is stopped, node 0 records the attempt's failure
+# and Metaflow saves the task's logs before the SIGKILL.
+STOP_MARGIN_S = 15
+
+
+def scheduler_grace(preempt_grace_s):
+    """The stop grace (whole seconds) to ask a scheduler for, for a gang's `preempt_grace`."""
+    return int(math.ceil(preempt_grace_s)) + STOP_MARGIN_S
+
+
+def forwarding(argv):
+    """A container's command `argv`, run under FORWARDING as its main process."""
+    return ["bash", "-c", FORWARDING, "metaflow-torch-distributed", *argv]
+
+
+def announce(environ=os.environ):
+    """Make this process (a node's supervisor) the one this container's PID 1 forwards a
+    SIGTERM to. True when a SIGTERM came before: the caller acts on it as on its own."""
+    path = environ.get(FORWARD_ENV)
+    if not path:
+        return False
+    try:
+        staged = "%s.%d" % (path, os.getpid())
+        with open(staged, "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(staged, path)  # the trap reads a whole pid or no file
+    except OSError:
+        return False
+    return os.path.exists(path + ".term")
+
+
+def withdraw(environ=os.environ):
+    """The supervisor is done: a later SIGTERM goes nowhere (as without FORWARDING), so that the
+    task's end (its artifacts, its logs) runs on to the scheduler's SIGKILL."""
+    path = environ.get(FORWARD_ENV)
+    try:
+        with open(path) as f:
+            if f.read().strip() != str(os.getpid()):
+                return
+        os.remove(path)
+    except (OSError, TypeError):
+        pass
+
 
 # Set in every process of the gang once it is preempted (current.torch_distributed.preempted).
 PREEMPTED = threading.Event()
@@ -109,9 +183,13 @@ class SupervisorHandler:
             self.asking = True
         if self.installed or self.asking:
             self._take_wakeup_fd()
+        if self.installed and announce():  # its container was told to stop already
+            os.kill(os.getpid(), signal.SIGTERM)
         return self
 
     def __exit__(self, *exc):
+        if self.installed:
+            withdraw()
         self._give_back_wakeup_fd()
         if self.installed and signal.getsignal(signal.SIGTERM) == self._handler:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
