@@ -334,8 +334,12 @@ def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubern
     res = finish()
     assert res.returncode == 0, res.output
     assert worker.reason == "Evicted" and "killed by SIGKILL" not in res.output, res.output
-    # the pod's SIGTERM reached its agent: a preemption, whose grace the ranks let pass
-    _assert_preempted_by_node_1(gang, res)
+    # the pod's SIGTERM reached its agent: a preemption, told to every rank of both nodes (the
+    # ranks' own marks: the output's lines of it may miss, see _assert_preempted_by_node_1),
+    # whose grace the ranks let pass
+    for rank in (0, 1):
+        assert (gang.workdir / ("preempted-%d" % rank)).exists(), (rank, res.output)
+    _print_preemption_lines(res)
     _assert_the_retry_loaded_the_checkpoint_on_both_pods(gang)
 
 
@@ -374,6 +378,14 @@ def _assert_preempted_by_node_1(gang, res):
         "rank gets SIGTERM" in res.output, res.output
     assert "[node 1 agent] preempted (SIGTERM to node 1): this node's ranks get SIGTERM" \
         in res.output, res.output
+
+
+def _print_preemption_lines(res):
+    """Which of the preemption's lines reached the run's output (shown with -s; not asserted
+    where the ranks' own marks are: CI lost one of them once, under load)."""
+    for line in res.output.splitlines():
+        if "preempted (SIGTERM" in line:
+            print(line)
 
 
 def test_a_deleted_worker_pod_preempts_the_gang_and_the_retry_resumes_from_the_save_in_its_grace(

@@ -7,9 +7,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import preempt
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure, root_cause
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor import (
     LeaderWatch, Phase, Slot)
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
@@ -87,6 +88,47 @@ def test_a_preempted_gang_whose_ranks_all_left_fails_at_once_never_finishes():
         m.code = 0  # saved and left the body
     assert watch.poll_once()
     assert watch.phase is Phase.FAILED and watch.failures[0].kind == "preempted"
+
+
+def _watch_that_preempts(grace=20):
+    """A watch whose on_preempt is the leader's: the gang is preempted from the SIGTERM's time."""
+    watch, clock, members = _watch()
+    watch.on_preempt = lambda origin, at=None: watch.preempt(origin, grace, at)
+    return watch, clock, members
+
+
+def _settle(watch, clock):
+    for _ in range(100):
+        if watch.poll_once():
+            return
+        clock.now += 1
+    raise AssertionError("the watch never ended")
+
+
+def test_rank_0s_error_raised_by_its_own_sigterm_handler_before_the_watch_polled_is_no_cause():
+    """The task got SIGTERM; before the watch's next poll acted on it, a framework's handler in
+    rank 0 (Lightning's SIGTERMException) raised and rank 0 reported it: the gang is still
+    preempted, with the SIGTERM as the cause (CI: the error was the cause, and Lightning's
+    SystemExit ended the task as a success)."""
+    watch, clock, members = _watch_that_preempts()
+    watch.sigterm()
+    raised = Failure(0, 0, "exception", time.time() + 0.01, local_rank=0,
+                     message="SIGTERMException: ")
+    watch.report(raised)
+    assert not watch.failed()  # held for the grace, not the outcome
+    for m in members:
+        m.code = 0
+    _settle(watch, clock)
+    assert [f.kind for f in watch.failures] == ["preempted", "exception"]
+    assert root_cause(watch.failures).kind == "preempted"
+
+
+def test_a_ranks_exit_seen_in_the_poll_that_hears_the_sigterm_is_held_with_the_rest():
+    watch, clock, members = _watch_that_preempts()
+    watch.sigterm()
+    members[0].code = 1  # ended while the task's SIGTERM waited for this poll
+    _settle(watch, clock)
+    assert watch.failures[0].kind == "preempted", watch.failures
 
 
 def test_only_the_first_preemption_counts():

@@ -2,7 +2,8 @@
 
 Attempt 0: rank 0 writes state.txt into current.checkpoint.directory and saves it; then rank 1
 (node 1, under its node agent) is SIGKILLed, or with TD_LOSE_NODE=1 every rank keeps
-all-reducing after leaving the file `saved` in TD_LAUNCH_DIR, until the test takes node 1 away.
+all-reducing after leaving the file `saved` in TD_LAUNCH_DIR, until the test takes node 1 away
+(each rank leaves preempted-<rank> once current.torch_distributed.preempted is set).
 With TD_PREEMPT=1, attempt 0 instead trains (all_reduce steps) until a rank hears of a preemption
 (current.torch_distributed.preempted, or for rank 1 on node 1 its own SIGTERM handler, as a
 framework's), then rank 0 saves the step where the gang stands; each rank leaves marks in
@@ -98,6 +99,10 @@ class RemoteCheckpointFlow(FlowSpec):
                     open(os.path.join(TD["TD_LAUNCH_DIR"], "saved"), "w").close()
                 deadline = time.time() + 120
                 while time.time() < deadline:  # until node 1 is gone, and its peers with it
+                    if current.torch_distributed.preempted.is_set() and \
+                            not os.path.exists(os.path.join(TD["TD_LAUNCH_DIR"],
+                                                            "preempted-%d" % rank)):
+                        mark("preempted-%d" % rank, time.time())
                     dist.all_reduce(torch.ones(1))
                     time.sleep(0.05)
             if rank == 1:

@@ -103,6 +103,7 @@ class Watch:
         self.preempted = None
         self._preempt_until = None
         self._sigterm_at = None  # when a SIGTERM reached this node's supervising process
+        self.on_preempt = None  # what a SIGTERM makes the gang do (the leader's and agent's)
         self._oom = oom.OomWatch()  # this node's cgroup: was a SIGKILL the OOM killer's?
         self._thread = threading.Thread(target=self._run, name="torch-distributed-supervisor",
                                         daemon=True)
@@ -113,6 +114,12 @@ class Watch:
         counts (preempt.SupervisorHandler may note the same signal twice)."""
         if self._sigterm_at is None:
             self._sigterm_at = time.time()
+
+    def _told_to_stop(self):
+        """A SIGTERM reached this process and the thread has not acted on it yet: whatever
+        fails meanwhile (a framework's handler in rank 0 raising its SIGTERMException) is what
+        the preemption made happen, held with the rest once the thread preempts the gang."""
+        return self._sigterm_at is not None and self.on_preempt is not None
 
     def start(self):
         self.begin()
@@ -161,7 +168,7 @@ class Watch:
         lost: the watch cannot end as FINISHED while it holds one (_finish), and once the watch
         has ended any report is recorded at once. While preempted, every failure is held."""
         with self._lock:
-            held = ((failure.is_symptom() or self.preempted is not None)
+            held = ((failure.is_symptom() or self.preempted is not None or self._told_to_stop())
                     and not self.failures and self._polling and not self.finished.is_set())
             if held:
                 self._hold(failure)
@@ -441,6 +448,10 @@ class LeaderWatch(Watch):
         return True
 
     def _check(self):
+        if self.preempted is None and self._told_to_stop():
+            # the task itself got it: preempted before this poll's failures are settled, which
+            # are then held for the grace (a rank that ended meanwhile is the SIGTERM's doing)
+            self.on_preempt(0, self._sigterm_at)
         failure = super()._check()
         if failure is not None:
             return failure
@@ -459,8 +470,6 @@ class LeaderWatch(Watch):
         joins = self._check_joins(now)
         if joins is not None:
             return joins
-        if self.preempted is None and self.on_preempt is not None and self._sigterm_at:
-            self.on_preempt(0, self._sigterm_at)  # the task itself got it
         if self.preempted is None and self.on_preempt is not None:
             for node in self._other_nodes():
                 if self.control.node_preempted(node):
