@@ -39,13 +39,15 @@ FORWARD_ENV = "METAFLOW_TORCH_DISTRIBUTED_FORWARD"
 # announced supervisor (none announced yet: the supervisor sees `.term` when it announces).
 # Its exit status is the command's. A trapped signal interrupts `wait`, which is then called
 # again; a child that ended meanwhile is still known to it (bash keeps the status of its
-# background jobs), else (127) the interrupted wait's status stands.
+# background jobs), else (127) the interrupted wait's status stands. The trap is set before
+# anything else runs: a SIGTERM at the container's very start is kept as `.term` (a SIGTERM during
+# the first `rm`, before the trap, ended the container without a word).
 FORWARDING = (
     'f="${TMPDIR:-/tmp}/metaflow-torch-distributed-forward.$$"; export %s="$f"; '
-    'rm -f "$f" "$f.term"; '
     'forward() { interrupted=1; : > "$f.term"; '
     '[ -s "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null; }; '
     'trap forward TERM; '
+    'rm -f "$f"; [ -n "$interrupted" ] || rm -f "$f.term"; '
     '"$@" & child=$!; '
     'while :; do interrupted=; wait "$child"; code=$?; [ -n "$interrupted" ] || break; '
     'kill -0 "$child" 2>/dev/null && continue; '
