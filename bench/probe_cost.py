@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import stacks  # noqa: E402
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import stacks
 
 VARIANTS = {"none": None, "default (5 s)": stacks.interval_for(600),
             "shortest (0.5 s)": stacks.MIN_INTERVAL}

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import plan_topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import plan_topology
 from tests.support import REPO
 
 HEADER = "| you write | GPUs per node | nodes | processes per node | world size | notes |"

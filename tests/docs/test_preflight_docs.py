@@ -16,7 +16,7 @@ FINDINGS = ("failed", "unknown")
 def finding_messages():
     """(module, message format) of every failed() and unknown() finding of the preflight."""
     found = []
-    for path in sorted(PACKAGE.rglob("preflight*.py")):
+    for path in sorted(PACKAGE.rglob("preflight/*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and called_name(node) in FINDINGS and \
                     len(node.args) >= 3:

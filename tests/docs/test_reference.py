@@ -5,12 +5,12 @@ import fnmatch
 import re
 
 from metaflow_extensions.torch_distributed.config import mfextinit_torch_distributed as config
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.current import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.current import \
     TorchDistributedInfo
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.envcontract import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.envcontract import \
     FOREIGN_LAUNCHER_PREFIXES, Rendezvous, rank_env
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.groupcheck import CHECK_ENV
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.groupcheck import CHECK_ENV
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 from tests.support import REPO
 
 

@@ -16,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import naming
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import naming
 
 from . import argo
 from .jobset_controller import validate_jobset

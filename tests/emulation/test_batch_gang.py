@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import card
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import card
 
 from .aws import validate_request
 from tests.support import isolated_env, metaflow
@@ -19,7 +19,7 @@ from .probes import (assert_hang_report, batch_views, frozen_node, intruder_env,
 
 FLOWS = Path(__file__).parent / "flows"
 # The gang records (events.py) the train task kept in the attempts %s, oldest first.
-RECORDS = ("[__import__('metaflow_extensions.torch_distributed.plugins.torch_distributed.events',"
+RECORDS = ("[__import__('metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.events',"
            " fromlist=['gang_record']).gang_record("
            "__import__('metaflow').Task(run['train'].task.pathspec, attempt=a)) for a in %s]")
 

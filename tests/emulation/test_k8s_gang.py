@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import preempt
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import preempt
 
 from .jobset_controller import validate_jobset
 from .k8s_api import KubernetesEmulator
@@ -153,14 +153,14 @@ def test_an_outside_process_in_the_store_neither_steers_the_gang_nor_sees_its_se
 
 
 def test_the_gangs_card_shows_the_jobset_and_its_pods(shared):
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed import card
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import card
 
     gang, res = shared
     assert res.returncode == 0, res.output
     # (Metaflow's @card cannot render inside this emulation, as with AWS Batch: the card's data
     # is built here from the record the task kept.)
     record = gang.client(
-        "__import__('metaflow_extensions.torch_distributed.plugins.torch_distributed.events',"
+        "__import__('metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.events',"
         " fromlist=['gang_record']).gang_record(run['train'].task)")
     data = card.card_data(record, [])
     assert ["Nodes run", "as one Kubernetes JobSet"] in data["topology"]

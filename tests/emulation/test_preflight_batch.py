@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import preflight
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight_cli import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight import common as preflight
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight.cli import \
     batch_findings
 
 from tests.support import isolated_env, metaflow

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import preflight
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight_cli import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight import common as preflight
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight.cli import \
     kubernetes_findings
 
 from .k8s_api import KubernetesEmulator

@@ -12,7 +12,7 @@ def nothing_left_running():
 def hosted_store(gang_id, secret):
     """(node 0's control plane on a kernel-chosen loopback port, the port), as the leader
     hosts it: the store serves on a descriptor of its own, the listener is closed."""
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.control import (
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.control import (
         ControlPlane,
         bind_listener,
     )

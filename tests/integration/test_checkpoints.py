@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import checkpoints
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import checkpoints
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedConfigError
 
 IDENTITY = {"METAFLOW_CHECKPOINT_UID": "SeamFlow/1/train/2/abcdef123456/default/0",
@@ -22,8 +22,8 @@ IDENTITY = {"METAFLOW_CHECKPOINT_UID": "SeamFlow/1/train/2/abcdef123456/default/
 SCRIPT = r"""
 import json, os, sys
 from metaflow import current
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import checkpoints
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import GangSpec
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import checkpoints
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import GangSpec
 
 root, identity = sys.argv[1], json.loads(sys.argv[2])
 os.environ.update(identity)

@@ -13,13 +13,13 @@ import pytest
 import torch.distributed as dist
 from torch.distributed import TCPStore
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import naming, sealed
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.control import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import naming, sealed
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.control import (
     ControlPlane,
     GangMismatch,
     bind_listener,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import Failure
 from tests.integration.conftest import hosted_store
 
 GANG = "1700-train-5-0"

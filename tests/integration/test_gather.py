@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.control import ControlPlane
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.control import ControlPlane
 from tests.integration.conftest import hosted_store
 
 SECRET = "s3cr3t"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.interrupt import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.interrupt import \
     BodyInterrupt, free_signal
 
 
@@ -82,7 +82,7 @@ def test_no_raise_once_the_body_is_over(restore_signals):
 
 
 def test_without_a_free_signal_nothing_is_installed(restore_signals, monkeypatch):
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed import interrupt
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import interrupt
 
     monkeypatch.setattr(interrupt, "free_signal", lambda: None)
     before = signal.getsignal(signal.SIGUSR1)
@@ -101,7 +101,7 @@ def test_the_runtimes_sigint_leaves_a_mark_and_still_interrupts(tmp_path):
     script = textwrap.dedent("""
         import os, signal, sys
         sys.path.insert(0, %r)
-        from metaflow_extensions.torch_distributed.plugins.torch_distributed import interrupt
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import interrupt
 
         assert interrupt.mark_interrupts() == interrupt.mark_interrupts()  # installed once
         assert not interrupt.was_interrupted(os.getpid())
@@ -126,7 +126,7 @@ def test_an_interrupt_still_pending_when_the_gang_ends_never_kills_the_task():
 
     script = (
         "import signal, sys, threading\n"
-        "from metaflow_extensions.torch_distributed.plugins.torch_distributed.interrupt import "
+        "from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.interrupt import "
         "BodyInterrupt\n"
         "interruption = BodyInterrupt(lambda: RuntimeError('stop'), lambda: False)\n"
         "with interruption:\n"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
     read_error_file,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.groupcheck import run_body
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import fork_member
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.groupcheck import run_body
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import fork_member
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 
 QUIET = dict(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
              enable_model_summary=False)

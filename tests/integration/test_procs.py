@@ -15,10 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
     read_error_file,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import (
     OutputPump,
     fork_member,
     spawn_member,
@@ -196,7 +196,7 @@ def test_a_rank_stopped_while_it_records_its_exception_still_counts_as_failed_on
     # The gang stops the others the moment the first rank fails; a rank that raised its own
     # error just before must not be reported as "stopped" because the SIGTERM came while it
     # was still writing its traceback and error file.
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
         from_exit,
     )
 
@@ -357,7 +357,7 @@ def test_pump_outlives_a_task_that_is_killed(tmp_path):
     script = textwrap.dedent("""
         import os, signal, sys, time
         sys.path.insert(0, %r)
-        from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import (
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import (
             OutputPump, fork_member)
 
         def body():
@@ -397,7 +397,7 @@ def test_pump_says_who_died_only_when_its_task_is_killed(killed):
     script = textwrap.dedent("""
         import os, signal, sys, time
         sys.path.insert(0, %r)
-        from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import (
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import (
             OutputPump)
 
         r, w = os.pipe()
@@ -526,7 +526,7 @@ def test_members_die_with_their_parent(start):
     script = textwrap.dedent("""
         import os, sys, time
         sys.path.insert(0, %r)
-        from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import (
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import (
             fork_member, spawn_member)
 
         if sys.argv[1] == "fork":

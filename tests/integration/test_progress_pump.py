@@ -4,7 +4,7 @@ throttled, while it runs, and as its last state when it ends; plain lines are un
 import os
 import time
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import (
     OutputPump,
     _Stream,
     fork_member,

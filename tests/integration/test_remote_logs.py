@@ -7,13 +7,13 @@ import sys
 
 import torch.distributed  # noqa: F401
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.control import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.control import (
     ControlPlane,
     bind_listener,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import GangSpec
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import OutputPump
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.remote_logs import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import GangSpec
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import OutputPump
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.remote_logs import (
     LogReceiver,
     LogShipper,
 )

@@ -9,26 +9,26 @@ import time
 import pytest
 import torch.distributed  # noqa: F401 - imported before any store, as in a task
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import naming
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.control import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import naming
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.control import (
     ControlPlane,
     GangMismatch,
     bind_listener,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import Failure
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import (
     fork_member,
     spawn_member,
     stop_members,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.supervisor import (
     AgentWatch,
     LeaderWatch,
     Phase,
     Place,
     Slot,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 from tests.integration.conftest import hosted_store
 
 GANG = "1700-train-5-0"
@@ -493,7 +493,7 @@ def test_not_done_while_a_check_in_is_pending(gang, started):
 
 
 def test_a_symptom_waits_for_the_root_cause_from_another_node(gang):
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import \
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import \
         root_cause
 
     host, node, _ = gang

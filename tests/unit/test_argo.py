@@ -13,16 +13,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import (
     argo,
-    preempt,
     kubernetes,
-    naming,
     trampoline,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import preempt
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import naming
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedConfigError
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import (
     GangSpec,
     TaskIdentity,
 )

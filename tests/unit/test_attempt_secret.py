@@ -3,11 +3,13 @@ datastore (Metaflow's own local datastore here), never from what the scheduler s
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import attempt_secret, \
-    internals
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import (
+    attempt_secret,
+    internals,
+)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedEnvironmentError
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import TaskIdentity
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import TaskIdentity
 
 
 class Clock:

@@ -13,11 +13,16 @@ import pytest
 import metaflow  # noqa: F401  (loads the extension)
 from metaflow.plugins.aws.batch.batch import Batch
 from metaflow.plugins.aws.batch.batch_client import BatchJob
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import batch, naming, preempt, \
-    spinstep, trampoline
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import (
+    batch,
+    trampoline,
+)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import naming
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import preempt
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import spinstep
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedEnvironmentError
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import GangSpec, \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import GangSpec, \
     TaskIdentity
 from tests.emulation.aws import validate_request
 
@@ -194,7 +199,7 @@ def test_remote_port_is_fixed_per_attempt_and_in_range():
 
 def test_a_busy_port_is_a_clear_error():
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import Leader
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import \
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import \
         Topology
 
     holder = socket.socket()
@@ -212,7 +217,7 @@ def test_a_busy_port_is_a_clear_error():
 
 def test_node_0_listens_on_its_own_address_only_and_says_so_when_it_is_not_its_own():
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import Leader
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import \
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import \
         Topology
 
     leader = Leader("train", Topology(2, 1), {"backend": "batch", "master_addr": "127.0.0.1"},

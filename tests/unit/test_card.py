@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import card, events
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import card, events
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import Failure
 
 T0 = 1000.0
 
@@ -193,11 +193,11 @@ def test_rank_log_records_the_body(tmp_path, raised, outcome, error):
 
 
 def test_record_keeps_numbers_and_refuses_anything_else(tmp_path):
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.current import \
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.current import \
         TorchDistributedInfo
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
         TorchDistributedConfigError
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 
     info = TorchDistributedInfo(Topology(1, 2), 0, 1, "127.0.0.1", 29500, "cpu", "g", "s")
     path = str(tmp_path / "r.json")
@@ -241,8 +241,8 @@ def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys, tmp_path
     assert "@torch_distributed on step *train*: could not record the gang for its card: boom" \
         in capsys.readouterr().err
 
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed import internals
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import \
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import internals
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import \
         TaskIdentity
 
     deco = TorchDistributedDecorator.__new__(TorchDistributedDecorator)
@@ -270,9 +270,9 @@ def test_joining_a_group_is_noted_as_the_rank_enters_the_rendezvous(tmp_path):
 
     import torch.distributed as dist
 
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.groupcheck import \
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.groupcheck import \
         run_body
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -4,10 +4,10 @@ import pytest
 
 import metaflow  # noqa: F401  (loads the extension)
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import decorator as deco_mod
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import devices
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import devices
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedEnvironmentError
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 
 
 def local(topology, visible, requested=None, rehearsal=False):

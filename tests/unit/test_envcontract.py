@@ -2,14 +2,14 @@
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.envcontract import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.envcontract import (
     Rendezvous,
     foreign_launcher_vars,
     node_gpu_block,
     parse_visible_devices,
     rank_env,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 
 RDZV = Rendezvous("10.0.0.5", 29511, "1700-train-3-1", restart_count=1)
 

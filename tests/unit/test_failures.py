@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
     Failure,
     FailureKind,
     communication_error,
@@ -136,10 +136,10 @@ def test_torch_distributed_errors_and_the_gang_abort_are_symptoms():
 
     import torch.distributed as dist
 
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.control import (
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.control import (
         bind_listener,
     )
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import (
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
         TorchDistributedAborted,
     )
 
@@ -157,7 +157,7 @@ def test_torch_distributed_errors_and_the_gang_abort_are_symptoms():
 def test_a_plain_runtime_error_counts_as_a_symptom_only_when_raised_inside_torch_distributed():
     import torch.distributed as dist
 
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed import failures
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import failures
 
     inside = dist.__file__  # a frame of torch.distributed's own code, as gloo's errors have
     code = compile("raise RuntimeError('Connection closed by peer')", inside, "exec")
@@ -198,7 +198,7 @@ def _raise_from(code):
 
 def test_the_symptom_decided_where_it_was_raised_travels_with_the_error_file(tmp_path,
                                                                              monkeypatch):
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.procs import (
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import (
         run_member_body,
     )
 
@@ -427,7 +427,7 @@ def _leader_raising(outcome, member_exception):
 
 
 def test_a_members_own_exception_is_raised_when_it_is_the_cause():
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
         Failure, GangOutcome)
 
     own = KeyError("missing column")
@@ -438,9 +438,9 @@ def test_a_members_own_exception_is_raised_when_it_is_the_cause():
 def test_a_members_communication_error_is_reported_by_the_gang_not_reraised():
     # A peer's timeout is no user error: re-raising it would hide the gang's report (found by
     # CI under load: a hung rank's peers timed out and the raw gloo error became the step's).
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import (
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
         TorchDistributedGangFailed)
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
         Failure, GangOutcome)
 
     message = ("RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
@@ -457,7 +457,7 @@ def test_a_members_communication_error_is_reported_by_the_gang_not_reraised():
 PKG = "/site/metaflow_extensions/torch_distributed/plugins/torch_distributed"
 FULL_TRACEBACK = (
     "Traceback (most recent call last):\n"
-    '  File "%s/procs.py", line 105, in run_member_body\n'
+    '  File "%s/runtime/procs.py", line 105, in run_member_body\n'
     "    body()\n"
     '  File "%s/gang.py", line 180, in <lambda>\n'
     "    events.run_recorded(rank, lambda: groupcheck.run_body(\n"
@@ -468,7 +468,7 @@ FULL_TRACEBACK = (
 
 
 def test_a_ranks_traceback_starts_at_the_users_code():
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import (
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
         user_traceback)
 
     assert user_traceback(FULL_TRACEBACK, PKG) == (
@@ -480,6 +480,25 @@ def test_a_ranks_traceback_starts_at_the_users_code():
     assert user_traceback(FULL_TRACEBACK, "/elsewhere") == FULL_TRACEBACK
 
 
+def test_the_package_whose_frames_a_traceback_leaves_out_holds_every_module_of_ours():
+    """PACKAGE_DIR is the package's root, not the folder of the module that defines it: a frame
+    of any subpackage (the runtime's procs.py, the top's gang.py) is left out of what a rank
+    prints (it pointed at core/ after the layout moved the modules, and kept the runtime's)."""
+    import pathlib
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import gang
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
+        PACKAGE_DIR, user_traceback)
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import procs
+
+    root = pathlib.Path(gang.__file__).parent
+    assert pathlib.Path(PACKAGE_DIR) == root
+    ours = FULL_TRACEBACK.replace(PKG, str(root))
+    assert procs.__file__ == str(root / "runtime" / "procs.py")
+    assert user_traceback(ours).startswith(
+        'Traceback (most recent call last):\n  File "/home/me/flow.py", line 15, in train\n')
+
+
 def _raise_from_here(ex):
     raise ex
 
@@ -489,7 +508,7 @@ def test_a_ranks_own_exception_is_printed_from_the_users_code_unless_debugging(d
                                                                                monkeypatch):
     import io
 
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed import failures
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import failures
 
     monkeypatch.setattr(failures, "PACKAGE_DIR", __import__("os").path.dirname(__file__))
     if debug:
@@ -511,7 +530,7 @@ def test_a_ranks_own_exception_is_printed_from_the_users_code_unless_debugging(d
 def test_a_ranks_communication_error_is_one_line_unless_debugging(monkeypatch):
     import io
 
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed import failures
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import failures
 
     monkeypatch.delenv(failures.DEBUG_ENV, raising=False)
     out = io.StringIO()
@@ -526,7 +545,7 @@ def test_a_ranks_communication_error_is_one_line_unless_debugging(monkeypatch):
 def test_the_users_exception_carries_the_gangs_summary_not_its_traceback_again(monkeypatch):
     import sys
 
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed import failures
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import failures
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import users_own
 
     monkeypatch.delenv(failures.DEBUG_ENV, raising=False)
@@ -542,7 +561,7 @@ def test_the_users_exception_carries_the_gangs_summary_not_its_traceback_again(m
 
 def test_a_sys_exit_of_rank_0_has_its_summary_printed(monkeypatch, capsys):
     # Metaflow reports no SystemExit: the summary cannot ride on it as a note
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed import failures
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import failures
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import users_own
 
     monkeypatch.delenv(failures.DEBUG_ENV, raising=False)

@@ -8,12 +8,12 @@ from datetime import timedelta
 import metaflow  # noqa: F401 - metaflow must load the extension before its modules are imported
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import groupcheck
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import groupcheck
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
     TorchDistributedConfigError,
     TorchDistributedFrameworkError,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.groupcheck import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.groupcheck import (
     GroupWatch,
     accelerate_processes,
     check_mode,
@@ -23,7 +23,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.groupcheck 
     loaded_frameworks,
     run_body,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 
 GANG = Topology(2, 2)
 # Lightning 2.x's own words (TorchElasticEnvironment.validate_settings)
@@ -275,7 +275,7 @@ def test_a_strategy_that_starts_processes_is_named_with_the_fix(start_method, na
 
 
 def test_a_scripts_command_line_from_a_list_or_entrypoint_args():
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.scripts import (
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.scripts import (
         script_argv)
 
     assert script_argv("train.py", ["--lr", 0.1], python="py") == ["py", "train.py", "--lr",

@@ -15,14 +15,14 @@ def _import_alone(statement):
 
 
 def test_importing_after_metaflow_works():
-    proc = _import_alone("import metaflow\nfrom %s.errors import TorchDistributedGangFailed"
+    proc = _import_alone("import metaflow\nfrom %s.core.errors import TorchDistributedGangFailed"
                          % PKG)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_errors_can_be_imported_before_metaflow():
     # the package imports metaflow first (plugins/torch_distributed/__init__.py)
-    proc = _import_alone("from %s.errors import TorchDistributedGangFailed" % PKG)
+    proc = _import_alone("from %s.core.errors import TorchDistributedGangFailed" % PKG)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 

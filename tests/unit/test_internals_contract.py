@@ -17,9 +17,13 @@ import types
 import pytest
 
 import metaflow
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import internals, gangspec, spinstep, \
-    versions
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.versions import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import (
+    internals,
+    spinstep,
+    versions,
+)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import gangspec
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.versions import \
     TESTED_METAFLOW, metaflow_version_supported
 
 VERSION = internals.metaflow_version()

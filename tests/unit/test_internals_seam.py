@@ -21,7 +21,7 @@ import pytest
 from tests.support import REPO
 
 PACKAGE = REPO / "metaflow_extensions" / "torch_distributed"
-SEAM = PACKAGE / "plugins" / "torch_distributed" / "internals.py"
+SEAM = PACKAGE / "plugins" / "torch_distributed" / "mf" / "internals.py"
 
 # Metaflow's public API: module -> the names a module of ours may import from it (a callable
 # deciding by name). Our own settings live in metaflow_config by Metaflow's extension mechanism.

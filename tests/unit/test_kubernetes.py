@@ -13,10 +13,11 @@ import pytest
 
 import metaflow  # noqa: F401  (loads the extension)
 from metaflow.plugins.kubernetes.kubernetes import Kubernetes
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import kubernetes, naming
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import kubernetes
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import naming
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedEnvironmentError
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import GangSpec, \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import GangSpec, \
     TaskIdentity
 from tests.emulation.jobset_controller import pruned, validate_jobset
 
@@ -221,9 +222,9 @@ def test_a_gpu_gang_without_enough_shared_memory_is_warned():
 
 
 def test_kubernetes_gpus_set_the_processes_per_node():
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.devices import \
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.devices import \
         requested_gpus
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import \
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import \
         plan_topology
 
     gpus, source = requested_gpus([SimpleNamespace(name="kubernetes", attributes={"gpu": 8})])
@@ -236,9 +237,9 @@ def test_a_worker_that_cannot_take_its_place_says_why_and_leaves_the_verdict_to_
     import subprocess
     import sys
 
-    code = ("from metaflow_extensions.torch_distributed.plugins.torch_distributed import "
+    code = ("from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import "
             "kubernetes\n"
-            "from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import "
+            "from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import "
             "TorchDistributedEnvironmentError\n"
             "kubernetes.leave_to_node_0(TorchDistributedEnvironmentError('train', 'no GPU here'))"
             "\nraise SystemExit(5)\n")

@@ -4,11 +4,11 @@ Fixture cgroup trees here; a real OOM in tests/e2e/test_oom.py where the machine
 
 import signal
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import oom
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import from_exit
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import oom
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import from_exit
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.supervisor import (
     LeaderWatch, Slot)
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 from tests.unit.fakes import FakeMember
 
 

@@ -9,11 +9,11 @@ import sys
 import textwrap
 import time
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import preempt
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure, root_cause
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import preempt
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import Failure, root_cause
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.supervisor import (
     LeaderWatch, Phase, Slot)
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 from tests.unit.fakes import Clock, FakeMember
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,7 +25,7 @@ def _rank(work_dir, marked, own_handler=False):
     script = textwrap.dedent('''
         import os, signal, sys, time
         sys.path.insert(0, %r)
-        from metaflow_extensions.torch_distributed.plugins.torch_distributed import preempt
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import preempt
         if %r:
             signal.signal(signal.SIGTERM, lambda s, f: print("own handler", flush=True))
         installed = preempt.install_rank_handler(%r)
@@ -144,7 +144,7 @@ def _supervisor(body):
     script = textwrap.dedent('''
         import os, signal, socket, sys, time
         sys.path.insert(0, %r)
-        from metaflow_extensions.torch_distributed.plugins.torch_distributed import preempt
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import preempt
         calls = []
         handler = preempt.SupervisorHandler(lambda: calls.append(time.time()))
     ''' % REPO) + textwrap.dedent(body)
@@ -197,7 +197,7 @@ def test_a_wakeup_fd_of_someone_elses_is_left_alone():
 _SUPERVISOR = textwrap.dedent('''
     import os, signal, sys, time
     sys.path.insert(0, %r)
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed import preempt
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import preempt
     def on_sigterm(signum, frame):
         print("supervisor got SIGTERM", flush=True)
         sys.exit(7)

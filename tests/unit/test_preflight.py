@@ -8,16 +8,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import preflight
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import preflight_batch as pb
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import \
-    preflight_kubernetes as pk
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import preflight_smoke as ps
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight import common as preflight
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight import batch as pb
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight import kubernetes as pk
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight import smoke as ps
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedPreflightFailed
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight_cli import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight.cli import (
     gang_steps, run_preflight)
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 
 
 def needs(nodes=2, cpu=4, memory=1024, gpu=0, shared_memory=None, **options):
@@ -424,7 +423,7 @@ def test_unreachable_apis_fail_the_preflight_with_the_setting_to_fix():
     from botocore.exceptions import NoCredentialsError
     from kubernetes import client as kube_client
 
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight_cli import (
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight.cli import (
         batch_findings, kubernetes_findings)
 
     def no_credentials(service):

@@ -7,7 +7,7 @@ import types
 import pytest
 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed import gang
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 
 
 class Watch:

@@ -3,12 +3,12 @@ of the two Metaflow internals they read."""
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import schedulers
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import schedulers
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
     TorchDistributedConfigError,
     TorchDistributedEnvironmentError,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 
 TWO_NODES = Topology(2, 2)
 ONE_NODE = Topology(1, 8)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import sealed
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import sealed
 
 SECRET = "0123456789abcdef" * 4
 GANG = "1700-train-5-0"

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
     TorchDistributedConfigError)
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.settings import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.settings import (
     GangSettings, resolve)
 
 CONFIG = {"RENDEZVOUS_TIMEOUT": 300, "FINISH_TIMEOUT": None, "HEARTBEAT_TIMEOUT": 30,

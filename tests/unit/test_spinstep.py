@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.gangspec import SPEC_ENV, GangSpec, TaskIdentity
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.spinstep import spin_env, spin_step_argv
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import SPEC_ENV, GangSpec, TaskIdentity
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.spinstep import spin_env, spin_step_argv
 
 IDENTITY = TaskIdentity(run_id="1700", task_id="5", input_paths="1700/start/1",
                         split_index=3, retry_count=1, max_user_code_retries=2,

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import stacks
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import stacks
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 from tests.support import REPO
 from tests.unit.fakes import Clock
 
@@ -194,7 +194,7 @@ def test_the_probe_interval_follows_the_hang_timeout_within_bounds():
 
 
 def test_stacks_on_demand_dump_once_per_request_and_at_most_once_a_second(monkeypatch):
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed import stacks
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import stacks
 
     sent, said, asked = [], [], []
     monkeypatch.setattr(stacks, "dump", lambda pids: sent.append(list(pids)))
@@ -226,7 +226,7 @@ def test_a_rank_registers_its_dump_and_the_gang_ignores_the_signal_until_then():
     script = textwrap.dedent('''
         import os, sys, time
         sys.path.insert(0, %r)
-        from metaflow_extensions.torch_distributed.plugins.torch_distributed import stacks
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import stacks
         with stacks.ignoring_dumps():
             stacks.dump([os.getpid()])
             time.sleep(0.1)

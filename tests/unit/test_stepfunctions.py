@@ -11,15 +11,14 @@ import metaflow  # noqa: F401  (loads the extension)
 from metaflow.plugins.aws.batch.batch import Batch
 from metaflow.plugins.aws.batch.batch_client import BatchJob
 from metaflow.plugins.aws.step_functions import step_functions
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import (
     batch,
-    gangspec,
-    naming,
-    preempt,
     stepfunctions,
     trampoline,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import \
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import gangspec, naming
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import preempt
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedConfigError
 from tests.unit.test_batch_payload import AGENT_ENV, agent_spec
 

@@ -3,11 +3,11 @@
 import metaflow  # noqa: F401 - metaflow must load the extension before its modules are imported
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.devices import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.devices import (
     requested_gpus,
     visible_gpu_ids,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import (
     Topology,
     plan_line,
     plan_topology,

@@ -5,7 +5,7 @@ import signal
 import threading
 import time
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.usertimer import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.usertimer import (
     PausedTimer,
     WhenAll,
     disarm,

@@ -6,11 +6,11 @@ from pathlib import Path
 import metaflow  # noqa: F401 - metaflow must load the extension before its modules are imported
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import versions
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.errors import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import versions
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
     TorchDistributedEnvironmentError,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.versions import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.versions import (
     check_metaflow_version,
     metaflow_version_supported,
 )

@@ -8,14 +8,14 @@ import itertools
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.failures import Failure
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.supervisor import (
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import Failure
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.supervisor import (
     SYMPTOM_WAIT,
     LeaderWatch,
     Phase,
     Slot,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 from tests.unit.fakes import Clock, FakeMember
 
 

@@ -2,7 +2,7 @@ STEP_DECORATORS_DESC = [
     ("torch_distributed", ".torch_distributed.decorator.TorchDistributedDecorator"),
 ]
 
-# `python flow.py --with batch torch-distributed preflight` (preflight_cli.py)
+# `python flow.py --with batch torch-distributed preflight` (preflight/cli.py)
 CLIS_DESC = [
-    ("torch-distributed", ".torch_distributed.preflight_cli.cli"),
+    ("torch-distributed", ".torch_distributed.preflight.cli.cli"),
 ]

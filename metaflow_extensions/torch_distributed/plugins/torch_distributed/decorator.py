@@ -7,15 +7,19 @@ import threading
 
 from metaflow.decorators import StepDecorator
 
-from . import attempt_secret, batch, card, checkpoints, devices, kubernetes
-from . import current as current_mod
-from . import groupcheck, internals, interrupt
-from . import argo, schedulers, settings, stepfunctions
-from .errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
-from .gangspec import GangSpec, NodeZero, current_task_identity
-from .topology import Topology, plan_line, plan_topology
-from .usertimer import PausedTimer, WhenAll, disarm
-from .versions import check_metaflow_version
+from .mf import attempt_secret, card, checkpoints
+from .backends import batch, kubernetes
+from .core import devices
+from .mf import current as current_mod
+from .mf import groupcheck, internals
+from .runtime import interrupt
+from .backends import argo, schedulers, stepfunctions
+from .core import settings
+from .core.errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
+from .core.gangspec import GangSpec, NodeZero, current_task_identity
+from .core.topology import Topology, plan_line, plan_topology
+from .mf.usertimer import PausedTimer, WhenAll, disarm
+from .mf.versions import check_metaflow_version
 
 
 # The backends whose nodes are machines of their own, by GangSpec.backend: each places node 0
@@ -70,7 +74,7 @@ class TorchDistributedDecorator(StepDecorator):
 
     MF Add To Current
     -----------------
-    torch_distributed -> metaflow_extensions.torch_distributed.plugins.torch_distributed.current.TorchDistributedInfo
+    torch_distributed -> metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.current.TorchDistributedInfo
         Where this process sits in the gang: rank, local_rank, world_size, local_world_size,
         node_rank, num_nodes, master_addr, master_port, is_main, device, and gather(obj).
 
@@ -227,7 +231,7 @@ class TorchDistributedDecorator(StepDecorator):
     def _leader_step(self, flow, step_func, retry_count, max_user_code_retries):
         from metaflow import current
 
-        from . import naming
+        from .core import naming
         from .gang import Leader
 
         identity = current_task_identity(internals.step_kwargs(), retry_count,
@@ -298,7 +302,7 @@ class TorchDistributedDecorator(StepDecorator):
 
     def _show_gang(self, flow, record, identity, retry_count):
         """Keep this attempt's record with the task: the gang's card is drawn from it."""
-        from . import events
+        from .mf import events
 
         if record is None:
             return

@@ -18,21 +18,42 @@ import threading
 import time
 import traceback
 
-from . import current as current_mod
-from . import events, groupcheck, interrupt, naming, preempt, stacks
-from .control import ControlPlane, GangMismatch, bind_error, bind_listener, is_port_in_use, \
-    loopback_interface, port_in_use_error
-from .envcontract import Rendezvous, foreign_launcher_vars, rank_env
-from .errors import TorchDistributedAborted, TorchDistributedGangFailed, \
-    TorchDistributedRendezvousTimeout
-from .failures import (Failure, communication_error, debug_enabled, from_exit, gang_outcome,
-                       load_exception, report_exception, root_cause, shown_traceback)
-from .interrupt import BodyInterrupt
-from .gangspec import GangSpec
-from .spinstep import member_command
-from .procs import OutputPump, fork_member, run_member_body, spawn_member, stop_members
-from .remote_logs import LogReceiver, LogShipper
-from .supervisor import POLL_INTERVAL, AgentWatch, LeaderWatch, Place, Slot
+from .mf import current as current_mod
+from .mf import events, groupcheck
+from .runtime import interrupt, preempt, stacks
+from .core import naming
+from .runtime.control import (
+    ControlPlane,
+    GangMismatch,
+    bind_error,
+    bind_listener,
+    is_port_in_use,
+    loopback_interface,
+    port_in_use_error,
+)
+from .core.envcontract import Rendezvous, foreign_launcher_vars, rank_env
+from .core.errors import (
+    TorchDistributedAborted,
+    TorchDistributedGangFailed,
+    TorchDistributedRendezvousTimeout,
+)
+from .core.failures import (
+    Failure,
+    communication_error,
+    debug_enabled,
+    from_exit,
+    gang_outcome,
+    load_exception,
+    report_exception,
+    root_cause,
+    shown_traceback,
+)
+from .runtime.interrupt import BodyInterrupt
+from .core.gangspec import GangSpec
+from .mf.spinstep import member_command
+from .runtime.procs import OutputPump, fork_member, run_member_body, spawn_member, stop_members
+from .runtime.remote_logs import LogReceiver, LogShipper
+from .runtime.supervisor import POLL_INTERVAL, AgentWatch, LeaderWatch, Place, Slot
 
 # Seconds a stopped member gets between SIGTERM and SIGKILL.
 STOP_GRACE = 1.0
@@ -339,7 +360,7 @@ class Leader:
         self.record = self._collect(attempt)
         ignored = (self.record or {}).get("ignored_messages")
         if ignored:
-            from .card import ignored_note
+            from .mf.card import ignored_note
 
             print("@torch_distributed on step *%s*: %s" % (self.step_name, ignored_note(ignored)),
                   file=sys.stderr, flush=True)

@@ -3,7 +3,7 @@ renders it with `card create` like any card. @torch_distributed puts one on ever
 (card.py: GANG_CARD); it takes no components from the step's code, so a user's own cards and
 `current.card` are exactly as the user built them."""
 
-from ...torch_distributed.internals import card_base
+from ...torch_distributed.mf.internals import card_base
 
 
 class TorchDistributedCard(card_base()):
@@ -19,7 +19,7 @@ class TorchDistributedCard(card_base()):
         super().__init__()
 
     def render(self, task):
-        from ...torch_distributed import card
+        from ...torch_distributed.mf import card
 
         return card.render(task)
 

@@ -1,0 +1,106 @@
+"""AWS Step Functions: a gang of N > 1 nodes is one multi-node AWS Batch job in the state machine.
+
+`step-functions create` builds each step's job with Metaflow's own `Batch.create_job` and turns
+it into a `batch:submitJob.sync` state with `State.batch`. In that process we wrap both, for the
+gang's step only: the job gets N nodes, node 0 runs Metaflow's own step command and nodes
+1..N-1 the node agent (batch.gang_payload, as `run --with batch` does), and the state sends
+NodeOverrides instead of ContainerOverrides. Both wrappers are in internals.py
+(tests/unit/test_stepfunctions.py and tests/unit/test_internals_contract.py pin them).
+
+At run time every node of a multi-node job sees AWS_BATCH_JOB_ID as `<job id>#<node index>`,
+while the next state reads the task id from the job's `JobId` (no suffix): every node's command
+first drops the suffix. The run id, task id and attempt exist only then, so node 0 and the
+agents derive the gang's id and store port from them on their node (batch.main_node_plan,
+batch.resolve_node).
+"""
+
+import json
+
+from ..backends import batch, trampoline
+from ..mf import internals
+from ..core.errors import TorchDistributedConfigError
+from ..mf.spinstep import nested_word, spin_env_additions
+
+# Runs the command after it with AWS_BATCH_JOB_ID stripped of its `#<node index>` suffix.
+BARE_JOB_ID = ["bash", "-c", 'export AWS_BATCH_JOB_ID="${AWS_BATCH_JOB_ID%%#*}"; exec "$@"',
+               "bash"]
+# The agent's hidden task id, in shell words its node expands.
+AGENT_TASK_ID = "${AWS_BATCH_JOB_ID}-node-${%s}" % batch.NODE_INDEX
+# Options of Metaflow's `step` command that the agent's spin-step takes too, with its value.
+_SPIN_OPTIONS = ("--run-id", "--input-paths", "--retry-count", "--max-user-code-retries",
+                 "--split-index")
+
+
+# -- pure parts -----------------------------------------------------------------------------
+
+def check_step(step_name, graph, nodes):
+    """Refuse a gang on the steps whose Step Functions command does more than run the task."""
+    node = graph[step_name]
+    if step_name == graph.start_step or node.type == "join":
+        raise TorchDistributedConfigError(
+            step_name, "a gang of %d nodes cannot be deployed to AWS Step Functions on a %s "
+            "step: its state sets up the task's inputs before the step runs, where the gang's "
+            "other nodes would not see them. Give the gang a linear step of its own, or use "
+            "nodes=1." % (nodes, "start" if step_name == graph.start_step else "join"))
+
+
+def agent_words(step_cli, step_name, orig_datastore):
+    """The node agent's command, as shell words, from Metaflow's step command for Step
+    Functions (`<python> <flow> <top-level options> step <name> --option value ...`). Its words
+    are shell words the node expands (`sfn-$METAFLOW_RUN_ID`, `$((AWS_BATCH_JOB_ATTEMPT-1))`);
+    they are kept as they are."""
+    words = step_cli.split()
+    if "&&" in words or "step" not in words:
+        raise ValueError("not a single step command: %r" % step_cli)
+    at = words.index("step")
+    if words[at + 1] != step_name:
+        raise ValueError("not the step command of %s: %r" % (step_name, step_cli))
+    options = words[at + 2:]
+    spin = [step_name, "--task-id", AGENT_TASK_ID]
+    for name in _SPIN_OPTIONS:
+        if name in options:
+            spin += [name, options[options.index(name) + 1]]
+    spin += ["--orig-flow-datastore", nested_word(orig_datastore), "--no-persist"]
+    spin += [w for w in options if w.startswith("--namespace=")]
+    return words[:at] + ["spin-step"] + spin
+
+
+def node_payload(payload, nodes, step_name, agent_command, agent_env):
+    """The SubmitJob payload of the gang's state: batch.gang_payload, with every node's
+    command run under BARE_JOB_ID and no store port (node 0 derives it, as its agents do)."""
+    main_env = {batch.MAIN_NODE_ENV: json.dumps({"step": step_name, "nodes": nodes,
+                                                 "master_port": None})}
+    built = batch.gang_payload(payload, nodes, main_env, agent_command, agent_env)
+    for override in built["nodeOverrides"]["nodePropertyOverrides"]:
+        container = override["containerOverrides"]
+        container["command"] = BARE_JOB_ID + list(container["command"])
+    return built
+
+
+# -- the compiler's job and state (through internals.py) -------------------------------------
+
+def install(step_name, graph, nodes, spec_fields, decorator_name):
+    """In the `step-functions create` process: compile this step into one N-node Batch job."""
+    check_step(step_name, graph, nodes)
+
+    def build(create, batch_obj, create_args):
+        job = batch.create_gang_job(create, step_name, nodes, create_args["queue"])
+        words = agent_words(create_args["step_cli"], step_name,
+                            internals.batch_orig_datastore(batch_obj))
+        agent_command = internals.batch_command(
+            batch_obj, create_args, step_name, " ".join(words),
+            dict(create_args["task_spec"], task_id=AGENT_TASK_ID))
+        agent_env = spin_env_additions(
+            {}, trampoline.compiled_agent_spec(spec_fields, "batch"), decorator_name)
+        built = node_payload(batch._plain(internals.job_payload(job)), nodes, step_name,
+                             agent_command, agent_env)
+        internals.submit_as_built(job, built)  # no command rewriting in execute()
+        return job
+
+    def node_overrides(payload):
+        if "nodeOverrides" not in payload:
+            return None
+        return batch._plain(payload["nodeOverrides"])
+
+    internals.wrap_batch_create_job(step_name, build)
+    internals.wrap_state_machine_job(node_overrides)

@@ -1,0 +1,99 @@
+"""Which accelerator a gang's ranks use, and which GPUs each node sees: pure functions of what
+the step asked for and what the machine shows (no CUDA initialised, nothing written)."""
+
+import os
+import sys
+
+from ..core.envcontract import node_gpu_block, parse_visible_devices
+from ..core.errors import TorchDistributedEnvironmentError
+
+# Decorators that may say how many GPUs each node has, in the order Metaflow honours them.
+GPU_DECORATORS = ("resources", "batch", "kubernetes")
+
+
+def visible_gpu_ids(environ=None, proc_root="/proc/driver/nvidia/gpus"):
+    """GPU ids this process may use, found without initialising CUDA (so forking stays safe)."""
+    environ = os.environ if environ is None else environ
+    try:
+        count = len(os.listdir(proc_root))
+    except OSError:
+        count = 0
+    if count == 0:
+        return []
+    return parse_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), count)
+
+
+def requested_gpus(decorators):
+    """(GPUs per node, "@deco(gpu=N)") of the step's decorators that ask for the most GPUs,
+    or (None, None)."""
+    best, source = None, None
+    for deco in decorators:
+        if deco.name in GPU_DECORATORS:
+            value = deco.attributes.get("gpu")
+            if value not in (None, 0, "0", ""):
+                gpus = int(float(value))
+                if best is None or gpus > best:
+                    best, source = gpus, "@%s(gpu=%d)" % (deco.name, gpus)
+    return best, source
+
+
+def accelerator(step_name, topology, needed, where, visible, rehearsal, gpus_requested):
+    """"cuda" when `where` shows a GPU for each of its `needed` ranks, else "cpu"; raises when
+    GPUs were asked for (`gpus_requested`, e.g. "@resources(gpu=4)") but are not all there, or
+    when some GPUs are visible but too few to give each rank its own. A CPU `rehearsal` of a
+    GPU topology is always "cpu"."""
+    if rehearsal:
+        return "cpu"
+    if visible and len(visible) >= needed:
+        return "cuda"
+    if gpus_requested:
+        raise TorchDistributedEnvironmentError(
+            step_name,
+            "the gang needs %d GPUs on %s (%s, from %s) but it shows %d. Run it where "
+            "the GPUs are (e.g. --with batch), or rehearse it on CPU with gloo: "
+            "METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1 python flow.py run"
+            % (needed, where, topology.describe(), gpus_requested, len(visible)))
+    if visible:
+        raise TorchDistributedEnvironmentError(
+            step_name,
+            "%s shows %d GPUs, fewer than the %d ranks it would run (%s), so they cannot "
+            "have one GPU each. Ask for at most %d processes per GPU machine (e.g. "
+            "nproc_per_node=%d, or @resources(gpu=%d) and nodes), or run the gang on CPU "
+            "on purpose: METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1."
+            % (where, len(visible), needed, topology.describe(), len(visible),
+               len(visible), len(visible)))
+    return "cpu"
+
+
+def local_devices(step_name, topology, visible, rehearsal, gpus_requested):
+    """(accelerator, {node: CUDA_VISIBLE_DEVICES}) for a gang whose nodes share this host. A
+    CPU gang on a GPU machine (a rehearsal) hides the GPUs, or torch would pick NCCL for
+    init_process_group() with no backend."""
+    chosen = accelerator(step_name, topology, topology.world_size, "this machine", visible,
+                         rehearsal, gpus_requested)
+    if chosen == "cpu":
+        return "cpu", ({n: "" for n in range(topology.nodes)} if visible else {})
+    return "cuda", {n: node_gpu_block(n, topology.nproc_per_node, visible, topology.nodes)
+                    for n in range(topology.nodes)}
+
+
+def node_devices(step_name, topology, visible, rehearsal, gpus_requested):
+    """(accelerator, whether to hide this node's GPUs) for one node of a gang whose nodes are
+    separate machines; hiding them is the caller's (as in local_devices)."""
+    chosen = accelerator(step_name, topology, topology.nproc_per_node, "this node", visible,
+                         rehearsal, gpus_requested)
+    return chosen, chosen == "cpu" and bool(visible)
+
+
+def resolve_start_method(method, platform=None, modules=None):
+    """The start method `auto` stands for here: fork on Linux while CUDA is untouched in this
+    process (a forked child cannot use a CUDA context its parent created), else exec."""
+    if method != "auto":
+        return method
+    platform = sys.platform if platform is None else platform
+    if not platform.startswith("linux"):
+        return "exec"
+    torch = (sys.modules if modules is None else modules).get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "exec"
+    return "fork"

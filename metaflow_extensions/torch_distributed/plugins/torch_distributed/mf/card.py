@@ -1,0 +1,370 @@
+"""The gang's card: topology, a timeline of every rank, the outcome and each rank's last lines.
+
+Every gang step gets a card of its own, of type and id `torch_distributed` (GANG_CARD; the card
+type is plugins/cards/torch_distributed_card), which Metaflow renders with `card create` as any
+card; the user's own cards and `current.card` are left exactly as the user built them.
+`render` draws the card of one attempt from the gang records kept with the task (events.py).
+`card_data` turns those records into what the card shows: plain data, tested by tables.
+`components` turns that into Metaflow card components (Markdown, Table, VegaChart).
+`render_failed` renders the gang's card of a failed attempt, which Metaflow's @card leaves
+unrendered.
+"""
+
+from ..mf import events
+from ..core import sealed
+from ..core.failures import Failure, FailureKind
+
+# The @card that @torch_distributed puts on its step: the card's type and its id, for
+# `card get --id torch_distributed` and `current.card["torch_distributed"]` (which takes nothing:
+# the card draws itself from the gang's record).
+GANG_CARD_TYPE = "torch_distributed"
+GANG_CARD = {"type": GANG_CARD_TYPE, "id": "torch_distributed"}
+
+# Colours of the timeline's bars, by state.
+STATES = {
+    "starting": "#b0b7c3",  # started, not yet in init_process_group
+    "finished": "#3a9a5b",
+    "failed": "#d64545",
+    "stopped": "#e59b2e",
+    "peer failed": "#f0a0a0",  # failed with a communication error: a peer died first
+    "running": "#4c78a8",  # no end known (the record was taken while it ran)
+}
+# Lines of a rank's log shown next to the root cause.
+CAUSE_LINES = 15
+# Characters of a log or traceback line per line of the card.
+CODE_WIDTH = 100
+# Width of the timeline in pixels, and the least distance between two of its labels: labels
+# of phases closer than that (rendezvous done and nodes joined often are) share one label.
+TIMELINE_WIDTH = 600
+LABEL_GAP_PX = 14
+# A failed rank whose error says it was stopped by the gang, not by its own fault.
+_STOPPED_ERRORS = ("TorchDistributedAborted",)
+
+
+def card_data(record, history=()):
+    """What the card of gang attempt `record` shows; `history` holds the earlier attempts'
+    records, oldest first. Times are seconds since the attempt's gang started."""
+    t0 = record["started"]
+    root = record.get("root_cause")
+    failed_at = {f["rank"]: f["detected_at"] for f in record.get("failures", [])
+                 if f.get("rank") is not None}
+    abort = next((t for name, t in record.get("phases", []) if name == "abort"), None)
+    ranks = []
+    root_rank = root.get("rank") if root else None
+    for rank in range(record["nodes"] * record["nproc_per_node"]):
+        node, local_rank = divmod(rank, record["nproc_per_node"])
+        row = _rank_row(record, rank, node, local_rank, failed_at, abort, t0)
+        # the rank's own record says whether its error told of a peer's failure
+        said = (record.get("ranks", {}).get(str(rank)) or {}).get("symptom")
+        if row["outcome"] == "failed" and rank != root_rank and Failure(
+                rank, node, FailureKind.EXCEPTION, 0, message=row["error"] or "",
+                symptom=said).is_symptom():
+            row["outcome"] = "peer failed"
+        ranks.append(row)
+    segments = [seg for row in ranks for seg in _segments(row)]
+    outcome = _outcome(record, ranks, root)
+    return dict(
+        title="Gang of step %s, attempt %d" % (record["step"], record["attempt"]),
+        topology=_topology_rows(record),
+        nodes=_node_rows(record),
+        ranks=ranks,
+        timeline=segments,
+        markers=_markers(record, ranks, t0),
+        outcome=outcome,
+        tails={int(r): streams for r, streams in record.get("tails", {}).items()},
+        scalars=_scalars(record),
+        attempts=[_attempt_row(r) for r in [*history, record]],
+        ignored=record.get("ignored_messages") or {},
+    )
+
+
+def _rank_row(record, rank, node, local_rank, failed_at, abort, t0):
+    events = record.get("ranks", {}).get(str(rank)) or {}
+    spawned = ((record.get("node_info", {}).get(str(node)) or {}).get("ranks", {})
+               .get(str(rank), {}).get("spawned"))
+    started = events.get("started") or spawned or record["started"]
+    outcome = events.get("outcome")
+    error = events.get("error")
+    ended = events.get("ended")
+    if outcome == "failed" and (error or "").startswith(_STOPPED_ERRORS):
+        outcome = "stopped"
+    if outcome is None:  # no word from the rank: killed, or stopped by the gang
+        if rank in failed_at:
+            outcome, ended = "failed", failed_at[rank]
+        elif abort is not None:
+            outcome, ended = "stopped", abort
+        else:
+            outcome, ended = "running", record.get("ended")
+    joined = events.get("joined")
+    return dict(rank=rank, node=node, local_rank=local_rank, outcome=outcome, error=error,
+                heard=bool(events), started=_rel(started, t0), joined=_rel(joined, t0),
+                ended=_rel(ended, t0))
+
+
+def _rel(t, t0):
+    return None if t is None else round(t - t0, 3)
+
+
+def _segments(row):
+    """The bars of one rank: starting (until it entered init_process_group), then its body. A
+    rank that said nothing (killed, or on a lost node) gets one bar of its outcome."""
+    label = "rank %d (node %d)" % (row["rank"], row["node"])
+    end = row["ended"] if row["ended"] is not None else row["started"]
+    split = row["joined"] if row["joined"] is not None else end if row["heard"] \
+        else row["started"]
+    base = dict(rank=row["rank"], label=label, node=row["node"], outcome=row["outcome"])
+    bars = []
+    if split > row["started"]:
+        bars.append(dict(base, state="starting", start=row["started"], end=split))
+    if end > split or not bars:
+        bars.append(dict(base, state=row["outcome"], start=split, end=max(end, split)))
+    return bars
+
+
+def _markers(record, ranks, t0):
+    markers = [dict(name=name, t=_rel(t, t0)) for name, t in record.get("phases", [])]
+    others = [info.get("joined_gang") for n, info in record.get("node_info", {}).items()
+              if n != "0"]
+    if record["nodes"] > 1 and len(others) == record["nodes"] - 1 and all(others):
+        markers.append(dict(name="nodes joined", t=_rel(max(others), t0)))
+    joins = [r["joined"] for r in ranks]
+    if joins and all(j is not None for j in joins):
+        markers.append(dict(name="rendezvous done", t=max(joins)))
+    markers.append(dict(name="gang ended", t=_rel(record["ended"], t0)))
+    return sorted(markers, key=lambda m: m["t"])
+
+
+def _outcome(record, ranks, root):
+    stopped = [r["rank"] for r in ranks if r["outcome"] in ("stopped", "peer failed")]
+    finished = [r["rank"] for r in ranks if r["outcome"] == "finished"]
+    if root is None:
+        return dict(ok=True, finished=finished)
+    failure = Failure(**root)
+    tail = record.get("tails", {}).get(str(failure.rank), {}) if failure.rank is not None else {}
+    return dict(ok=False, rank=failure.rank, node=failure.node, kind=failure.kind,
+                where=failure.where(), summary=failure.sentence(),
+                error=_error_name(failure), message=failure.message,
+                traceback=failure.traceback,
+                stderr=tail.get("stderr", [])[-CAUSE_LINES:],
+                stdout=tail.get("stdout", [])[-CAUSE_LINES:],
+                stopped=stopped, finished=finished)
+
+
+def _error_name(failure):
+    if failure.kind == "exception":
+        return failure.message.split(":", 1)[0]
+    return failure.kind
+
+
+def _topology_rows(record):
+    return [
+        ["Topology", "%d node%s x %d process%s per node = %d ranks" % (
+            record["nodes"], "" if record["nodes"] == 1 else "s", record["nproc_per_node"],
+            "" if record["nproc_per_node"] == 1 else "es",
+            record["nodes"] * record["nproc_per_node"])],
+        ["Accelerator / backend", "%s / %s" % (record["accelerator"], record["backend"])],
+        ["Nodes run", "on this machine" if record["scheduler"] == "local"
+         else "as AWS Batch multi-node job" if record["scheduler"] == "batch"
+         else "as one Kubernetes JobSet" if record["scheduler"] == "kubernetes"
+         else record["scheduler"]],
+        ["Start method", record["start_method"]],
+        ["Rendezvous (MASTER_ADDR:MASTER_PORT)", "%s:%s" % (record["master_addr"],
+                                                           record["master_port"])],
+        ["Attempt", str(record["attempt"])],
+        ["Gang id (TORCHELASTIC_RUN_ID)", record["gang_id"]],
+    ]
+
+
+def _node_rows(record):
+    rows = []
+    per = record["nproc_per_node"]
+    for node in range(record["nodes"]):
+        info = record.get("node_info", {}).get(str(node)) or {}
+        where = [info.get("batch_node_index") and "Batch node index %s" % info["batch_node_index"],
+                 info.get("pod") and "pod %s" % info["pod"]]
+        rows.append([str(node), "%d-%d" % (node * per, node * per + per - 1),
+                     info.get("host") or "(no word from this node)", info.get("ip") or "",
+                     ", ".join(w for w in where if w)])
+    return rows
+
+
+def _scalars(record):
+    rows = []
+    for rank, events in sorted(record.get("ranks", {}).items(), key=lambda kv: int(kv[0])):
+        for name, values in sorted(((events or {}).get("scalars") or {}).items()):
+            if values:
+                rows.append(dict(rank=int(rank), name=name, value=values[-1][1],
+                                 count=len(values)))
+    return rows
+
+
+def _attempt_row(record):
+    root = record.get("root_cause")
+    cause = "succeeded" if root is None else Failure(**root).sentence()
+    return [str(record["attempt"]), "%.1f s" % (record["ended"] - record["started"]), cause]
+
+
+def marker_labels(markers, width=TIMELINE_WIDTH, gap_px=LABEL_GAP_PX):
+    """The labels of the timeline's phase rules: one per group of markers that lie closer than
+    `gap_px` on an axis of `width` pixels (from 0 to the last marker), each at its group's
+    first time, naming every marker of the group ("rendezvous done, nodes joined"). Pure."""
+    ordered = sorted(markers, key=lambda m: m["t"])
+    span = max([m["t"] for m in ordered] + [1e-9])
+    labels = []
+    for marker in ordered:
+        if labels and (marker["t"] - labels[-1]["t"]) * width / span < gap_px:
+            labels[-1]["name"] += ", " + marker["name"]
+        else:
+            labels.append(dict(name=marker["name"], t=marker["t"]))
+    return labels
+
+
+def timeline_spec(data):
+    """A Vega-Lite chart: one row per rank, bars for its states, rules for the gang's phases."""
+    order = [s["label"] for s in sorted(data["timeline"], key=lambda s: s["rank"])]
+    y = {"field": "label", "type": "ordinal", "title": None,
+         "sort": list(dict.fromkeys(order))}
+    return {
+        "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
+        "title": "Every rank on one time axis (seconds since the gang started)",
+        "width": TIMELINE_WIDTH,
+        "height": max(60, 22 * len(data["ranks"])),
+        "layer": [
+            {"data": {"values": data["timeline"]},
+             "mark": {"type": "bar", "height": 14},
+             "encoding": {
+                 "y": y,
+                 "x": {"field": "start", "type": "quantitative", "title": "seconds"},
+                 "x2": {"field": "end"},
+                 "color": {"field": "state", "type": "nominal", "title": "state",
+                           "scale": {"domain": list(STATES), "range": list(STATES.values())}},
+                 "tooltip": [{"field": "label"}, {"field": "state"},
+                             {"field": "start", "title": "from (s)"},
+                             {"field": "end", "title": "to (s)"}]}},
+            {"data": {"values": data["markers"]},
+             "mark": {"type": "rule", "strokeDash": [4, 3], "color": "#333"},
+             "encoding": {"x": {"field": "t", "type": "quantitative"},
+                          "tooltip": [{"field": "name"}, {"field": "t", "title": "at (s)"}]}},
+            {"data": {"values": marker_labels(data["markers"])},
+             "mark": {"type": "text", "angle": 270, "align": "left", "dx": 4, "dy": -4,
+                      "fontSize": 10, "color": "#333"},
+             "encoding": {"x": {"field": "t", "type": "quantitative"}, "y": {"value": 0},
+                          "text": {"field": "name"}}},
+        ],
+    }
+
+
+def scalars_spec(rows, name):
+    """A bar per rank of the last value of scalar `name` each rank recorded."""
+    return {
+        "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
+        "title": "%s (last value recorded by each rank)" % name,
+        "data": {"values": [r for r in rows if r["name"] == name]},
+        "mark": "bar",
+        "encoding": {"x": {"field": "rank", "type": "ordinal"},
+                     "y": {"field": "value", "type": "quantitative", "title": name},
+                     "tooltip": [{"field": "rank"}, {"field": "value"}, {"field": "count"}]},
+    }
+
+
+def components(data):
+    """Metaflow card components showing `data` (from card_data)."""
+    from metaflow.cards import Markdown, Table, VegaChart
+
+    out = [Markdown("## %s" % data["title"]), Table(data["topology"], headers=["", ""]),
+           Table(data["nodes"], headers=["Node", "Ranks", "Host", "IP", "Scheduler's name"]),
+           Markdown("### Timeline"), VegaChart(timeline_spec(data))]
+    out += _outcome_components(data["outcome"], Markdown)
+    if data["ignored"]:
+        out.append(Markdown("### Ignored messages\n\n%s" % ignored_note(data["ignored"])))
+    if len(data["attempts"]) > 1:
+        out += [Markdown("### Attempts"),
+                Table(data["attempts"], headers=["Attempt", "Duration", "Outcome"])]
+    names = list(dict.fromkeys(r["name"] for r in data["scalars"]))
+    if names:
+        out.append(Markdown("### Per-rank values"))
+        out += [VegaChart(scalars_spec(data["scalars"], name)) for name in names]
+    tails = [Markdown("**rank %d, %s**\n\n%s" % (rank, stream, _code(lines)))
+             for rank in sorted(data["tails"]) for stream in ("stdout", "stderr")
+             for lines in [data["tails"][rank].get(stream)] if lines]
+    out.append(Markdown("### Last lines of each rank" if tails else
+                        "### Last lines of each rank\n\nNo rank wrote to its stdout or stderr."))
+    return out + tails
+
+
+def _outcome_components(outcome, Markdown):
+    if outcome["ok"]:
+        return [Markdown("### Outcome: success\n\nEvery rank finished its step body.")]
+    text = ["### Outcome: failed", "**Root cause:** %s" % outcome["summary"]]
+    if outcome["stopped"]:
+        text.append("**Stopped because of it (or failed as their peer died):** ranks %s"
+                    % ", ".join(map(str, outcome["stopped"])))
+    if outcome["finished"]:
+        text.append("**Had already finished:** ranks %s"
+                    % ", ".join(map(str, outcome["finished"])))
+    if outcome["traceback"]:
+        text.append("Traceback of %s:\n\n%s" % (outcome["where"],
+                                                 _code(outcome["traceback"].splitlines())))
+    for stream in ("stderr", "stdout"):
+        if outcome[stream]:
+            text.append("Last %s lines of %s:\n\n%s" % (stream, outcome["where"],
+                                                         _code(outcome[stream])))
+    return [Markdown("\n\n".join(text))]
+
+
+def ignored_note(counts):
+    """What the log and the card say of the messages the gang ignored (sealed.IGNORED)."""
+    return ("The gang ignored %s messages in its rendezvous store that were not sealed under "
+            "the attempt's secret (forged or corrupt): a process outside the gang wrote to "
+            "the store at MASTER_ADDR:MASTER_PORT. None of them steered the gang. See "
+            "docs/security.md." % sealed.describe(counts))
+
+
+def _code(lines):
+    """A fenced block of `lines`, long lines folded (a card page does not wrap code, and one
+    long line, such as a gloo error, would widen the whole page)."""
+    folded = [line[i:i + CODE_WIDTH] for line in lines
+              for i in range(0, max(len(line), 1), CODE_WIDTH)]
+    return "```text\n%s\n```" % "\n".join(line.replace("```", "'''") for line in folded)
+
+
+def render(task):
+    """The HTML of the gang's card of the attempt of `task`, a client Task (as `card create`
+    gives it to the card type)."""
+    from metaflow.cards import BlankCard, Markdown
+
+    record, history = events.attempt_records(task)
+    if record is None:
+        parts = [Markdown("## Gang of step %s, attempt %d\n\nThis attempt kept no record of a "
+                          "gang: it was @catch's fallback, which runs the step on its own, or its "
+                          "task ended before the gang's record was kept (see the task's log)."
+                          % (task.pathspec.split("/")[2], task.current_attempt))]
+    else:
+        parts = components(card_data(record, history))
+    return BlankCard(components=parts).render(task)
+
+
+def is_gang_card(deco):
+    """True for the @card decorator that shows the gang (GANG_CARD)."""
+    return deco.name == "card" and (deco.attributes.get("type") == GANG_CARD_TYPE
+                                    or deco.attributes.get("id") == GANG_CARD["id"])
+
+
+def wanted(on, decorators, remote, metadata):
+    """Whether a gang step gets the gang's card from step_init: `on` (its `card` setting),
+    unless `decorators` (the step's) hold it already, or the step runs in a Batch job or a
+    Kubernetes pod (`remote`) with local metadata (`metadata`), where no card can render
+    (docs/seeing-the-gang.md, Limits)."""
+    return on and not any(is_gang_card(d) for d in decorators) and not (
+        remote and metadata == "local")
+
+
+def render_failed(decorators):
+    """Render the gang's card of this failed attempt: Metaflow's @card renders only the cards
+    of attempts that succeeded, and the failed attempt's card is where its root cause is. The
+    user's own cards are left as Metaflow leaves them."""
+    from ..mf import internals
+
+    for deco in decorators:
+        if is_gang_card(deco):
+            internals.render_failed_card(deco)

@@ -1,0 +1,165 @@
+"""`@checkpoint` (package metaflow-checkpoint) on every rank of every node of a gang.
+
+@checkpoint's hooks run in the Metaflow task: its task_pre_step makes `current.checkpoint` and,
+on a retry (load_policy "fresh"), loads the task's latest checkpoint into
+`current.checkpoint.directory`. Rank 0 and the ranks forked from it share that object and that
+directory. A node agent or an exec'd rank is a spin-step process under a hidden task id, where
+@checkpoint cannot serve: its identity (current.task_id, the spin datastore) is not the task's,
+so it would look for checkpoints of a task that never existed. Instead the leader hands members
+what its own @checkpoint resolved (`gang_fields`), and each other node loads the same checkpoint
+through metaflow-checkpoint's public `Checkpoint` API into a directory of its own
+(`install_member`), so every rank starts with the same files and the same `current.checkpoint`
+shape (directory, is_loaded, info, save, load). Saves from any rank go to the task's checkpoints,
+as with @checkpoint under @parallel.
+"""
+
+import json
+import os
+import tempfile
+from dataclasses import replace
+
+from ..core.errors import TorchDistributedConfigError
+
+# The one file of a sharded save's checkpoint: the references of every rank's shard.
+MANIFEST = "torch_distributed_shards.json"
+
+# metaflow-checkpoint's variables naming the task a checkpoint belongs to (its constants.py);
+# its `Checkpoint` API writes for the task they name.
+_IDENTITY_ENV = ("METAFLOW_CHECKPOINT_UID", "METAFLOW_CHECKPOINT_TASK_IDENTIFIER",
+                 "METAFLOW_CHECKPOINT_ARTIFACT_STORE_CONFIG")
+
+
+def gang_fields(current, environ):
+    """What members need of this task's @checkpoint (a GangSpec field), None without one.
+    A sharded checkpoint @checkpoint loaded is completed on node 0 first (every rank's shard)."""
+    checkpointer = getattr(current, "checkpoint", None)
+    if checkpointer is None:
+        return None
+    if checkpointer.is_loaded:
+        restore_shards(checkpointer.directory)
+    loaded = checkpointer.info.to_dict() if checkpointer.is_loaded else None
+    return {"env": {k: environ[k] for k in _IDENTITY_ENV if k in environ},
+            "loaded": loaded, "directory": checkpointer.directory, "node": 0}
+
+
+def from_leader(spec):
+    """What node 0 published of its @checkpoint, for the agent of a remote node; None when node
+    0 cannot be reached (the agent then reports that the usual way)."""
+    from ..runtime.control import ControlPlane, GangMismatch
+
+    try:
+        control = ControlPlane.connect(spec.master_addr, spec.master_port, spec.gang_id,
+                                       spec.secret, spec.rendezvous_timeout_s)
+        return control.checkpoint(spec.rendezvous_timeout_s)
+    except (GangMismatch, RuntimeError):
+        return None
+
+
+def node_directory(spec):
+    return os.path.join(spec.work_dir, "checkpoint-node-%d" % spec.node)
+
+
+def install_member(spec):
+    """Give this member process (agent or exec'd rank) `current.checkpoint`; the GangSpec its
+    own members inherit (the checkpoint's files are then on this node)."""
+    from ..mf import internals
+
+    fields = spec.checkpoint
+    if fields is None:
+        return spec
+    os.environ.update(fields["env"])
+    if fields["node"] != spec.node:  # the files are on another node: fetch them here
+        directory = node_directory(spec)
+        os.makedirs(directory, exist_ok=True)
+        if fields["loaded"] is not None:
+            _api().load(fields["loaded"], directory)
+            restore_shards(directory)
+        fields = dict(fields, directory=directory, node=spec.node)
+    internals.set_current("checkpoint", GangCheckpoint(fields["directory"], fields["loaded"]))
+    return replace(spec, checkpoint=fields)
+
+
+def save_sharded(info, path, options):
+    """current.torch_distributed.save_sharded: every rank stores its shard (the files in `path`)
+    as a checkpoint of the task that is never the latest; once all are stored, rank 0 saves the
+    list of them as the task's latest checkpoint. A save cut short never becomes the latest."""
+    from metaflow import current
+
+    checkpointer = getattr(current, "checkpoint", None)
+    if checkpointer is None:
+        raise TorchDistributedConfigError(
+            current.step_name, "current.torch_distributed.save_sharded() stores shards with "
+            "@checkpoint, which the step does not have. Add @checkpoint (package "
+            "metaflow-checkpoint) to the step.")
+    shard = checkpointer.save(path=path, name="shard-%d" % info.rank, latest=False)
+    shards = info.gather(shard)
+    if not info.is_main:
+        return None
+    with tempfile.TemporaryDirectory() as manifest_dir:
+        with open(os.path.join(manifest_dir, MANIFEST), "w") as f:
+            json.dump({"shards": shards}, f)
+        return checkpointer.save(path=manifest_dir, **options)
+
+
+def restore_shards(directory):
+    """Load every shard a sharded checkpoint in `directory` lists, next to it."""
+    manifest = os.path.join(directory, MANIFEST)
+    if not os.path.exists(manifest):
+        return
+    with open(manifest) as f:
+        shards = json.load(f)["shards"]
+    for shard in shards:
+        _api().load(shard, directory)
+
+
+def _api():
+    from metaflow import Checkpoint  # metaflow-checkpoint's public API
+
+    return Checkpoint()
+
+
+class GangCheckpoint:
+    """`current.checkpoint` in a rank that @checkpoint's hooks did not run in.
+
+    The same attributes as @checkpoint's own object for loading and saving: the checkpoint the
+    task loaded is in `directory`, and `save` writes a checkpoint of the task (the one a retry
+    loads when it is the latest).
+    """
+
+    def __init__(self, directory, loaded):
+        self._directory = directory
+        self._loaded = loaded
+        # One writer for the life of the rank: metaflow-checkpoint numbers the saves of a name
+        # per writer, and a fresh writer per save would store every save under the same key.
+        self._writer = None
+
+    @property
+    def directory(self):
+        """Where the loaded checkpoint's files are, and what `save()` saves by default."""
+        return self._directory
+
+    @property
+    def is_loaded(self):
+        """True when the task started from a checkpoint (a retry of a task that saved one)."""
+        return self._loaded is not None
+
+    @property
+    def info(self):
+        """The loaded checkpoint (metaflow-checkpoint's CheckpointArtifact), else None."""
+        if self._loaded is None:
+            return None
+        from metaflow_extensions.obcheckpoint.plugins.machine_learning_utilities.datastructures \
+            import CheckpointArtifact
+
+        return CheckpointArtifact.hydrate(self._loaded)
+
+    def save(self, path=None, **options):
+        """Save `path` (default: `directory`) as a checkpoint of the task and return its
+        reference; `options` (name, metadata, latest, storage_format) as @checkpoint's."""
+        if self._writer is None:
+            self._writer = _api()
+        return self._writer.save(path=self._directory if path is None else path, **options)
+
+    def load(self, reference, path=None):
+        """Load the checkpoint `reference` into `path` (default: `directory`)."""
+        return _api().load(reference, path=self._directory if path is None else path)

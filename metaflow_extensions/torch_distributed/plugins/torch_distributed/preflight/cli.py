@@ -1,0 +1,139 @@
+"""`python flow.py --with batch torch-distributed preflight` (or `--with kubernetes`): the
+preflight of every gang step of the flow (preflight.py), a command of Metaflow's CLI.
+
+Metaflow initialises the step decorators of any command but run and resume (their step_init
+runs, the top-level --with included), so each gang step's topology and its @batch or
+@kubernetes attributes are those `run` would use. The command only reads the APIs, and exits
+non-zero when a check fails.
+"""
+
+from ..mf import internals
+from ..preflight import (
+    common as preflight,
+    batch as preflight_batch,
+    kubernetes as preflight_kubernetes,
+    smoke as preflight_smoke,
+)
+from ..core.errors import TorchDistributedPreflightFailed
+
+click = internals.cli_click()
+
+
+def gang_steps(steps):
+    """(step name, its topology, its decorators) of every step our decorator gangs."""
+    found = []
+    for name, decorators in steps:
+        ours = [d for d in decorators if d.name == "torch_distributed"]
+        if ours and getattr(ours[0], "active", False):
+            found.append((name, ours[0].topology, decorators))
+    return found
+
+
+def batch_findings(needs, datastore_root, clients=internals.aws_client):
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        facts = preflight_batch.gather(needs, clients, datastore_root, ClientError)
+    except BotoCoreError as ex:  # no credentials, no region, no connection: nothing was read
+        raise TorchDistributedPreflightFailed([needs.step], "AWS could not be reached (%s: "
+                                              "%s). Give this shell the credentials and region "
+                                              "`run --with batch` uses (aws configure, "
+                                              "AWS_PROFILE, AWS_DEFAULT_REGION)."
+                                              % (type(ex).__name__, ex)) from ex
+    return preflight_batch.check(needs, facts)
+
+
+def kubernetes_findings(needs, datastore_root, client=None, api=None):
+    from urllib3.exceptions import HTTPError
+
+    try:
+        client = internals.kubernetes_client() if client is None else client
+        facts = preflight_kubernetes.gather(
+            needs, client, client.ApiClient() if api is None else api, client.ApiException)
+    except (HTTPError, OSError, _config_error()) as ex:  # no kubeconfig, no connection
+        raise TorchDistributedPreflightFailed([needs.step], "the Kubernetes API could not be "
+                                              "reached (%s: %s). Point KUBECONFIG (or "
+                                              "~/.kube/config) at the cluster `run --with "
+                                              "kubernetes` uses; `kubectl get ns` must work."
+                                              % (type(ex).__name__, ex)) from ex
+    return preflight_kubernetes.check(needs, facts)
+
+
+def _config_error():
+    from kubernetes.config import ConfigException
+
+    return ConfigException
+
+
+BACKEND_NAMES = {"batch": "AWS Batch", "kubernetes": "Kubernetes"}
+BACKENDS = {"batch": batch_findings, "kubernetes": kubernetes_findings}
+
+
+def run_preflight(steps, datastore_root, echo, backends=None, smoke=None):
+    """Every finding of the flow's gang steps, echoed as a report; raises when one failed.
+    `smoke(needs)`, when given, runs the smoke job of each gang step whose checks all passed
+    and returns its findings."""
+    backends = BACKENDS if backends is None else backends
+    gangs = gang_steps(steps)
+    if not gangs:
+        raise TorchDistributedPreflightFailed(
+            [], "the flow has no step decorated with @torch_distributed, so there is nothing "
+            "to check. Decorate the step that trains, or run the preflight of another flow.")
+    findings, checked = [], []
+    for name, topology, decorators in gangs:
+        needs = preflight.step_needs(name, topology, decorators)
+        echo("checking step %s: a gang of %s on %s" % (
+            name, needs.describe(), BACKEND_NAMES.get(needs.backend, "this machine")))
+        findings += preflight.check_backend(needs)
+        if needs.backend:
+            findings += backends[needs.backend](needs, datastore_root)
+            checked.append(needs)
+    for line in preflight.report_lines(findings):
+        echo(line)
+    if smoke is not None:
+        for needs in checked:
+            if preflight.failures([f for f in findings if f.step == needs.step]):
+                echo("smoke: not run for step %s: fix the failed checks first" % needs.step)
+                continue
+            ran = smoke(needs)
+            for line in preflight.report_lines(ran):
+                echo(line)
+            findings += ran
+    failing = preflight.failures(findings)
+    if failing:
+        raise TorchDistributedPreflightFailed(sorted({f.step for f in failing}), "%d check%s "
+                                              "failed: %s. Each failure above says its fix."
+                                              % (len(failing), "" if len(failing) == 1 else "s",
+                                                 ", ".join("%s (%s)" % (f.check, f.step)
+                                                           for f in failing)))
+    return findings
+
+
+@click.group()
+def cli():
+    pass
+
+
+@cli.group(name="torch-distributed", help="Commands of @torch_distributed.")
+def torch_distributed():
+    pass
+
+
+@torch_distributed.command(name="preflight", help="Check, without changing anything, that the infrastructure "
+                                "each gang step runs on (--with batch or --with kubernetes) "
+                                "can run it: exits non-zero when a check fails.")
+@click.option("--smoke", is_flag=True, default=False,
+              help="Then RUN one small job per gang step (2 nodes, its queue or namespace and "
+                   "image): torch, CUDA, NCCL and /dev/shm on every node, one all-reduce.")
+@click.option("--smoke-timeout", default=preflight_smoke.DEFAULT_TIMEOUT_S, show_default=True,
+              type=int, help="Seconds the smoke job may take, waiting for instances included.")
+@click.pass_obj
+def preflight_command(obj, smoke, smoke_timeout):
+    steps, _, root = internals.cli_flow_steps(obj)
+
+    def echo(line):
+        click.echo(line)
+
+    run_preflight(steps, root, echo, smoke=(
+        lambda needs: preflight_smoke.smoke(needs, echo, smoke_timeout)) if smoke else None)
+

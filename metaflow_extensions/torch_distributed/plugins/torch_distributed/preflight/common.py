@@ -1,0 +1,149 @@
+"""The preflight: what a gang step needs from the user's cloud, checked before its first run.
+
+`python flow.py --with batch torch-distributed preflight` (or `--with kubernetes`) reads, and
+never changes, the infrastructure each gang step of the flow would run on, and reports every
+check as passed, failed (with the exact fix: an AWS CLI or kubectl command, or a Metaflow
+setting) or unknown (the API would not say; what to check by hand). The checks themselves
+are pure functions of what the APIs returned (preflight_batch.py, preflight_kubernetes.py);
+this module holds what they share: a step's needs, the findings, the report.
+"""
+
+from dataclasses import dataclass, field
+
+from ..backends.kubernetes import MIN_SHARED_MEMORY_MIB
+
+PASSED, FAILED, UNKNOWN = "ok", "FAILED", "unknown"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check of one step: its status, what was found, and for a failure the fix."""
+
+    step: str
+    check: str
+    status: str
+    message: str
+    fix: str = ""
+
+
+def passed(step, check, message):
+    return Finding(step, check, PASSED, message)
+
+
+def failed(step, check, message, fix):
+    return Finding(step, check, FAILED, message, fix)
+
+
+def unknown(step, check, message, fix):
+    """The API did not answer (no permission, not emulated by this cloud): `fix` says what to
+    look at by hand. An unknown does not fail the preflight."""
+    return Finding(step, check, UNKNOWN, message, fix)
+
+
+@dataclass(frozen=True)
+class GangNeeds:
+    """What one gang step asks of its backend: per node `cpu`, `memory` (MiB), `gpu`,
+    `shared_memory` (MiB or None) and the backend's own attributes (`options`: queue,
+    iam_role, namespace, labels, ...)."""
+
+    step: str
+    backend: str  # "batch", "kubernetes" or "" (the step runs on this machine)
+    nodes: int
+    nproc_per_node: int
+    cpu: float
+    memory: int
+    gpu: int
+    shared_memory: object = None
+    image: str = ""
+    options: dict = field(default_factory=dict)
+
+    def per_node(self):
+        return "%g CPU, %d MiB%s" % (self.cpu, self.memory,
+                                     ", %d GPU" % self.gpu if self.gpu else "")
+
+    def describe(self):
+        return "%d node%s x (%s)" % (self.nodes, "" if self.nodes == 1 else "s", self.per_node())
+
+
+BACKEND_DECORATORS = ("batch", "kubernetes")
+
+
+def _number(value, default=0.0):
+    return default if value in (None, "") else float(value)
+
+
+def step_needs(step_name, topology, decorators):
+    """The GangNeeds of a gang step of `topology` from its decorators, as their step_init left
+    their attributes (@resources merged into @batch's and @kubernetes')."""
+    backend = next((d for d in decorators if d.name in BACKEND_DECORATORS), None)
+    if backend is None:
+        return GangNeeds(step_name, "", topology.nodes, topology.nproc_per_node, 0, 0, 0)
+    attributes = dict(backend.attributes)
+    return GangNeeds(
+        step=step_name, backend=backend.name, nodes=topology.nodes,
+        nproc_per_node=topology.nproc_per_node,
+        cpu=_number(attributes.get("cpu"), 1.0),
+        memory=int(_number(attributes.get("memory"), 4096)),
+        gpu=int(_number(attributes.get("gpu"))),
+        shared_memory=attributes.get("shared_memory"),
+        image=attributes.get("image") or "",
+        options=attributes)
+
+
+def check_backend(needs):
+    """A gang step that no remote backend runs: the preflight has nothing to check there."""
+    if needs.backend:
+        return []
+    return [failed(needs.step, "backend", "the step runs on this machine: neither @batch nor "
+                   "@kubernetes is on it, so there is no remote infrastructure to check",
+                   "python flow.py --with batch torch-distributed preflight (or --with "
+                   "kubernetes), the same --with you give `run`")]
+
+
+def check_shared_memory(needs, attribute):
+    """NCCL keeps its buffers in /dev/shm, which a container gets at the runtime's default
+    size (64 MiB) unless the step asks for more: a GPU gang with less may hang or crash."""
+    if not needs.gpu:
+        return []
+    value = needs.shared_memory
+    mib = None if value in (None, "") else int(float(value))
+    if mib is not None and mib >= MIN_SHARED_MEMORY_MIB:
+        return [passed(needs.step, "shared memory", "/dev/shm of %d MiB per node" % mib)]
+    return [failed(
+        needs.step, "shared memory",
+        "the GPU gang's containers get %s of /dev/shm, and NCCL may hang or fail with that "
+        "little" % ("the default 64 MiB" if mib is None else "%d MiB" % mib),
+        "@%s(shared_memory=%d) (MiB) or more on step %s"
+        % (attribute, MIN_SHARED_MEMORY_MIB, needs.step))]
+
+
+def check_image(needs, backend):
+    """What is known of the image without running it: its name only."""
+    return [unknown(
+        needs.step, "image", "image %s: whether it has torch (a CUDA build for GPUs) and what "
+        "the flow imports is known only by running it" % (needs.image or "(Metaflow's default)"),
+        "python flow.py --with %s torch-distributed preflight --smoke (runs one small job on "
+        "it); docs/images.md says what it needs" % backend)]
+
+
+# -- the report ----------------------------------------------------------------------------
+
+MARKS = {PASSED: "ok", FAILED: "FAILED", UNKNOWN: "??"}
+
+
+def report_lines(findings):
+    """The report, one line per finding (and its fix), grouped by step."""
+    lines, step = [], None
+    for finding in findings:
+        if finding.step != step:
+            step = finding.step
+            lines.append("step %s:" % step)
+        lines.append("  [%s] %s: %s" % (MARKS[finding.status], finding.check, finding.message))
+        if finding.fix:
+            lines.append("       %s %s" % ("fix:" if finding.status == FAILED else "check:",
+                                            finding.fix))
+    return lines
+
+
+def failures(findings):
+    return [f for f in findings if f.status == FAILED]

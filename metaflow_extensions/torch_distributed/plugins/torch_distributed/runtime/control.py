@@ -1,0 +1,354 @@
+"""The gang's control plane: one torch TCPStore hosted by node 0's task.
+
+Ranks use it as their rendezvous store (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun);
+node agents use it to check in, report failures and learn that the gang is aborting. Every
+value the package reads from it is sealed under the attempt's secret (sealed.py).
+"""
+
+import errno
+import json
+import os
+import pickle
+import socket
+import time
+from datetime import timedelta
+
+from ..core import naming, sealed
+from ..core.errors import TorchDistributedEnvironmentError
+from ..core.failures import Failure
+from ..core.naming import PUBLIC_GANG_KEY, Keys
+
+# Seconds a joining node waits for its gang's key once the store's public gang key is there
+# (node 0 writes its gang's key first: a wait only when someone else wrote the public key).
+GANG_KEY_WAIT = 2.0
+
+
+def bind_listener(host, port=0):
+    """A listening socket for the store on the address `host` only (the one its peers reach:
+    the loopback address when every node is on this host). Port 0 lets the kernel choose a
+    free port, so two gangs on one host never race for one; a fixed port that is taken raises
+    OSError(EADDRINUSE)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def loopback_interface():
+    """The name of this host's loopback interface ("lo" on Linux, "lo0" on macOS), or None."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def port_in_use_error(step_name, port):
+    return TorchDistributedEnvironmentError(
+        step_name, "port %d on node 0, where the gang's rendezvous store listens, is taken by "
+        "another process on this instance. The port is derived from the run, step, task and "
+        "attempt: a @retry moves to another one. If instances are shared between jobs, keep "
+        "ports %d-%d free for gangs." % ((port,) + naming.REMOTE_PORT_RANGE))
+
+
+def bind_error(step_name, address, ex):
+    return TorchDistributedEnvironmentError(
+        step_name, "node 0 cannot listen for the gang's rendezvous store on %s, the address "
+        "its other nodes are given (MASTER_ADDR): %s. The address must be one of this "
+        "machine's own." % (address, ex))
+
+
+def is_port_in_use(ex):
+    """True when binding failed because the port is taken."""
+    return isinstance(ex, OSError) and ex.errno == errno.EADDRINUSE
+
+
+class ControlPlane:
+    """The gang's messages in its store. Key names are public; every value the package reads
+    is sealed under the gang attempt's secret, bound to its key and to the attempt
+    (sealed.py), and one that does not open is ignored as if it were not there, and counted
+    (sealed.IGNORED): a client that reaches the store without the secret can neither stop,
+    join, fail, finish nor feed the gang, and nothing it wrote is ever unpickled. It can
+    still delete or overwrite values, delaying the gang until a timeout names what is missing
+    (docs/security.md)."""
+
+    def __init__(self, store, gang_id, secret):
+        self._store = store
+        self._keys = Keys()
+        self.gang_id = gang_id
+        self._secret = secret
+        self._beats_sent = 0
+        self._logs_shipped = 0
+        self._beats_seen = {}  # node -> the last heartbeat count that opened
+        self._progress_sent = 0
+        self._progress_seen = {}  # node -> (number, reports) of its latest progress
+
+    @classmethod
+    def host(cls, listener, gang_id, secret, timeout):
+        """Serve the store on `listener` (bound before any member was forked)."""
+        from torch.distributed import TCPStore
+
+        store = TCPStore(
+            listener.getsockname()[0],
+            listener.getsockname()[1],
+            None,
+            True,
+            timedelta(seconds=timeout),
+            wait_for_workers=False,
+            # The store adopts (and at the end closes) the fd it is given: give it its own.
+            master_listen_fd=os.dup(listener.fileno()),
+        )
+        control = cls(store, gang_id, secret)
+        control.claim()
+        return control
+
+    def claim(self):
+        """Mark the store as this gang's: sealed, and in the open for the message of a node
+        that reaches another gang's store (GangMismatch)."""
+        self._set(self._keys.gang, self.gang_id.encode())
+        self._store.set(PUBLIC_GANG_KEY, self.gang_id)
+
+    @classmethod
+    def connect(cls, addr, port, gang_id, secret, timeout):
+        """Join node 0's store. Raises GangMismatch if the store does not hold this gang's
+        sealed claim (another gang's store, reached at the same address and port)."""
+        from torch.distributed import TCPStore
+
+        store = TCPStore(addr, port, None, False, timedelta(seconds=timeout))
+        store.wait([PUBLIC_GANG_KEY])
+        control = cls(store, gang_id, secret)
+        if not control.holds_gang(GANG_KEY_WAIT):
+            raise GangMismatch(store.get(PUBLIC_GANG_KEY).decode(errors="replace"), gang_id)
+        return control
+
+    def holds_gang(self, wait):
+        """True once the store holds this gang's claim, sealed under its secret (within
+        `wait` s)."""
+        deadline = time.monotonic() + wait
+        while self._read(self._keys.gang, "claim") != self.gang_id.encode():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    @classmethod
+    def client(cls, addr, port, gang_id, secret, timeout):
+        """A client of node 0's store for a rank's own use (current.torch_distributed): a rank
+        runs inside its gang, so the store is up and is its gang's. `timeout` a timedelta."""
+        from torch.distributed import TCPStore
+
+        return cls(TCPStore(addr, port, None, False, timeout), gang_id, secret)
+
+    # -- sealing: the one place values are written and read -------------------------------------
+
+    def _put(self, key, payload):
+        self._store.set(key, sealed.seal(self._secret, self.gang_id, key, payload))
+
+    def _set(self, key, payload):
+        """_put, then wait for the server: TCPStore's set does not wait, the check after it
+        does (requests of one connection are served in order), so whoever looks next sees the
+        value."""
+        self._put(key, payload)
+        self._store.check([key])
+
+    def _read(self, key, kind):
+        """The payload under `key` if it is there and opens under this attempt's secret; None
+        otherwise (a value that does not open is counted in sealed.IGNORED as `kind`)."""
+        if not self._store.check([key]):
+            return None
+        return self._open(key, self._store.get(key), kind)
+
+    def _open(self, key, value, kind):
+        payload = sealed.unseal(self._secret, self.gang_id, key, value)
+        if payload is None:
+            sealed.IGNORED.note(kind, key, value)
+        return payload
+
+    def _flag(self, key, kind):
+        return self._read(key, kind) == b"1"
+
+    def _json(self, key, kind):
+        payload = self._read(key, kind)
+        return None if payload is None else json.loads(payload.decode())
+
+    # -- the gang's messages ----------------------------------------------------------------------
+
+    def put_gathered(self, seq, rank, obj):
+        """Rank `rank`'s value for the `seq`-th gather (current.torch_distributed.gather)."""
+        self._put(self._keys.gather(seq, rank), pickle.dumps(obj))
+
+    def take_gathered(self, seq, ranks, timeout, poll_s):
+        """Every rank's value of the `seq`-th gather, in rank order, once all are there and
+        open; the keys are deleted. A value is unpickled only after its seal opened. Waits by
+        polling in Python (store.wait would block in C++, and log a warning each time a shorter
+        wait ran out), so that the gang's abort, a signal handled in Python, stops rank 0 at
+        once instead of after the abort grace."""
+        from torch.distributed import DistStoreError
+
+        keys = {r: self._keys.gather(seq, r) for r in ranks}
+        payloads = {}
+        deadline = time.monotonic() + timeout.total_seconds()
+        while True:
+            for r, key in keys.items():
+                if r not in payloads:
+                    payload = self._read(key, "gather")
+                    if payload is not None:
+                        payloads[r] = payload
+            if len(payloads) == len(keys):
+                break
+            if time.monotonic() >= deadline:
+                raise DistStoreError(
+                    "gather: ranks %s did not send their value within %s"
+                    % ([r for r in keys if r not in payloads], timeout))
+            time.sleep(poll_s)
+        for key in keys.values():
+            self._store.delete_key(key)
+        return [pickle.loads(payloads[r]) for r in keys]
+
+    def join(self, join_id):
+        self._set(self._keys.joined(join_id), b"1")
+
+    def joined(self, join_id):
+        return self._flag(self._keys.joined(join_id), "joined")
+
+    def finish(self, node):
+        self._set(self._keys.done(node), b"1")
+
+    def finished(self, node):
+        return self._flag(self._keys.done(node), "done")
+
+    def report_running(self, node, ranks):
+        self._set(self._keys.running(node), json.dumps(list(ranks)).encode())
+
+    def running(self, node):
+        """Ranks node `node` said were still running when it reported its failure."""
+        return self._json(self._keys.running(node), "running") or []
+
+    def report_failure(self, node, failure):
+        self._set(self._keys.failure(node), failure.to_json().encode())
+
+    def failure(self, node):
+        """The failure node `node` reported, or None."""
+        payload = self._read(self._keys.failure(node), "failure")
+        return None if payload is None else Failure.from_json(payload.decode())
+
+    def rank_finished(self, rank):
+        self._set(self._keys.rank_done(rank), b"1")
+
+    def rank_is_done(self, rank):
+        return self._flag(self._keys.rank_done(rank), "rank done")
+
+    def beat(self, node):
+        """Tell node 0 that node `node` is alive (see LeaderWatch._check_heartbeat): the count
+        of beats this client sent, so that a value replayed from earlier does not look new."""
+        self._beats_sent += 1
+        self._put(self._keys.beat(node), str(self._beats_sent).encode())
+
+    def beats(self, node):
+        """How many heartbeats node `node` has sent (the highest count that opened)."""
+        payload = self._read(self._keys.beat(node), "heartbeat")
+        count = int(payload.decode()) if payload is not None else 0
+        self._beats_seen[node] = max(count, self._beats_seen.get(node, 0))
+        return self._beats_seen[node]
+
+    def send_progress(self, node, reports):
+        """Where node `node`'s ranks stand ({rank: stacks report}), numbered by this client so
+        that a value replayed from earlier is not taken for news (see progress)."""
+        self._progress_sent += 1
+        self._put(self._keys.progress(node),
+                  json.dumps({"n": self._progress_sent, "ranks": reports}).encode())
+
+    def progress(self, node):
+        """{rank: report} node `node` last sent, or {}: the latest by its number."""
+        value = self._json(self._keys.progress(node), "progress")
+        if value is not None and value.get("n", 0) > self._progress_seen.get(node, (0, {}))[0]:
+            self._progress_seen[node] = (value["n"], {int(r): rep
+                                                       for r, rep in value["ranks"].items()})
+        return self._progress_seen.get(node, (0, {}))[1]
+
+    def ship_log(self, node, target_fd, data):
+        """Queue output of node `node` (complete lines, for fd 1 or 2) for node 0's task log.
+        One client ships a node's output (remote_logs.LogShipper): it numbers the chunks."""
+        self._logs_shipped += 1
+        stream = 1 if target_fd == 1 else 2
+        self._put(self._keys.log_chunk(node, self._logs_shipped), bytes([stream]) + data)
+
+    def end_log(self, node):
+        self._set(self._keys.log_end(node), b"1")
+
+    def take_logs(self, node, after):
+        """([(target fd, data)], last seq taken) of the chunks node `node` shipped after `after`,
+        in order; each chunk is deleted from the store once taken. A chunk that does not open
+        is left where it is (the node's own chunk of that number overwrites it) and stops the
+        take there, so no line is taken out of order."""
+        chunks = []
+        while True:
+            key = self._keys.log_chunk(node, after + 1)
+            payload = self._read(key, "log")
+            if not payload:
+                return chunks, after
+            self._store.delete_key(key)
+            chunks.append((payload[0], payload[1:]))
+            after += 1
+
+    def log_ended(self, node):
+        return self._flag(self._keys.log_end(node), "log end")
+
+    def publish_checkpoint(self, fields):
+        self._set(self._keys.checkpoint, json.dumps(fields).encode())
+
+    def checkpoint(self, timeout_s):
+        """What node 0 published with publish_checkpoint (waits up to `timeout_s` for it;
+        None if nothing that opens came by then)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            payload = self._read(self._keys.checkpoint, "checkpoint")
+            if payload is not None:
+                return json.loads(payload.decode())
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
+    def send_node_events(self, node, record):
+        self._set(self._keys.node_events(node), json.dumps(record).encode())
+
+    def node_events(self, node):
+        """What node `node` sent of the gang's record, or None."""
+        return self._json(self._keys.node_events(node), "node record")
+
+    def abort(self):
+        self._set(self._keys.abort, b"1")
+
+    def preempt_gang(self):
+        self._set(self._keys.preempt, b"1")
+
+    def gang_preempted(self):
+        return self._flag(self._keys.preempt, "preempt")
+
+    def request_stacks(self, count):
+        """Ask every node for its ranks' stacks, the `count`-th time (stacks.py)."""
+        self._set(self._keys.stacks, str(count).encode())
+
+    def stacks_requested(self):
+        """How many times node 0 asked for stacks so far (0: never, or nothing that opens)."""
+        payload = self._read(self._keys.stacks, "stacks")
+        return int(payload.decode()) if payload is not None else 0
+
+    def report_preempted(self, node):
+        self._set(self._keys.preempted(node), b"1")
+
+    def node_preempted(self, node):
+        return self._flag(self._keys.preempted(node), "preempted")
+
+    def aborted(self):
+        return self._flag(self._keys.abort, "abort")
+
+
+class GangMismatch(Exception):
+    def __init__(self, found, expected):
+        super().__init__(
+            "the rendezvous store belongs to gang %s, not to this gang (%s): another job uses "
+            "the same address and port" % (found, expected)
+        )

@@ -1,0 +1,443 @@
+"""Starting, watching and stopping the processes of one node: forked or exec'd members, and
+the pump that carries their output, line by line and rank-prefixed, into the task's own.
+
+The rules of forking a loaded Metaflow task (design.md, "Starting members"): no thread is
+started before a fork, each child writes to its own pipes, and a child leaves with os._exit so
+that no atexit handler or artifact save of the parent runs in it.
+"""
+
+import ctypes
+import functools
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+from ..core.failures import communication_error, report_exception, save_exception
+
+_PR_SET_PDEATHSIG = 1
+# A line rewritten in place with \r (a progress bar: tqdm, Lightning, Accelerate) is shown as
+# its latest state once it has been rewritten for this long, then at most this often, and once
+# more when it ends: never held back until its newline, never written as one line of every state.
+PROGRESS_INTERVAL = 5.0
+
+
+def die_with_parent(parent_pid):
+    """Linux: ask the kernel to SIGKILL this process when the thread that started it exits, so
+    a crashed or killed task never leaves members behind. If the parent already died between
+    the fork and this call, leave at once."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+class Member:
+    """A process of the gang started by this process, in a process group of its own."""
+
+    def __init__(self, label, pid, stdout_fd, stderr_fd, popen=None, exit_file=None):
+        self.label = label
+        self.pid = pid
+        self.stdout_fd = stdout_fd
+        self.stderr_fd = stderr_fd
+        self.returncode = None
+        self._popen = popen
+        # where a rank writes its exit status as it leaves (run_member_body): read when the
+        # kernel or someone else reaped it first
+        self.exit_file = exit_file
+
+    def poll(self):
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            # Reaped already: user code in this process ignores SIGCHLD (the kernel then
+            # reaps every child) or reaps children itself. The status the member wrote as it
+            # left tells; without one it was killed before it could write.
+            self.returncode = _written_exit(self.exit_file)
+        else:
+            if not pid:
+                return None
+            self.returncode = os.waitstatus_to_exitcode(status)
+        if self._popen is not None:
+            self._popen.returncode = self.returncode  # Popen must not wait for it again
+        return self.returncode
+
+    def signal_group(self, signum):
+        try:
+            os.killpg(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _reaped(pid):
+    """True once child `pid` has exited (reaped here, or already: SIGCHLD ignored)."""
+    try:
+        return bool(os.waitpid(pid, os.WNOHANG)[0])
+    except ChildProcessError:
+        return True
+
+
+def exit_file_of(error_file):
+    return None if not error_file else error_file + ".exit"
+
+
+def _written_exit(path):
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (TypeError, OSError, ValueError):
+        return -signal.SIGKILL
+
+
+def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=()):
+    """Fork this process; the child sets `env`, runs `body()` and exits with its status."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # child: never returns
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            die_with_parent(parent)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            for fd in (out_r, err_r, out_w, err_w, *close_fds):
+                os.close(fd)
+            for key in remove_env:
+                os.environ.pop(key, None)
+            os.environ.update(env)
+            code = run_member_body(body, error_file)
+        finally:
+            os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    return Member(label, pid, out_r, err_r, exit_file=exit_file_of(error_file))
+
+
+def run_member_body(body, error_file):
+    """Run a member's step body; the exit status for it, with any exception in `error_file`."""
+    code = 0
+    try:
+        body()
+    except SystemExit as ex:
+        code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+        if ex.code is not None and not isinstance(ex.code, int):
+            print(ex.code, file=sys.stderr)
+    except BaseException as ex:  # every failure of user code becomes the member's error
+        raised_at = time.time()
+        # The gang stops every rank the moment the first one fails: a rank that raised its own
+        # error writes it down whole before that SIGTERM takes it (it is delivered right after;
+        # SIGKILL, after the stop's grace, still ends a member that cannot write).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            report_exception(ex, communication_error(ex))
+            record_error(ex, error_file)
+            if error_file:  # last: from now on the gang counts this rank as failed
+                save_exception(ex, raised_at, error_file)
+            _flush_stdio()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        code = 1
+    finally:
+        _flush_stdio()
+    _write_exit(exit_file_of(error_file), code)
+    return code
+
+
+def _write_exit(path, code):
+    """The exit status, for a supervisor whose process had it reaped first (Member.poll)."""
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(str(code))
+    except OSError:
+        pass
+
+
+def _flush_stdio():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def record_error(ex, error_file):
+    """Write `ex` in torchelastic's error-file format (the one @record writes)."""
+    if not error_file or os.path.exists(error_file):
+        return  # @record in user code wrote it first: that one has the original traceback
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    previous = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    os.environ["TORCHELASTIC_ERROR_FILE"] = error_file
+    try:
+        ErrorHandler().record_exception(ex)
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHELASTIC_ERROR_FILE", None)
+        else:
+            os.environ["TORCHELASTIC_ERROR_FILE"] = previous
+
+
+def spawn_member(label, argv, env, cwd=None, error_file=None):
+    """Start `argv` as a member in a new process group, its output on pipes."""
+    popen = subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),
+    )
+    # The pump takes the pipes over: give it its own fds and let the Popen's file objects go,
+    # so nothing closes the same fd number twice.
+    out_fd, err_fd = os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno())
+    popen.stdout.close()
+    popen.stderr.close()
+    popen.stdout = popen.stderr = None
+    return Member(label, popen.pid, out_fd, err_fd, popen, exit_file=exit_file_of(error_file))
+
+
+def stop_members(members, grace):
+    """SIGTERM every member's process group, then SIGKILL what is left after `grace` seconds.
+    Returns the labels of the members that were still running."""
+    running = [m for m in members if m.poll() is None]
+    for m in running:
+        m.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(m.poll() is None for m in running):
+        time.sleep(0.02)
+    for m in members:
+        # SIGKILL the group even if its leader is gone: its children (data loader workers,
+        # a node's ranks) may still be alive.
+        m.signal_group(signal.SIGKILL)
+    for m in running:
+        while m.poll() is None:
+            time.sleep(0.01)
+    return [m.label for m in running]
+
+
+class OutputPump:
+    """Copies many pipes into target fds, prefixing each line, from a forked process of its own.
+
+    Being a separate process, it keeps copying when any rank dies, rank 0's task included, so
+    the last lines of a crashing rank are never lost: it leaves when every pipe reached end of
+    file (all its writers exited). Complete lines are written with one os.write each, so lines
+    of different ranks never mix; a last line without a newline is still written. A line that a
+    progress bar rewrites with \r is written as its latest state every `progress_interval`
+    seconds while it runs, and as its last state when it ends.
+
+    `tee`, if given, is called in the pump process and returns a sink (a callable taking the
+    target fd and the bytes written to it, with a `close()`), which also gets every write: a
+    remote node ships its output to node 0 this way.
+    """
+
+    def __init__(self, tee=None, progress_interval=None):
+        self._streams = []  # (read fd, prefix bytes, target fd)
+        self._tee = tee
+        self._interval = PROGRESS_INTERVAL if progress_interval is None else progress_interval
+        self._alive_w = None
+        self.pid = None
+
+    def add(self, fd, prefix, target_fd):
+        self._streams.append((fd, prefix.encode() + b" " if prefix else b"", target_fd))
+
+    def start(self, close_in_child=(), orphan_note=None):
+        """Fork the pump; close `close_in_child` (e.g. write ends of pumped pipes) in it. If the
+        process that started it dies before the pump is done (SIGKILL, the OOM killer), the
+        pump writes `orphan_note` to stderr last, since that process can say nothing."""
+        # The parent says "done" on this pipe before it lets go of the pump; end of file
+        # without it means the parent died.
+        alive_r, self._alive_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                for fd in [*close_in_child, self._alive_w]:
+                    os.close(fd)
+                sink = self._tee() if self._tee else None
+                if orphan_note:
+                    sink = _NoteOnOrphan(sink, alive_r, orphan_note)
+                _pump(self._streams, sink, self._interval)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(alive_r)
+        for fd, _, _ in self._streams:
+            os.close(fd)
+
+    def parent_done(self):
+        """Tell the pump that its parent ends normally (call before closing pumped pipes)."""
+        if self._alive_w is not None:
+            try:
+                os.write(self._alive_w, b"1")
+            except BrokenPipeError:
+                pass  # the pump already left: there is no one to tell
+            os.close(self._alive_w)
+            self._alive_w = None
+
+    def drain(self, timeout):
+        """Wait for the pump to copy what is left, at most `timeout` seconds."""
+        self.parent_done()
+        if self.pid is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if _reaped(self.pid):
+                self.pid = None
+                return True
+            time.sleep(0.01)
+        os.kill(self.pid, signal.SIGKILL)
+        while not _reaped(self.pid):
+            time.sleep(0.01)
+        self.pid = None
+        return False
+
+
+class _NoteOnOrphan:
+    """A pump sink that, at the end, says so if the pump's parent died instead of saying done."""
+
+    def __init__(self, inner, alive_fd, note):
+        self.inner = inner
+        self.alive_fd = alive_fd
+        self.note = note
+
+    def __call__(self, target, data):
+        if self.inner is not None:
+            self.inner(target, data)
+
+    def close(self):
+        os.set_blocking(self.alive_fd, False)
+        try:
+            died = os.read(self.alive_fd, 1) == b""  # closed without a word
+        except BlockingIOError:
+            died = False  # the parent is still there
+        if died:
+            note = self.note() if callable(self.note) else self.note  # what is known now
+            line = note.rstrip("\n").encode() + b"\n"
+            _write_all(2, line)
+            self(2, line)
+        if self.inner is not None:
+            self.inner.close()
+
+
+class _Stream:
+    """One pumped pipe: where its lines go, the line it has not finished, and, when that line
+    is rewritten with \r, what of it was shown and since when it is waiting to be shown."""
+
+    def __init__(self, prefix, target):
+        self.prefix = prefix
+        self.target = target
+        self.pending = b""
+        self.shown = None  # the state of the current \r-line last written out
+        self.since = None  # when the current \r-line began or was last written out
+
+    def feed(self, chunk, now):
+        """The bytes to write for `chunk`: its complete lines, a \r-line as its last state."""
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
+        out = []
+        for line in lines:
+            if b"\r" in line:
+                out.append(self._state_line(_last_state(line)))
+                self.shown = self.since = None
+            else:
+                out.append(self.prefix + line + b"\n")
+        if b"\r" in self.pending:
+            self.pending = _latest(self.pending)
+            if self.since is None:
+                self.since = now
+        return b"".join(out)
+
+    def due(self, interval):
+        """When the \r-line in progress is next to be shown, or None."""
+        return None if self.since is None else self.since + interval
+
+    def snapshot(self, now, interval):
+        """The \r-line in progress as its latest state, once it is due."""
+        if self.since is None or now < self.since + interval:
+            return b""
+        self.since = now
+        state = _last_state(self.pending)
+        line = self._state_line(state)
+        self.shown = state
+        return line
+
+    def finish(self):
+        """What is left when the pipe closed: a last line without its newline."""
+        if b"\r" in self.pending:
+            return self._state_line(_last_state(self.pending))
+        return self.prefix + self.pending + b"\n" if self.pending else b""
+
+    def _state_line(self, state):
+        if state == self.shown or not state.strip():
+            return b""  # shown already, or a bar that cleared its line
+        return self.prefix + state + b"\n"
+
+
+def _last_state(line):
+    """What a terminal would show last of a line rewritten with \r: its last non-empty part."""
+    return next((part for part in reversed(line.split(b"\r")) if part), b"")
+
+
+def _latest(pending):
+    """An unfinished \r-line cut to its latest state (and any \r after it), so that what is
+    kept stays small however long the bar runs."""
+    end = len(pending.rstrip(b"\r"))
+    start = pending.rfind(b"\r", 0, end)
+    return pending[start:] if start > 0 else pending
+
+
+def _pump(streams, sink=None, interval=PROGRESS_INTERVAL):
+    def write(stream, data):
+        if data:
+            _write_all(stream.target, data)
+            if sink is not None:
+                sink(stream.target, data)
+
+    selector = selectors.DefaultSelector()
+    open_streams = {}
+    for fd, prefix, target in streams:
+        stream = _Stream(prefix, target)
+        selector.register(fd, selectors.EVENT_READ, stream)
+        open_streams[fd] = stream
+    while open_streams:
+        dues = [d for d in (s.due(interval) for s in open_streams.values()) if d is not None]
+        timeout = max(0.0, min(dues) - time.monotonic()) if dues else None
+        for key, _ in selector.select(timeout):
+            stream = key.data
+            try:
+                chunk = os.read(key.fd, 65536)
+            except OSError:
+                chunk = b""
+            if chunk:
+                write(stream, stream.feed(chunk, time.monotonic()))
+                continue
+            write(stream, stream.finish())
+            selector.unregister(key.fd)
+            del open_streams[key.fd]
+        now = time.monotonic()
+        for stream in open_streams.values():
+            write(stream, stream.snapshot(now, interval))
+    if sink is not None:
+        sink.close()
+
+
+def _write_all(fd, data):
+    while data:
+        try:
+            n = os.write(fd, data)
+        except BrokenPipeError:
+            return
+        data = data[n:]

@@ -1,0 +1,118 @@
+"""The output of remote nodes, carried into node 0's task log.
+
+Metaflow keeps (and `python flow.py logs` shows) the log of the task, which is node 0's. A
+remote node's pump therefore also ships every line it writes to node 0 through the gang's
+store, and node 0 writes those lines, already rank-prefixed, into the task's stdout and stderr.
+The node's own container log keeps a copy.
+"""
+
+import os
+import queue
+import sys
+import threading
+import time
+
+from ..runtime.control import ControlPlane
+
+# Seconds between two looks for new chunks on node 0.
+POLL_INTERVAL = 0.1
+# Seconds a remote node's pump spends shipping what is left when its ranks are done.
+CLOSE_TIMEOUT = 10.0
+
+
+class LogShipper:
+    """The pump's sink on a remote node: ships each write to node 0, in order, from a thread of
+    the pump process, so the pump's local writes never wait for the network or for node 0 to
+    come up. On any store error it stops shipping (the local copy goes on)."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self._queue = queue.Queue()
+        self._broken = False
+        self._thread = threading.Thread(target=self._run, name="torch-distributed-ship",
+                                        daemon=True)
+        self._thread.start()
+
+    def __call__(self, target_fd, data):
+        if not self._broken:
+            self._queue.put((target_fd, data))
+
+    def close(self, timeout=CLOSE_TIMEOUT):
+        """Ship what is queued (at most `timeout` seconds), then tell node 0 this is the end."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self):
+        try:
+            control = ControlPlane.connect(self.spec.master_addr, self.spec.master_port,
+                                           self.spec.gang_id, self.spec.secret,
+                                           self.spec.rendezvous_timeout_s)
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    control.end_log(self.spec.node)
+                    return
+                control.ship_log(self.spec.node, *item)
+        except Exception as ex:  # noqa: BLE001 - node 0 gone: keep the local log going
+            self._broken = True
+            os.write(2, ("[node %d] cannot ship this node's output to node 0 any more (%s); "
+                         "it stays in this node's own log\n" % (self.spec.node, ex)).encode())
+
+
+class LogReceiver:
+    """Node 0's side: a thread copying the chunks of `nodes` into `out_fds` ({1: fd, 2: fd}),
+    and passing each to `tee(target fd, data)` if given."""
+
+    def __init__(self, control, nodes, out_fds, tee=None):
+        self.control = control
+        self.tee = tee
+        self.nodes = list(nodes)
+        self.out_fds = out_fds
+        self._taken = {node: 0 for node in self.nodes}
+        self._stop = threading.Event()
+        self.error = None
+        self._thread = threading.Thread(target=self._run, name="torch-distributed-logs",
+                                        daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self, timeout):
+        """Copy what the nodes still ship, until each said it ended or `timeout` passed."""
+        deadline = time.monotonic() + timeout
+        self._stop.set()
+        self._thread.join()
+        if self.error is not None:
+            return
+        try:
+            pending = set(self.nodes)
+            while pending and time.monotonic() < deadline:
+                for node in list(pending):
+                    ended = self.control.log_ended(node)  # before taking: nothing comes after
+                    if not self._copy(node) and ended:
+                        pending.discard(node)
+                time.sleep(POLL_INTERVAL / 2)
+        except Exception as ex:  # noqa: BLE001 - reported below, never hides the step's result
+            self.error = ex
+        if self.error is not None:
+            print("@torch_distributed: lost part of the remote nodes' output: %s" % self.error,
+                  file=sys.stderr)
+
+    def _run(self):
+        try:
+            while not self._stop.wait(POLL_INTERVAL):
+                for node in self.nodes:
+                    self._copy(node)
+        except Exception as ex:  # noqa: BLE001 - kept for stop() to report
+            self.error = ex
+
+    def _copy(self, node):
+        chunks, self._taken[node] = self.control.take_logs(node, self._taken[node])
+        for target, data in chunks:
+            fd = self.out_fds.get(target, self.out_fds[2])
+            if self.tee is not None:
+                self.tee(target, data)
+            while data:
+                data = data[os.write(fd, data):]
+        return bool(chunks)

@@ -1,0 +1,438 @@
+"""Where every rank stands, and whether the gang still moves: hang detection that needs no
+timeout from the user, and every rank's stack in the report.
+
+Each rank runs a probe (`Probe`), a daemon thread started with its body. Every `interval`
+seconds it writes, atomically, into its node's work dir what it sees of its own process:
+
+- how many collectives its process groups have run: the sum of every group's sequence number,
+  which torch's c10d keeps for each backend (gloo and NCCL alike), so a DDP backward's bucket
+  all-reduces, a subgroup's collectives and a Lightning strategy's count too;
+- its main thread's Python stack, and whether that thread is inside torch.distributed (a
+  collective, a barrier, the rendezvous) or autograd (DDP's reducer runs collectives there).
+
+The probe needs no signal and no change to user code. A rank that holds Python's lock in native
+code cannot run its probe: its file ages, which is said in the report.
+
+Each node's watch reads its ranks' files (`NodeProgress`) and times, with its own clock, how long
+each rank's collective count has not moved; node agents send that to node 0 through the store.
+Node 0 decides (`verdict`, pure): the gang is hung when no rank's count moved for `hang_timeout`
+seconds while at least one rank waits in a collective. A rank that is slow but still reaches its
+collectives moves the counts, so it is not a hang; ranks busy without collectives, with no one
+waiting, are not either. The straggler named first is the rank that is not waiting (it never
+reached the collective), else the one behind on collectives, else the one waiting elsewhere;
+the report shows one stack for each place where ranks stand, the straggler's first.
+
+On demand: a SIGUSR1 to the task (its pid is on every line of Metaflow's log) has every rank of
+every node print all its threads' Python stacks into the log, without stopping anything. Each
+rank registers Python's `faulthandler` on DUMP_SIGNAL when its body starts; faulthandler writes
+from its C-level signal handler, so a rank blocked in native code (a collective) or holding
+Python's lock dumps too. Node 0 signals its own ranks and asks the other nodes through the
+store; each agent signals its ranks (see `dump`).
+"""
+
+import contextlib
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import zlib
+from collections import Counter
+
+from ..core.failures import PACKAGE_DIR
+
+# Seconds between two samples of a probe: hang_timeout / SAMPLES_PER_TIMEOUT, within bounds.
+SAMPLES_PER_TIMEOUT = 20
+MIN_INTERVAL = 0.5
+MAX_INTERVAL = 5.0
+# Frames kept of a stack (innermost first); deeper ones are cut.
+MAX_FRAMES = 40
+
+
+# The signal a rank dumps all its threads' stacks on (faulthandler): a real-time signal of its
+# own, so that no user's or framework's use of SIGUSR1/SIGUSR2 is disturbed (Lightning takes
+# SIGUSR1 under SLURM). The user asks with SIGUSR1 to the task (preempt.SupervisorHandler).
+# Its default action ends a process, so every process of the gang ignores it until its body
+# registers (ignoring_dumps): a rank asked while it starts or ends lets it pass.
+DUMP_SIGNAL = signal.SIGRTMIN + 1
+
+
+def interval_for(hang_timeout):
+    return min(max(hang_timeout / SAMPLES_PER_TIMEOUT, MIN_INTERVAL), MAX_INTERVAL)
+
+
+def probe_file(work_dir, rank):
+    return os.path.join(work_dir, "probe-rank-%d.json" % rank)
+
+
+# -- in a rank ------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def ignoring_dumps():
+    """While a supervising process (node 0's task, an agent) runs its gang, from its main
+    thread: DUMP_SIGNAL is ignored there, and so in the members it starts (an ignored signal
+    stays ignored through fork and exec), until a rank's body registers it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(DUMP_SIGNAL, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(DUMP_SIGNAL, previous if previous is not None else signal.SIG_DFL)
+
+
+def register_dump():
+    """In a rank, as its body starts: DUMP_SIGNAL prints every thread's stack to its stderr
+    (the rank's own lines of the log). Left alone where the signal has a handler already;
+    True if registered (undo with unregister_dump: the signal is ignored again)."""
+    if signal.getsignal(DUMP_SIGNAL) not in (signal.SIG_DFL, signal.SIG_IGN, None):
+        return False
+    try:
+        faulthandler.register(DUMP_SIGNAL, file=sys.__stderr__, all_threads=True, chain=False)
+    except (ValueError, OSError, RuntimeError, AttributeError):  # no usable stderr
+        return False
+    return True
+
+
+def unregister_dump():
+    faulthandler.unregister(DUMP_SIGNAL)
+
+
+def dump(pids):
+    """Have the ranks of `pids` print their stacks (DUMP_SIGNAL); a rank gone is skipped."""
+    for pid in pids:
+        try:
+            os.kill(pid, DUMP_SIGNAL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class OnDemand:
+    """A node's side of stacks on demand: `ask` (node 0, on SIGUSR1 to its task) or `follow`
+    (an agent, on a new count in the store) dumps its own ranks, at most once a second."""
+
+    MIN_GAP_S = 1.0
+
+    def __init__(self, say, pids, clock=time.monotonic):
+        self.say = say  # prints one line to the log
+        self.pids = pids  # the pids of this node's running ranks, when called
+        self.clock = clock
+        self._last = None
+        self._seen = 0
+        self._lock = threading.Lock()
+
+    def _dump(self, line):
+        with self._lock:
+            now = self.clock()
+            if self._last is not None and now - self._last < self.MIN_GAP_S:
+                return False
+            self._last = now
+        self.say(line)
+        dump(self.pids())
+        return True
+
+    def ask(self, control, step_name):
+        """Node 0: dump its ranks and ask the other nodes (through `control`) for theirs."""
+        if self._dump("@torch_distributed on step *%s*: every rank prints its threads' stacks "
+                      "(asked with SIGUSR1); the gang goes on" % step_name) and control:
+            self._seen += 1
+            try:
+                control.request_stacks(self._seen)
+            except Exception:  # noqa: BLE001 - the store is going away: this node's are shown
+                pass
+
+    def follow(self, requested):
+        """An agent: node 0's count of requests is `requested`; dump when it grew."""
+        if requested > self._seen:
+            self._seen = requested
+            self._dump("node 0 asked for every rank's stacks: this node's ranks print theirs")
+
+
+
+
+class Probe:
+    """The thread that writes, every `interval` seconds, rank `rank`'s collective count and
+    main-thread stack to `path` (what `NodeProgress` reads)."""
+
+    def __init__(self, path, interval, rank):
+        self.path = path
+        self.interval = interval
+        self.rank = rank
+        self._main = threading.main_thread().ident
+        self._fd = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="torch-distributed-probe",
+                                        daemon=True)
+
+    def start(self):
+        self._write(done=False)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        """The body ended: say so last (a finished rank is never a straggler)."""
+        self._stop.set()
+        self._thread.join(timeout=self.interval + 1)
+        self._write(done=True)
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self._write(done=False)
+
+    def _write(self, done):
+        frame = sys._current_frames().get(self._main)
+        sample = {"rank": self.rank, "at": time.time(), "seq": collective_count(),
+                  "stack": stack_of(frame), "done": done}
+        with self._lock:  # the thread and stop() may both write
+            try:
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+                # in place, framed: one pwrite, no new file per sample (a rename costs ~10
+                # times the sample); a reader that catches it half-written skips it
+                os.pwrite(self._fd, frame_record(json.dumps(sample).encode()), 0)
+                if done:
+                    os.close(self._fd)
+                    self._fd = None
+            except OSError:  # the work dir is gone: the gang is tearing down
+                pass
+
+
+def frame_record(payload):
+    """`payload` with a header of its length and CRC-32, so a torn read is detected."""
+    return b"%08x %08x\n" % (len(payload), zlib.crc32(payload)) + payload
+
+
+def read_record(data):
+    """The payload of a record (frame_record) at the start of `data`, or None if torn."""
+    header, _, rest = data.partition(b"\n")
+    try:
+        length, crc = (int(x, 16) for x in header.split(b" "))
+    except ValueError:
+        return None
+    payload = rest[:length]
+    return payload if len(payload) == length and zlib.crc32(payload) == crc else None
+
+
+def collective_count():
+    """The sum of the sequence numbers of this process's process groups (collectives run), or
+    None before the default group exists. Read from another thread than the one that runs
+    them: a group being created or destroyed meanwhile reads as None this once."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        c10d = dist.distributed_c10d
+        groups = list(getattr(getattr(c10d, "_world", None), "pg_map", None) or
+                      [c10d._get_default_group()])
+        return sum(int(g._get_sequence_number_for_group()) for g in groups)
+    except Exception:  # noqa: BLE001 - a probe never disturbs the rank
+        return None
+
+
+def stack_of(frame):
+    """[[file, line, function], ...] of `frame` and its callers, innermost first."""
+    frames = []
+    while frame is not None and len(frames) < MAX_FRAMES:
+        code = frame.f_code
+        frames.append([code.co_filename, frame.f_lineno, code.co_name])
+        frame = frame.f_back
+    return frames
+
+
+# -- on each node: reading the probes -------------------------------------------------------------
+
+
+class NodeProgress:
+    """A node's view of its ranks' probes in `work_dir`: per rank, how long its collective count
+    has not moved, by this node's `clock`."""
+
+    def __init__(self, work_dir, ranks, clock=time.monotonic):
+        self.work_dir = work_dir
+        self.ranks = list(ranks)
+        self.clock = clock
+        self._seen = {}  # rank -> (collective count, when it was first seen at that count)
+
+    def read(self):
+        """{rank: report} of every rank whose probe wrote: `quiet_s` (seconds its collective
+        count has not moved), `seq`, `waiting` (the torch.distributed or autograd call its main
+        thread is in, or None), `where` (its innermost frame of user code), `stack` (formatted,
+        outermost first), `age_s` (since its probe last wrote), `done`."""
+        now = self.clock()
+        reports = {}
+        for rank in self.ranks:
+            try:
+                with open(probe_file(self.work_dir, rank), "rb") as f:
+                    payload = read_record(f.read())
+                sample = json.loads(payload) if payload is not None else None
+            except (OSError, ValueError):
+                sample = None
+            if sample is None:
+                continue  # not written yet, or caught half-written: the next read has it
+            seq = sample.get("seq")
+            seen = self._seen.get(rank)
+            if seen is None or (seq is not None and seq != seen[0]):
+                seen = self._seen[rank] = (seq, now)
+            reports[rank] = report_of(sample, now - seen[1])
+        return reports
+
+
+def report_of(sample, quiet_s):
+    frames = [tuple(f) for f in sample.get("stack") or []]
+    return {"quiet_s": round(quiet_s, 3), "seq": sample.get("seq"),
+            "waiting": waiting_call(frames), "where": user_frame(frames),
+            "stack": format_stack(frames), "age_s": round(max(0.0, time.time() - sample["at"]), 3),
+            "done": bool(sample.get("done"))}
+
+
+def _in_torch(filename, part=None):
+    """True when `filename` is torch's code (under `part`, e.g. "distributed", if given)."""
+    inside = os.sep + "torch" + os.sep + (part + os.sep if part else "")
+    return inside in filename
+
+
+def waiting_call(frames):
+    """The torch.distributed (or autograd) function the user's code called that this stack is
+    inside, e.g. "all_reduce" or "backward"; None when it is in neither. Frames are innermost
+    first; the call named is the outermost such frame (the API the user called), skipping
+    torch's logging wrappers."""
+    call = None
+    for filename, _, name in frames:
+        if _in_torch(filename, "distributed") or _in_torch(filename, "autograd"):
+            if name not in ("wrapper", "_wrapper", "inner") and not name.startswith("<"):
+                call = name
+        elif call is not None and not _in_torch(filename):
+            break  # back in the user's code: the call stands
+    return call
+
+
+def user_frame(frames):
+    """'file.py:42 in train' of the innermost frame outside torch and this package, or None."""
+    package = os.path.join(PACKAGE_DIR, "")
+    for filename, line, name in frames:
+        if _in_torch(filename) or filename.startswith(package) or filename.startswith("<"):
+            continue
+        if os.sep + "threading.py" in filename:
+            continue
+        return "%s:%d in %s" % (os.path.basename(filename), line, name)
+    return None
+
+
+def format_stack(frames):
+    """The stack as a traceback shows it (most recent call last), from the step's code on:
+    the frames of Metaflow and of this package that lead to the step's body are left out."""
+    outermost_first = list(reversed(frames))
+    runner_dirs = [os.path.join(PACKAGE_DIR, "")]
+    metaflow = sys.modules.get("metaflow")
+    if metaflow is not None and getattr(metaflow, "__file__", None):
+        runner_dirs.append(os.path.join(os.path.dirname(os.path.abspath(metaflow.__file__)), ""))
+    start, in_runner = 0, False
+    for i, (filename, _, _) in enumerate(outermost_first):
+        runner = any(filename.startswith(d) for d in runner_dirs)
+        if in_runner and not runner:
+            start = i  # the first frame of the step's own code
+            break
+        in_runner = in_runner or runner
+    shown = outermost_first[start:]
+    return "\n".join('  File "%s", line %d, in %s' % (f, line, name) for f, line, name in shown)
+
+
+# -- on node 0: the verdict ------------------------------------------------------------------------
+
+
+def verdict(reports, world_size, hang_timeout, locate):
+    """(straggler rank, report text) when the gang is hung, else None. `reports` {rank: report}
+    for the ranks of every node (NodeProgress.read, merged); `locate(rank)` gives (node, local
+    rank). Pure. No verdict while a rank has not reported or any rank finished its body (the
+    finish timeout covers the rest), nor while a rank's collective count is unknown: before
+    its process group exists (torch's own init timeout covers the rendezvous), or on a
+    backend that keeps no sequence numbers (a gang that trains would then look still)."""
+    if len(reports) < world_size or any(r["done"] for r in reports.values()):
+        return None
+    if any(r["seq"] is None for r in reports.values()):
+        return None
+    quiet = min(r["quiet_s"] for r in reports.values())
+    waiting = sorted(rank for rank, r in reports.items() if r["waiting"])
+    if quiet < hang_timeout or not waiting:
+        return None
+    stragglers = _stragglers(reports)
+    groups = _groups(reports, stragglers)
+    first = stragglers[0] if stragglers else waiting[0]
+    lines = []
+    for ranks, where in groups:
+        lines.append("  %s: %s" % (_ranks_text(ranks, locate), where))
+    text = ("made no progress: for %ds no collective completed on any rank while %s %s "
+            "(hang_timeout=%ss). Where each rank stands, %s:\n%s"
+            % (quiet, _ranks_text(waiting, None), "waits" if len(waiting) == 1 else "wait",
+               _num(hang_timeout),
+               "the odd one out first" if stragglers else "every rank in the same call",
+               "\n".join(lines)))
+    stale = sorted(r for r, rep in reports.items() if rep["age_s"] > max(10.0, hang_timeout / 2))
+    if stale:
+        text += ("\n(%s: no sample for %ds; it holds Python's lock in native code, or is "
+                 "stopped: the stack shown is its last)" % (
+                     _ranks_text(stale, None), max(reports[r]["age_s"] for r in stale)))
+    for ranks, _ in groups:  # one stack per place, the straggler's first
+        shown = first if first in ranks else ranks[0]
+        stack = reports[shown]["stack"]
+        if not stack:
+            continue
+        if len(ranks) == 1:
+            text += "\nRank %d's stack (most recent call last):\n%s" % (shown, stack)
+        else:
+            text += "\n%s's stack (rank %d's, most recent call last):\n%s" % (
+                _ranks_text(ranks, None).capitalize(), shown, stack)
+    text += ("\nA rank that legitimately works alone this long (saving, evaluating, "
+             "downloading while the others wait in a collective): raise hang_timeout, or set "
+             "it to 0 to turn hang detection off.")
+    return first, text
+
+
+def _stragglers(reports):
+    """The ranks the others wait for: those not in a collective; else the ones behind on
+    collectives; else the ones in another call than most."""
+    not_waiting = sorted(r for r, rep in reports.items() if not rep["waiting"])
+    if not_waiting:
+        return not_waiting
+    counts = {r: rep["seq"] for r, rep in reports.items() if rep["seq"] is not None}
+    if counts and len(set(counts.values())) > 1:
+        lowest = min(counts.values())
+        return sorted(r for r, c in counts.items() if c == lowest)
+    calls = Counter(rep["waiting"] for rep in reports.values())
+    if len(calls) > 1:
+        common = calls.most_common(1)[0][0]
+        return sorted(r for r, rep in reports.items() if rep["waiting"] != common)
+    return []
+
+
+def _groups(reports, stragglers):
+    """[(ranks, where they stand)], the stragglers first, then the others by place."""
+    def place(rep):
+        at = rep["where"] or "no frame of the step's code"
+        if rep["waiting"]:
+            return "%s, called from %s" % (rep["waiting"], at)
+        return "at %s, not in a collective" % at
+
+    by_place = {}
+    for rank in sorted(reports):
+        by_place.setdefault(place(reports[rank]), []).append(rank)
+    groups = sorted(by_place.items(), key=lambda item: (
+        not any(r in stragglers for r in item[1]), item[1][0]))
+    return [(ranks, where) for where, ranks in groups]
+
+
+def _ranks_text(ranks, locate):
+    ranks = list(ranks)
+    word = "rank" if len(ranks) == 1 else "ranks"
+    text = "%s %s" % (word, ", ".join(map(str, ranks)))
+    if locate is not None:
+        nodes = sorted({locate(r)[0] for r in ranks})
+        text += " (node%s %s)" % ("" if len(nodes) == 1 else "s", ", ".join(map(str, nodes)))
+    return text
+
+
+def _num(seconds):
+    return ("%g" % seconds)
