@@ -16,7 +16,7 @@ def local(topology, visible, requested=None, rehearsal=False):
 
 
 def test_enough_gpus_give_each_emulated_node_its_own_block():
-    assert local(Topology(2, 2, gpu_per_rank=True), 4, "@resources(gpu=2)") == (
+    assert local(Topology(2, 2), 4, "@resources(gpu=2)") == (
         "cuda", {0: "0,1", 1: "2,3"})
 
 
@@ -26,7 +26,7 @@ def test_no_gpus_and_none_asked_for_is_a_cpu_gang():
 
 def test_too_few_gpus_for_what_resources_asked_is_an_error():
     with pytest.raises(TorchDistributedEnvironmentError, match="needs 4 GPUs on this machine"):
-        local(Topology(2, 2, gpu_per_rank=True), 1, "@resources(gpu=2)")
+        local(Topology(2, 2), 1, "@resources(gpu=2)")
 
 
 def test_some_gpus_but_fewer_than_ranks_is_an_error_not_a_silent_cpu_gang():
@@ -36,7 +36,7 @@ def test_some_gpus_but_fewer_than_ranks_is_an_error_not_a_silent_cpu_gang():
 
 
 def test_a_cpu_rehearsal_on_a_gpu_machine_hides_the_gpus():
-    assert local(Topology(2, 4, gpu_per_rank=True), 2, "@resources(gpu=4)", rehearsal=True) == (
+    assert local(Topology(2, 4), 2, "@resources(gpu=4)", rehearsal=True) == (
         "cpu", {0: "", 1: ""})
 
 

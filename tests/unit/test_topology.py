@@ -16,62 +16,45 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topolo
 RES8 = "@resources(gpu=8)"
 VIS4 = "4 visible GPUs"
 
-# (id, kwargs of plan_topology, nodes, nproc_per_node, gpu_per_rank)
+# (id, kwargs of plan_topology, nodes, nproc_per_node)
 INFERRED = [
-    ("defaults to one node, one process", {}, 1, 1, False),
-    ("world_size only: every process on one node without GPUs", dict(world_size=4), 1, 4,
-     False),
-    ("world_size=1 without GPUs", dict(world_size=1), 1, 1, False),
+    ("defaults to one node, one process", {}, 1, 1),
+    ("world_size only: every process on one node without GPUs", dict(world_size=4), 1, 4),
+    ("world_size=1 without GPUs", dict(world_size=1), 1, 1),
     ("world_size and nodes: several CPU nodes only when nodes says so",
-     dict(world_size=4, nodes=4), 4, 1, False),
-    ("nodes only", dict(nodes=3), 3, 1, False),
-    ("nproc_per_node only", dict(nproc_per_node=4), 1, 4, False),
+     dict(world_size=4, nodes=4), 4, 1),
+    ("nodes only", dict(nodes=3), 3, 1),
+    ("nproc_per_node only", dict(nproc_per_node=4), 1, 4),
     ("gpus of @resources alone: one node with all of them",
-     dict(gpus=8, gpu_source=RES8), 1, 8, True),
+     dict(gpus=8, gpu_source=RES8), 1, 8),
     ("world_size with @resources(gpu=8): nodes inferred",
-     dict(world_size=16, gpus=8, gpu_source=RES8), 2, 8, True),
-    ("nodes with @resources(gpu=8)", dict(nodes=3, gpus=8, gpu_source=RES8), 3, 8, True),
-    ("visible GPUs alone", dict(gpus=4, gpu_source=VIS4), 1, 4, True),
-    ("world_size with visible GPUs", dict(world_size=8, gpus=4, gpu_source=VIS4), 2, 4, True),
-    ("world_size and nodes", dict(world_size=8, nodes=2), 2, 4, False),
+     dict(world_size=16, gpus=8, gpu_source=RES8), 2, 8),
+    ("nodes with @resources(gpu=8)", dict(nodes=3, gpus=8, gpu_source=RES8), 3, 8),
+    ("visible GPUs alone", dict(gpus=4, gpu_source=VIS4), 1, 4),
+    ("world_size with visible GPUs", dict(world_size=8, gpus=4, gpu_source=VIS4), 2, 4),
+    ("world_size and nodes", dict(world_size=8, nodes=2), 2, 4),
     ("world_size and nodes agreeing with @resources",
-     dict(world_size=16, nodes=2, gpus=8, gpu_source=RES8), 2, 8, True),
+     dict(world_size=16, nodes=2, gpus=8, gpu_source=RES8), 2, 8),
     ("world_size and nodes beat visible GPUs (no request to contradict)",
-     dict(world_size=4, nodes=2, gpus=4, gpu_source=VIS4), 2, 2, True),
-    ("world_size and nproc_per_node", dict(world_size=6, nproc_per_node=3), 2, 3, False),
-    ("nodes and nproc_per_node", dict(nodes=3, nproc_per_node=2), 3, 2, False),
-    ("all three agreeing", dict(world_size=8, nodes=2, nproc_per_node=4), 2, 4, False),
+     dict(world_size=4, nodes=2, gpus=4, gpu_source=VIS4), 2, 2),
+    ("world_size and nproc_per_node", dict(world_size=6, nproc_per_node=3), 2, 3),
+    ("nodes and nproc_per_node", dict(nodes=3, nproc_per_node=2), 3, 2),
+    ("all three agreeing", dict(world_size=8, nodes=2, nproc_per_node=4), 2, 4),
     ("nproc_per_node below the requested GPUs",
-     dict(nproc_per_node=4, gpus=8, gpu_source=RES8), 1, 4, True),
+     dict(nproc_per_node=4, gpus=8, gpu_source=RES8), 1, 4),
     ("nproc_per_node above the visible GPUs is allowed (nothing was requested)",
-     dict(nproc_per_node=8, gpus=4, gpu_source=VIS4), 1, 8, False),
+     dict(nproc_per_node=8, gpus=4, gpu_source=VIS4), 1, 8),
 ]
 
 
-@pytest.mark.parametrize("kwargs,nodes,nproc,gpu_per_rank",
+@pytest.mark.parametrize("kwargs,nodes,nproc",
                          [row[1:] for row in INFERRED], ids=[row[0] for row in INFERRED])
-def test_inference(kwargs, nodes, nproc, gpu_per_rank):
+def test_inference(kwargs, nodes, nproc):
     topo = plan_topology(**kwargs)
-    assert (topo.nodes, topo.nproc_per_node, topo.gpu_per_rank) == (nodes, nproc, gpu_per_rank)
+    assert (topo.nodes, topo.nproc_per_node) == (nodes, nproc)
     assert topo.world_size == nodes * nproc
     if "world_size" in kwargs:
         assert topo.world_size == kwargs["world_size"]
-
-
-@pytest.mark.parametrize("kwargs,source", [
-    (dict(world_size=16, gpus=8, gpu_source=RES8), RES8),
-    (dict(gpus=4, gpu_source=VIS4), VIS4),
-    (dict(gpus=2), "2 GPUs"),
-    (dict(nproc_per_node=3), "nproc_per_node=3"),
-    (dict(world_size=8, nodes=2), "world_size=8 / nodes=2"),
-    (dict(world_size=4), "world_size=4 on one node (no GPUs requested or visible)"),
-])
-def test_source_names_where_processes_per_node_came_from(kwargs, source):
-    assert plan_topology(**kwargs).source == source
-
-
-def test_default_source_says_why():
-    assert "default" in plan_topology().source
 
 
 # (id, kwargs, fragments every one of which the message must contain)
@@ -182,7 +165,23 @@ def test_requested_gpus_from_step_decorators(decos, expected):
 def test_requested_gpus_feed_plan_topology():
     gpus, source = requested_gpus([_Deco("resources", gpu=8)])
     topo = plan_topology(world_size=16, gpus=gpus, gpu_source=source)
-    assert (topo.nodes, topo.nproc_per_node, topo.source) == (2, 8, "@resources(gpu=8)")
+    assert (topo.nodes, topo.nproc_per_node) == (2, 8)
+    with pytest.raises(ValueError, match=r"\(from @resources\(gpu=8\)\)"):
+        plan_topology(world_size=12, gpus=gpus, gpu_source=source)
+
+
+@pytest.mark.parametrize("kwargs,named", [
+    (dict(world_size=12, gpus=8, gpu_source=RES8), "8 processes per node (from %s)" % RES8),
+    (dict(world_size=6, gpus=4, gpu_source=VIS4), "4 processes per node (from %s)" % VIS4),
+    (dict(world_size=6, gpus=4), "4 processes per node (from 4 GPUs)"),
+    (dict(world_size=5, nproc_per_node=2), "2 processes per node (from nproc_per_node=2)"),
+    (dict(world_size=8, nodes=3, nproc_per_node=2),
+     "nodes=3 x 2 processes per node (from nproc_per_node=2) = 6, not world_size=8"),
+])
+def test_a_shape_that_does_not_add_up_names_where_processes_per_node_came_from(kwargs, named):
+    with pytest.raises(ValueError) as info:
+        plan_topology(**kwargs)
+    assert named in str(info.value)
 
 
 def test_visible_gpu_ids_from_proc_and_cuda_visible_devices(tmp_path):

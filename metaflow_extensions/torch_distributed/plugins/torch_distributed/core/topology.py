@@ -12,10 +12,6 @@ from dataclasses import dataclass
 class Topology:
     nodes: int
     nproc_per_node: int
-    # Where nproc_per_node came from, for messages: "nproc_per_node=4", "@resources(gpu=8)", ...
-    source: str = "default"
-    # True when processes per node were derived from GPUs: each rank then owns one GPU.
-    gpu_per_rank: bool = False
 
     @property
     def world_size(self):
@@ -93,7 +89,7 @@ def plan_topology(world_size=None, nodes=None, nproc_per_node=None, gpus=None, g
     nodes = _check_count("nodes", nodes)
     nproc_per_node = _check_count("nproc_per_node", nproc_per_node)
 
-    gpu_per_rank = False
+    # where nproc_per_node came from, for the messages below
     if nproc_per_node is not None:
         source = "nproc_per_node=%d" % nproc_per_node
         if gpus and nproc_per_node > gpus and gpu_source and gpu_source.startswith("@"):
@@ -102,7 +98,6 @@ def plan_topology(world_size=None, nodes=None, nproc_per_node=None, gpus=None, g
                 "ranks would share GPUs. Set nproc_per_node=%d or ask for more GPUs."
                 % (nproc_per_node, gpus, gpu_source, gpus)
             )
-        gpu_per_rank = bool(gpus) and nproc_per_node <= gpus
     elif nodes is not None and world_size is not None:
         if world_size % nodes:
             raise ValueError(
@@ -118,11 +113,9 @@ def plan_topology(world_size=None, nodes=None, nproc_per_node=None, gpus=None, g
                 "GPUs. Drop nodes (it is inferred), or make world_size = nodes x %d = %d."
                 % (world_size, nodes, nproc_per_node, gpu_source, gpus, gpus, nodes * gpus)
             )
-        gpu_per_rank = bool(gpus) and nproc_per_node <= gpus
     elif gpus:
         nproc_per_node = gpus
         source = gpu_source or "%d GPUs" % gpus
-        gpu_per_rank = True
     elif world_size is not None and nodes is None:
         # No GPUs to spread over machines: a user who asks for N processes means N processes
         # on this node, not N emulated nodes. Several nodes only when `nodes` says so.
@@ -153,4 +146,4 @@ def plan_topology(world_size=None, nodes=None, nproc_per_node=None, gpus=None, g
             "Give any two of world_size, nodes and nproc_per_node that agree, or just one."
             % (nodes, nproc_per_node, source, nodes * nproc_per_node, world_size)
         )
-    return Topology(nodes, nproc_per_node, source, gpu_per_rank)
+    return Topology(nodes, nproc_per_node)

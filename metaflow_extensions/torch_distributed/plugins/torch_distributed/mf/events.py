@@ -247,21 +247,6 @@ class TailKeeper:
             write_json(self.path, self.as_dict())
 
 
-class Tee:
-    """A pump sink passing every write to each of `sinks`."""
-
-    def __init__(self, *sinks):
-        self.sinks = sinks
-
-    def __call__(self, target_fd, data):
-        for sink in self.sinks:
-            sink(target_fd, data)
-
-    def close(self):
-        for sink in self.sinks:
-            sink.close()
-
-
 class GangRecorder:
     """Node 0's view of a gang attempt, put together when the gang has ended."""
 

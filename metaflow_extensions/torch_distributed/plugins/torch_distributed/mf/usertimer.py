@@ -83,10 +83,6 @@ class WhenAll:
         self._action()
         return True
 
-    @property
-    def done(self):
-        return self._done
-
 
 def disarm():
     """Stop this process's ITIMER_REAL for good (a gang member: rank 0's timeout governs)."""
