@@ -96,3 +96,33 @@ def test_a_hung_rank_is_named_when_a_peers_timeout_closed_another_peers_connecti
     assert watch.phase is Phase.FAILED
     hung = [f for f in watch.failures if f.kind == "hung"]
     assert [(f.rank, f.node) for f in hung] == [(2, 1)], watch.failures
+
+
+class _Broken(FakeMember):
+    """A member whose poll raises `error`: what the watch's thread meets."""
+
+    def __init__(self, error):
+        super().__init__()
+        self.error = error
+
+    def poll(self):
+        raise self.error
+
+
+@pytest.mark.parametrize("error, says", [
+    (TypeError("%d format: a real number is required, not NoneType"),
+     "stopped watching the gang on an error of the package's own (please report it with this "
+     "traceback): TypeError: %d format"),
+    (ConnectionResetError("connection reset by peer"),
+     "lost the gang's control plane: connection reset by peer"),
+])
+def test_a_bug_of_the_watch_is_not_reported_as_a_lost_control_plane(error, says):
+    """CI once reported 'lost the gang's control plane: %d format: ...': a TypeError of the
+    package's own, reported as the network's, without a trace of where it came from."""
+    watch = LeaderWatch([Slot(_Broken(error), 0, 1, 1)], None, Topology(1, 2)).start()
+    assert watch.wait(10)
+    [failure] = watch.failures
+    assert failure.message.startswith(says), failure.message
+    if isinstance(error, TypeError):
+        assert "Traceback (most recent call last)" in failure.message
+        assert "in poll" in failure.message  # the frame that raised

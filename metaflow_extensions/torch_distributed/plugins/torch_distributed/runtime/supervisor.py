@@ -25,6 +25,7 @@ import re
 import signal
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Optional
 
@@ -77,6 +78,10 @@ class Place:
 
 class GangAborted(Exception):
     """Node 0 aborted the gang (seen by a node agent)."""
+
+
+# Errors of the watch's own code, not of the store or the network it talks to.
+_INTERNAL_ERRORS = (TypeError, AttributeError, NameError, AssertionError)
 
 
 class Watch:
@@ -193,6 +198,11 @@ class Watch:
         except GangAborted:
             self._fail(F.Failure(None, -1, "aborted", time.time(), message="gang aborted by node 0"),
                        phase=Phase.ABORTED)
+        except _INTERNAL_ERRORS as ex:  # a bug of ours: never reported as the network's
+            self._fail(F.Failure(None, -1, "control", time.time(), message=(
+                "stopped watching the gang on an error of the package's own (please report it "
+                "with this traceback): %s: %s\n%s" % (type(ex).__name__, ex,
+                                                       traceback.format_exc().rstrip()))))
         except Exception as ex:  # the store is gone: node 0 died or the network broke
             self._fail(F.Failure(None, -1, "control", time.time(),
                                  message="lost the gang's control plane: %s" % ex))
