@@ -51,6 +51,17 @@ def test_the_stack_shown_starts_at_the_steps_code():
                                   '  File "%s", line 2800, in all_reduce' % C10D]
 
 
+def test_a_frame_with_no_line_number_is_shown_not_a_crash_of_the_watch():
+    """Python 3.11+ gives a frame between two lines f_lineno None; a probe sampled one and the
+    watch's thread, formatting it, raised "%d format: a real number is required, not NoneType"
+    (CI: a Lightning gang failed as 'lost the gang's control plane')."""
+    stack = frames((FLOW, None, "train"), (C10D, 2800, "all_reduce"))
+    assert stacks.user_frame(stack) == "flow.py:? in train"
+    assert stacks.format_stack(stack).splitlines()[0] == '  File "%s", line ?, in train' % FLOW
+    sample = {"seq": 3, "at": time.time(), "stack": stack}
+    assert stacks.report_of(sample, 1.0)["where"] == "flow.py:? in train"
+
+
 def report(quiet, waiting=None, seq=10, where="flow.py:54 in train", done=False, age=0.1):
     return {"quiet_s": quiet, "seq": seq, "waiting": waiting, "where": where,
             "stack": '  File "%s", line 1, in x' % FLOW, "age_s": age, "done": done}

@@ -317,8 +317,14 @@ def user_frame(frames):
             continue
         if os.sep + "threading.py" in filename:
             continue
-        return "%s:%d in %s" % (os.path.basename(filename), line, name)
+        return "%s:%s in %s" % (os.path.basename(filename), _line(line), name)
     return None
+
+
+def _line(line):
+    """A frame's line number as text: a frame between two lines (Python 3.11+ sets f_lineno to
+    None on instructions that belong to no line) has none, shown as `?`."""
+    return "?" if line is None else "%d" % line
 
 
 def format_stack(frames):
@@ -337,7 +343,8 @@ def format_stack(frames):
             break
         in_runner = in_runner or runner
     shown = outermost_first[start:]
-    return "\n".join('  File "%s", line %d, in %s' % (f, line, name) for f, line, name in shown)
+    return "\n".join('  File "%s", line %s, in %s' % (f, _line(line), name)
+                     for f, line, name in shown)
 
 
 # -- on node 0: the verdict ------------------------------------------------------------------------
