@@ -10,6 +10,10 @@ import subprocess
 
 import pytest
 
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
+    TorchDistributedCompileError,
+)
+
 import metaflow  # noqa: F401  (loads the extension)
 from metaflow.plugins.aws.batch.batch import Batch
 from metaflow.plugins.aws.batch.batch_client import BatchJob
@@ -151,7 +155,8 @@ def test_any_namespace_and_option_reach_the_agent_unchanged_through_metaflows_ba
 
 def test_agent_command_refuses_an_unexpected_task_id():
     identity = TaskIdentity(**{**IDENTITY.__dict__, "task_id": "7; rm -rf /"})
-    with pytest.raises(ValueError):
+    with pytest.raises(TorchDistributedCompileError, match=r"step \*train\*: the task id '7; rm -rf /' "
+                       r"is not one Metaflow makes.*pip install 'metaflow>=2\.19\.0,<2\.20'"):
         trampoline.agent_shell_command("python", [], "train", identity, [], batch.AGENT_TASK_ID)
 
 

@@ -16,6 +16,10 @@ import types
 
 import pytest
 
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
+    TorchDistributedCompileError,
+)
+
 import metaflow
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import (
     internals,
@@ -631,11 +635,12 @@ def test_argo_workflows_task_id_export():
     command = ("mkdir -p $PWD/.logs && export INPUT_PATHS=x && export METAFLOW_TASK_ID="
                "(t-$(echo train-{{workflow.creationTimestamp}}-$(echo $INPUT_PATHS)- | md5sum | "
                "cut -d ' ' -f 1 | tail -c 9)) && export MF_PATHSPEC=F/r/train/$METAFLOW_TASK_ID")
-    assert internals.argo_with_task_id(command, "${ID}") == (
+    assert internals.argo_with_task_id(command, "${ID}", "train") == (
         "mkdir -p $PWD/.logs && export INPUT_PATHS=x && export METAFLOW_TASK_ID=${ID} && "
         "export MF_PATHSPEC=F/r/train/$METAFLOW_TASK_ID")
-    with pytest.raises(ValueError):
-        internals.argo_with_task_id("export METAFLOW_TASK_ID=t-1", "${ID}")
+    with pytest.raises(TorchDistributedCompileError, match=r"step \*train\*: .* exports its task id 0 "
+                       "times, not once"):
+        internals.argo_with_task_id("export METAFLOW_TASK_ID=t-1", "${ID}", "train")
 
 
 # -- the installed release -----------------------------------------------------------------------

@@ -7,6 +7,10 @@ import subprocess
 
 import pytest
 
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
+    TorchDistributedCompileError,
+)
+
 import metaflow  # noqa: F401  (loads the extension)
 from metaflow.plugins.aws.batch.batch import Batch
 from metaflow.plugins.aws.batch.batch_client import BatchJob
@@ -50,7 +54,8 @@ def test_agent_words_golden():
     "python flow.py dump x",
 ])
 def test_agent_words_refuse_what_is_not_the_steps_single_command(step_cli):
-    with pytest.raises(ValueError):
+    with pytest.raises(TorchDistributedCompileError, match=r"step \*train\*: the step's Step "
+                       "Functions command"):
         stepfunctions.agent_words(step_cli, "train", "s3@s3://bucket/mf")
 
 

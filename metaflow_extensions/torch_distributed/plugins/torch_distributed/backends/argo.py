@@ -33,6 +33,7 @@ from ..backends import kubernetes, trampoline
 from ..runtime import preempt
 from ..core.errors import TorchDistributedConfigError
 from ..mf.spinstep import nested_word, spin_env_additions
+from ..mf.versions import compile_error
 
 # The JobSet's label that carries the gang's task id: the template's `task-id` output.
 TASK_ID_LABEL = "torch_distributed_task_id"
@@ -297,7 +298,8 @@ def compile_gang(workflow, step_name, nodes, control_command_of, agent_command, 
         workflow["spec"].get("podMetadata"), preempt_grace_s)
     templates[at] = gang_template(template, manifest)
     if not pass_attempt(templates, name, bool(template.get("retryStrategy"))):
-        raise ValueError("no DAG task runs the template %r" % name)
+        raise compile_error(step_name, "no task of the workflow's DAG runs the step's "
+                            "template %r" % name)
 
 
 # -- the compiler (through internals.py) -------------------------------------------------------
@@ -324,7 +326,8 @@ def install(step_name, graph, nodes, spec_fields, decorator_name):
             {}, trampoline.compiled_agent_spec(spec_fields, "kubernetes"), decorator_name)
 
         def control_command_of(command):
-            return ["bash", "-c", internals.argo_with_task_id(command, "${%s}" % TASK_ID_ENV)]
+            return ["bash", "-c", internals.argo_with_task_id(command, "${%s}" % TASK_ID_ENV,
+                                                                   step_name)]
 
         compile_gang(workflow, step_name, nodes, control_command_of, agent_command, agent_env,
                      spec_fields["preempt_grace_s"])

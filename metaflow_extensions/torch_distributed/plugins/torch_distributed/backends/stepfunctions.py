@@ -20,6 +20,7 @@ from ..backends import batch, trampoline
 from ..mf import internals
 from ..core.errors import TorchDistributedConfigError
 from ..mf.spinstep import nested_word, spin_env_additions
+from ..mf.versions import compile_error
 
 # Runs the command after it with AWS_BATCH_JOB_ID stripped of its `#<node index>` suffix.
 BARE_JOB_ID = ["bash", "-c", 'export AWS_BATCH_JOB_ID="${AWS_BATCH_JOB_ID%%#*}"; exec "$@"',
@@ -51,10 +52,12 @@ def agent_words(step_cli, step_name, orig_datastore):
     they are kept as they are."""
     words = step_cli.split()
     if "&&" in words or "step" not in words:
-        raise ValueError("not a single step command: %r" % step_cli)
+        raise compile_error(step_name, "the step's Step Functions command is not a single "
+                            "`step` command: %r" % step_cli)
     at = words.index("step")
     if words[at + 1] != step_name:
-        raise ValueError("not the step command of %s: %r" % (step_name, step_cli))
+        raise compile_error(step_name, "the step's Step Functions command runs another step: "
+                            "%r" % step_cli)
     options = words[at + 2:]
     spin = [step_name, "--task-id", AGENT_TASK_ID]
     for name in _SPIN_OPTIONS:

@@ -12,6 +12,7 @@ from ..core import naming
 from ..core.errors import TorchDistributedEnvironmentError
 from ..core.gangspec import GangSpec, TaskIdentity
 from ..mf.spinstep import nested_word, spin_step_options
+from ..mf.versions import compile_error
 
 _INPUT_PATHS_VAR = re.compile(r"^METAFLOW_INPUT_PATHS_(\d+)$")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -24,7 +25,8 @@ def agent_shell_command(entrypoint, top_args, step_name, identity, input_path_va
     a shell expansion on the node), reading the task's inputs from the same
     METAFLOW_INPUT_PATHS_<i> variables the task's own command reads."""
     if not _SAFE_ID.match(identity.task_id):
-        raise ValueError("unexpected task id %r" % identity.task_id)
+        raise compile_error(step_name, "the task id %r is not one Metaflow makes (letters, "
+                            "digits, '-', '_' and '.')" % identity.task_id)
     inputs = "".join("${%s}" % name for name in input_path_vars)
     hidden = hidden_pattern % identity.task_id
     words = spin_step_options(step_name, replace(identity, input_paths=inputs), hidden)

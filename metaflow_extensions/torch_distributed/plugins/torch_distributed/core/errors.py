@@ -23,6 +23,13 @@ class TorchDistributedEnvironmentError(TorchDistributedException):
     headline = "@torch_distributed cannot run here"
 
 
+class TorchDistributedCompileError(TorchDistributedException):
+    """What Metaflow built for the step (its command, job or workflow) is not what this release
+    knows how to turn into a gang: Metaflow's internals moved (mf/versions.compile_error)."""
+
+    headline = "@torch_distributed cannot compile this step"
+
+
 class TorchDistributedGangFailed(TorchDistributedException):
     """A rank of the gang failed; the whole gang was stopped. `outcome` (a GangOutcome) says
     who failed on their own, who was stopped and who had finished; `failure` is the root cause."""

@@ -566,15 +566,17 @@ _ARGO_TASK_ID_EXPORT = re.compile(
     r"export METAFLOW_TASK_ID=\(t-\$\(echo [^|]* \| md5sum \| cut -d ' ' -f 1 \| tail -c 9\)\)")
 
 
-def argo_with_task_id(command, task_id):
+def argo_with_task_id(command, task_id, step_name):
     """A step container's shell command (the text `bash -c` runs) with its task id set to
     `task_id` (shell text) instead of the one it computes. Why: the container derives its
     task id in the shell (an md5 Argo cannot compute), and tells the next step through a file
     only a container template's outputs can read; a JobSet's task id must be one Argo knows."""
     found = _ARGO_TASK_ID_EXPORT.findall(command)
     if len(found) != 1:
-        raise ValueError("expected one task id export in the step's command, found %d"
-                         % len(found))
+        from ..mf.versions import compile_error  # versions imports this module
+
+        raise compile_error(step_name, "Argo's container command of the step exports its task "
+                            "id %d times, not once" % len(found))
     return _ARGO_TASK_ID_EXPORT.sub(lambda _: "export METAFLOW_TASK_ID=%s" % task_id, command)
 
 

@@ -7,7 +7,7 @@ The package does not depend on a Metaflow distribution (setup.py): Metaflow come
 changes), and this check, not pip, keeps the version in range."""
 
 from ..mf import internals
-from ..core.errors import TorchDistributedEnvironmentError
+from ..core.errors import TorchDistributedCompileError, TorchDistributedEnvironmentError
 
 # Keep in step with the `metaflow` extra in setup.py. Metaflow 2.18 has no spin-step.
 TESTED_METAFLOW = ((2, 19, 0), (2, 20, 0))
@@ -50,3 +50,13 @@ def check_metaflow_version(step_name):
             "with Metaflow %s, as metaflow or ob-metaflow (it relies on Metaflow internals "
             "that change between releases). Install a tested version: pip install '%s%s'." % (
                 name, found, tested_range(), name, tested_range()))
+
+
+def compile_error(step_name, found):
+    """The error for a step whose Metaflow-built command, job or workflow is not the shape this
+    release knows (`found` says what was not): Metaflow's internals moved."""
+    return TorchDistributedCompileError(
+        step_name, "%s. Metaflow built the step in a way this release of "
+        "metaflow-torch-distributed does not know how to make a gang of: its internals differ "
+        "from the tested Metaflow %s. Install a tested version (pip install 'metaflow%s'); if "
+        "yours is in that range, report this message." % (found, tested_range(), tested_range()))
