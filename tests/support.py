@@ -75,7 +75,8 @@ class FlowRunner:
 
     def failed_at(self):
         mark = self.marks / "failed-at"
-        return float(mark.read_text()) if mark.exists() else None
+        text = mark.read_text().strip() if mark.exists() else ""
+        return float(text) if text else None  # an empty file: the rank is writing it
 
     def client(self, code, env=None):
         """Evaluate `code` with Metaflow's client in a fresh interpreter pointed at this test's
