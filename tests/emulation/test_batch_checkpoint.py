@@ -45,12 +45,14 @@ def test_terminate_job_preempts_every_node_and_the_retry_resumes_from_the_save_i
     the gang's forwarder in front of it passes it to each node's supervisor, so every rank
     hears it; rank 1 (node 1) through its own handler. Rank 0 saves in the grace, and the retry,
     a new multi-node job, loads that on both nodes. The nodes' stop timeout is ECS's default,
-    30 s, over the gang's preempt_grace of 20 s."""
+    30 s, over the gang's preempt_grace of 10 s: after the grace, node 0 still has to stop the
+    ranks and Metaflow to record the attempt (with a grace of 20 s, the 10 s left were not enough
+    on two loaded cores: the container was killed before the attempt was recorded)."""
     gang = CheckpointRun(aws, start_emulator(stop_grace_s=30), tmp_path,
                          "remote_checkpoint_flow.py")
     outcome = {}
     runner = threading.Thread(target=lambda: outcome.update(res=gang.run(
-        timeout_s=300, TD_LAUNCH_DIR=gang.workdir, TD_PREEMPT=1, TD_PREEMPT_GRACE=20)))
+        timeout_s=300, TD_LAUNCH_DIR=gang.workdir, TD_PREEMPT=1, TD_PREEMPT_GRACE=10)))
     runner.start()
     wait_for(lambda: all((gang.workdir / ("training-%d" % r)).exists() for r in (0, 1)), 180,
              "both ranks training")
@@ -75,3 +77,4 @@ def test_terminate_job_preempts_every_node_and_the_retry_resumes_from_the_save_i
     found = {p["found"] for p in loaded}
     assert len(found) == 1 and all(p["is_loaded"] for p in loaded), loaded
     assert re.fullmatch(r"saved by rank 0 at step \d+, preempted", found.pop()), loaded
+
