@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 
 from tests.emulation.probes import wait_for
@@ -43,9 +44,10 @@ def _sigterm_mid_run(flow_runner, flow, ready, pid_of, timeout, env=None):
 
 
 def _training(flow_runner):
-    """Each rank's training-<rank> mark holds its pid: rank 0's (the task's) once all are."""
+    """Each rank's training-<rank> mark holds its pid: the task's, rank 0's parent (the task
+    forks rank 0 as every rank of node 0), once all are."""
     marks = [flow_runner.marks / ("training-%d" % r) for r in RANKS]
-    return all(m.exists() for m in marks) and int(marks[0].read_text())
+    return all(m.exists() for m in marks) and psutil.Process(int(marks[0].read_text())).ppid()
 
 
 @pytest.mark.parametrize("target, node", [("task", 0), ("agent", 1)])
@@ -53,8 +55,8 @@ def test_a_sigterm_reaches_every_rank_which_saves_and_the_retry_resumes(flow_run
                                                                        node):
     code, output, sent = _sigterm_mid_run(
         flow_runner, "preempt_flow.py", lambda: _running(flow_runner.marks, 0),
-        # the task, or node 1's agent
-        lambda running: running[0]["pid"] if target == "task" else running[2]["ppid"], 180)
+        # the task (rank 0's parent), or node 1's agent (rank 2's)
+        lambda running: running[0]["ppid"] if target == "task" else running[2]["ppid"], 180)
     assert code == 0, output[-6000:]  # the retry succeeded
     saved = [json.loads((flow_runner.marks / ("checkpoint-%d.json" % r)).read_text())
              for r in RANKS]
@@ -83,7 +85,7 @@ def test_a_preemption_after_rank_0_left_its_body_still_reaches_the_others(flow_r
         wait_for(lambda: (flow_runner.marks / "rank0-left").exists(), 60, "rank 0 to leave")
         time.sleep(0.5)
         sent = time.time()
-        os.kill(running[0]["pid"], signal.SIGTERM)
+        os.kill(running[0]["ppid"], signal.SIGTERM)  # the task, rank 0's parent
         out, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:

@@ -73,7 +73,7 @@ def test_ctrl_c_leaves_no_process(flow_runner):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
     output = out + err
-    assert "rank 0 (node 0, local rank 0), the Metaflow task process (pid " in output, output
+    assert "the Metaflow task process of node 0 (pid " in output, output
     assert "was ended by Metaflow: the run was interrupted (a SIGINT to its process), and " \
            "Metaflow kills the tasks still running 5 s later." in output, output
     assert "died without a word" not in output and "OOM killer" not in output, output

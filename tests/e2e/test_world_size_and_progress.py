@@ -35,8 +35,8 @@ def test_world_size_alone_without_gpus_is_one_node(gang):
     places = got["places"]
     assert [(p["node_rank"], p["local_rank"]) for p in places] == [(0, 0), (0, 1)]
     assert {(p["num_nodes"], p["local_world_size"]) for p in places} == {(1, WORLD)}
-    # rank 1 is a process of the task itself (forked by it), not of a node agent
-    assert places[1]["parent"] == places[0]["pid"]
+    # rank 1 is a process of the task itself (forked by it, as rank 0), not of a node agent
+    assert places[1]["parent"] == places[0]["parent"]  # both forked by the task
     assert got["total"] == WORLD
 
 

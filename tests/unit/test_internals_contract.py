@@ -9,6 +9,8 @@ metaflow, pytest and psutil (tests/conftest.py): no torch, no AWS. Where ob-meta
 what we rely on, a test below says so (test_where_ob_metaflow_differs_...).
 """
 
+import copy
+import glob
 import inspect
 import json
 import os
@@ -321,6 +323,128 @@ def test_task_datastore_persist_walks_the_flow():
     flow.x, flow._private = 1, 2
     internals.drop_artifacts(flow, internals.artifact_names(flow) - before)
     assert vars(flow) == {"kept": 1, "_private": 2}
+
+
+# -- rank 0's hand-back (mf/handback.py) -------------------------------------------------------
+
+def _next_flow():
+    from metaflow import FlowSpec, step
+
+    class NextFlow(FlowSpec):
+        @step
+        def start(self):
+            self.items = [1, 2, 3]
+            self.next(self.each, foreach="items")
+
+        @step
+        def each(self):
+            self.next(self.join)
+
+        @step
+        def join(self, inputs):
+            self.next(self.end)
+
+        @step
+        def end(self):
+            pass
+
+    return NextFlow(use_cli=False)
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["linear", "foreach"])
+def test_flowspec_next_sets_only_the_next_state(foreach):
+    """What self.next() leaves on the flow, read by Metaflow after the step, is all in
+    NEXT_STATE (rank 0's process hands those back by value)."""
+    flow = _next_flow()
+    flow._current_step = "start" if foreach else "each"
+    if foreach:
+        flow.items = [1, 2, 3]
+    before = internals.flow_attributes(flow)
+    if foreach:
+        flow.next(flow.each, foreach="items")
+    else:
+        flow.next(flow.join)
+    now = internals.flow_attributes(flow)
+    changed = {k for k, v in now.items() if k not in before or before[k] is not v}
+    require(changed <= set(internals.NEXT_STATE) and "_transition" in changed,
+            "FlowSpec.next", "it sets only %s; it set %s" % (internals.NEXT_STATE,
+                                                            sorted(changed)))
+    if foreach:
+        assert now["_foreach_num_splits"] == 3 and now["_foreach_var"] == "items"
+
+
+class _Flow:
+    """What TaskDataStore.persist reads of a flow: its attributes, _datastore, _EPHEMERAL."""
+    _EPHEMERAL = set()
+
+    def __init__(self, **attributes):
+        self._datastore = None
+        vars(self).update(attributes)
+
+
+def test_artifacts_persisted_by_one_process_are_adopted_by_the_tasks_own_save(tmp_path):
+    """Rank 0's process saves the body's artifacts into its copy of the task's datastore; the
+    task's own persist (another object of the same attempt) ends with their keys, without
+    writing their blobs again, and the attempt's artifacts read back are the body's."""
+    root = str(tmp_path / ".metaflow")
+    store = internals.flow_datastore_at("GangFlow", "local@" + root)
+    where = ("5", "train", "7")
+    tasks = store.get_task_datastore(*where, attempt=0, mode="w")
+    tasks.init_task()
+    rank0s = copy.deepcopy(tasks)  # a fork's copy of the task's object
+
+    def blobs():
+        return {p for p in glob.glob(os.path.join(root, "GangFlow", "data", "*", "*"))
+                if not p.endswith("_meta")}
+
+    keys = internals.persist_artifacts(rank0s, _Flow(big=b"x" * 100000, changed="rank 0's",
+                                                       _mine=7))
+    written = blobs()
+    internals.adopt_artifacts(tasks, {k: keys[k] for k in ("big", "changed", "_mine")})
+    tasks.persist(_Flow(changed="stale", _task_ok=True))
+    tasks.done()
+    new = blobs() - written
+    done = store.get_task_datastore(*where, attempt=0, mode="r")
+    assert done["big"] == b"x" * 100000 and done["changed"] == "rank 0's" and done["_mine"] == 7
+    assert done["_task_ok"] is True  # the task's own, not rank 0's
+    # the task wrote only its own attributes ("stale", _task_ok), never `big` again
+    assert len(new) == 2 and not any(p.endswith(keys["big"][0]) for p in new), new
+
+
+def test_card_components_reach_another_collector_rendered():
+    """A card's components, rendered in rank 0's process (card_state), are what the task's
+    collector serializes for @card's final render (restore_card_state)."""
+    from metaflow import current
+    from metaflow.cards import Markdown
+    from metaflow.plugins.cards.component_serializer import CardComponentCollector
+
+    class Creator:  # what refresh() asks to render a runtime card: nothing here
+        def create(self, **options):
+            pass
+
+    def collector():
+        c = CardComponentCollector(card_creator=Creator())
+        c._add_card("blank", None, {"type": "blank"}, {}, editable=True, customize=True)
+        c._finalize()
+        return c
+
+    rank0s, tasks = collector(), collector()
+    [uuid] = list(rank0s._card_component_store)
+    tasks._card_component_store = {uuid: tasks._card_component_store.popitem()[1]}
+    rank0s.append(Markdown("# loss 0.1"))
+    rank0s.refresh({"step": 35})
+    saved_current = getattr(current, "card", None)
+    try:
+        internals.set_current("card", rank0s)
+        state = internals.card_state()
+        internals.set_current("card", tasks)
+        internals.restore_card_state(state)
+    finally:
+        internals.set_current("card", saved_current)
+    require(tasks._serialize_components(uuid) == rank0s._serialize_components(uuid),
+            "CardComponentCollector._serialize_components", "it renders a card's components")
+    assert "loss 0.1" in json.dumps(tasks._serialize_components(uuid))
+    assert tasks._get_latest_data(uuid, final=True, mode="render")["user"] == {"step": 35}
 
 
 # -- @card -------------------------------------------------------------------------------------
@@ -866,6 +990,11 @@ CONTRACTS = {
     "load_attempt_file": "test_an_attempt_file_round_trips_through_a_real_datastore",
     "artifact_names": "test_task_datastore_persist_walks_the_flow",
     "drop_artifacts": "test_task_datastore_persist_walks_the_flow",
+    "flow_attributes": "test_flowspec_next_sets_only_the_next_state",
+    "persist_artifacts": "test_artifacts_persisted_by_one_process_are_adopted_by_the_tasks_own_save",
+    "adopt_artifacts": "test_artifacts_persisted_by_one_process_are_adopted_by_the_tasks_own_save",
+    "card_state": "test_card_components_reach_another_collector_rendered",
+    "restore_card_state": "test_card_components_reach_another_collector_rendered",
     "render_failed_card": "test_card_decorator_private_attributes",
     "card_base": "test_card_types_of_extensions_and_their_base",
     "add_card": "test_card_decorator_counts_the_cards_of_a_step_once",

@@ -37,7 +37,7 @@ def leader(monkeypatch):
 
 def test_a_gang_that_failed_before_rank_0s_body_began_never_runs_it(leader, monkeypatch):
     ran = []
-    monkeypatch.setattr(gang, "run_rank_body", lambda *a: ran.append(a))
+    monkeypatch.setattr(gang, "run_rank_body", lambda *a, **k: ran.append(a))
     watch = Watch()
 
     def the_watch_fails_meanwhile():
@@ -54,7 +54,7 @@ def test_a_gang_that_failed_before_rank_0s_body_began_never_runs_it(leader, monk
 
 def test_rank_0s_body_runs_when_the_gang_stands(leader, monkeypatch):
     ran = []
-    monkeypatch.setattr(gang, "run_rank_body", lambda *a: ran.append(a))
+    monkeypatch.setattr(gang, "run_rank_body", lambda *a, **k: ran.append(a))
     attempt = attempt_of(Watch())
     leader._run_rank0(attempt, "body", (), None)
     assert len(ran) == 1 and attempt.body_finished and attempt.rank0_exception is None

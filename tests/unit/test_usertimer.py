@@ -1,11 +1,15 @@
 """PausedTimer and WhenAll: the gang's start-up is taken out of @timeout's clock
 (signal.alarm), which resumes once rank 0's body started and the gang is assembled."""
 
+import os
 import signal
 import threading
 import time
 
+import pytest
+
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.usertimer import (
+    AlarmForwarder,
     PausedTimer,
     WhenAll,
     disarm,
@@ -121,3 +125,83 @@ def test_a_member_disarms_its_own_step_timeout_for_good():
         time.sleep(0.3)
         assert not fired and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     _with_alarm(test)
+
+
+# -- AlarmForwarder: @timeout's alarm is rank 0's body's, in its own process ---------------------
+
+class Timeout(Exception):
+    """What Metaflow's @timeout handler raises (its TimeoutException), here the test's own."""
+
+
+def _raise_timeout(signum, frame):
+    raise Timeout()
+
+
+def _fork_rank0(ignore_alarm=False):
+    """A child that inherits the timeout handler, as rank 0 does: exit 7 if the alarm raised
+    in it, 0 if it slept 5 s undisturbed."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            if ignore_alarm:  # a body in native code: no Python handler runs
+                signal.signal(signal.SIGALRM, signal.SIG_IGN)
+            time.sleep(5)
+        except Timeout:
+            code = 7
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _wait(pid):
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.fixture
+def timeout_handler():
+    old = signal.signal(signal.SIGALRM, _raise_timeout)
+    yield
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def test_the_alarm_raises_in_rank_0s_process_not_in_the_task(timeout_handler):
+    pid = _fork_rank0()
+    with AlarmForwarder(lambda: pid, backstop=10):
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        code = _wait(pid)  # the task is not interrupted: the alarm went to rank 0
+    assert code == 7
+    assert signal.getsignal(signal.SIGALRM) is _raise_timeout  # given back
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0  # no backstop left armed
+
+
+def test_a_rank_0_that_does_not_stop_is_stopped_from_the_task_after_the_backstop(
+        timeout_handler):
+    pid = _fork_rank0(ignore_alarm=True)
+    start = time.monotonic()
+    try:
+        with pytest.raises(Timeout):
+            with AlarmForwarder(lambda: pid, backstop=0.3):
+                signal.setitimer(signal.ITIMER_REAL, 0.1)
+                time.sleep(5)
+        assert 0.35 <= time.monotonic() - start < 4
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        _wait(pid)
+
+
+def test_after_rank_0_ended_the_alarm_is_the_tasks_own(timeout_handler):
+    with pytest.raises(Timeout):
+        with AlarmForwarder(lambda: None, backstop=10):
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            time.sleep(5)
+
+
+def test_without_a_timeout_handler_nothing_is_installed():
+    old = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    try:
+        with AlarmForwarder(lambda: 1, backstop=1):
+            assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGALRM, old)

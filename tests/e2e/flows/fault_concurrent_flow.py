@@ -8,10 +8,10 @@ from metaflow import FlowSpec, step, torch_distributed
 
 
 def task_started():
-    """When this process started, on time.time()'s clock. (psutil's create_time adds a boot
-    time rounded to whole seconds, up to ~1 s early here, which made gangs that ran one after
-    the other look as if they overlapped.)"""
-    with open("/proc/self/stat") as f:
+    """When the task started (rank 0's parent: the task forks it), on time.time()'s clock.
+    (psutil's create_time adds a boot time rounded to whole seconds, up to ~1 s early here,
+    which made gangs that ran one after the other look as if they overlapped.)"""
+    with open("/proc/%d/stat" % os.getppid()) as f:
         start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
     with open("/proc/uptime") as f:
         uptime = float(f.read().split()[0])

@@ -104,13 +104,15 @@ def start_stubborn_child():
 
 
 def listening_addresses():
-    """(address, port) of every listening TCP socket of the gang: this task process (rank 0,
-    the store), its members and agents, and theirs; every rank is in its process group."""
+    """(address, port) of every listening TCP socket of the gang: the task process (the
+    store), its members and agents, and theirs; every rank is in its process group. Rank 0 is
+    the task's fork (the same command line), or the task itself (start method exec)."""
     import psutil
 
     me = psutil.Process()
+    task = me.parent() if me.parent().cmdline() == me.cmdline() else me
     found = set()
-    for proc in [me, *me.children(recursive=True)]:
+    for proc in [task, *task.children(recursive=True)]:
         try:
             found |= {(c.laddr.ip, c.laddr.port) for c in proc.net_connections("tcp")
                       if c.status == psutil.CONN_LISTEN}

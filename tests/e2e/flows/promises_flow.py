@@ -15,6 +15,7 @@
 """
 
 import os
+import signal
 import time
 
 from metaflow import (FlowSpec, Run, catch, current, retry, step, timeout,
@@ -103,6 +104,9 @@ class PromisesFlow(FlowSpec):
         join_group()
         rank = current.torch_distributed.rank
         if rank == 0:
+            # a SIGTERM handler of its own holds off the gang's stop, which may come as soon
+            # as rank 1's failure is recorded: rank 0 raises after rank 1 whatever the timing
+            signal.signal(signal.SIGTERM, lambda *_: None)
             # raise once rank 1's failure is recorded, before the gang stops: its exception
             # and the time it was raised (failures.save_exception, written after the
             # torchelastic error file; waiting for that file alone let rank 0 raise while rank 1

@@ -102,6 +102,7 @@ class TorchDistributedDecorator(StepDecorator):
         self.flow_datastore = flow_datastore
         self.step_decorators = decorators
         self.led_gang = False
+        self.task_datastore = None  # this attempt's output datastore (task_pre_step)
         current_mod.install(current_mod.UNAVAILABLE)
         # With --with torch_distributed the decorator lands on every step; gang only the
         # steps a gang makes sense for (not start, end, joins, or @parallel's own steps).
@@ -199,6 +200,11 @@ class TorchDistributedDecorator(StepDecorator):
             group_check_default="error" if self.statically_defined else "warn",
         )
 
+    def task_pre_step(self, step_name, task_datastore, metadata, run_id, task_id, flow, graph,
+                      retry_count, max_user_code_retries, ubf_context, inputs):
+        # rank 0's process saves its body's artifacts into this attempt's datastore itself
+        self.task_datastore = task_datastore
+
     def task_decorate(self, step_func, flow, graph, retry_count, max_user_code_retries,
                       ubf_context):
         if not self.active or internals.is_ubf_control(ubf_context):
@@ -232,7 +238,7 @@ class TorchDistributedDecorator(StepDecorator):
         from metaflow import current
 
         from .core import naming
-        from .gang import Leader
+        from .gang import HandBack, Leader
 
         identity = current_task_identity(internals.step_kwargs(), retry_count,
                                          max_user_code_retries,
@@ -270,6 +276,9 @@ class TorchDistributedDecorator(StepDecorator):
                          emulated=place.backend == "local")
 
         caught = self.has_catch and retry_count >= max_user_code_retries
+        # rank 0 forked, as every other rank, hands its results back to this process
+        handback = HandBack(flow, self.task_datastore, keep_failed=caught) \
+            if fields["start_method"] == "fork" else None
 
         def gang_step(*args):
             print(plan, flush=True)
@@ -281,7 +290,8 @@ class TorchDistributedDecorator(StepDecorator):
             try:
                 try:
                     leader.run(step_func, args, on_body_start=lambda: clock.arrive("body"),
-                               on_assembled=lambda: clock.arrive("assembled"))
+                               on_assembled=lambda: clock.arrive("assembled"),
+                               handback=handback)
                 finally:
                     self._show_gang(flow, leader.record, identity, retry_count)
             except BaseException as ex:

@@ -20,6 +20,8 @@ import traceback
 
 from .mf import current as current_mod
 from .mf import events, groupcheck
+from .mf import handback as rank0_results
+from .mf.usertimer import AlarmForwarder
 from .runtime import interrupt, preempt, stacks
 from .core import naming
 from .runtime.control import (
@@ -70,8 +72,10 @@ class NodeRunner:
     """Starts the ranks of one node (all, or all but local rank 0 on node 0) and carries their
     output. Forks happen here, before any thread of this process is started."""
 
-    def __init__(self, spec, topology, step_func, args, decorator_name):
+    def __init__(self, spec, topology, step_func, args, decorator_name, handback=None):
         self.spec = spec
+        # node 0's rank 0, forked: what its process hands back to the task (mf/handback.py)
+        self.handback = handback
         self.topology = topology
         self.step_func = step_func
         self.args = args
@@ -141,7 +145,9 @@ class NodeRunner:
         def body():
             current_mod.install(rank_info(self.spec, self.topology, local_rank))
             run_rank_body(self.spec, self.topology, local_rank, self.step_func, self.args)
-        return body
+        if self.handback is None or (self.spec.node, local_rank) != (0, 0):
+            return body
+        return functools.partial(_run_handing_back, body, self.handback)
 
     def capture(self, own_label, close_in_pump=()):
         """Send every member's output, and this process's own (as `own_label`), through the
@@ -197,17 +203,21 @@ class NodeRunner:
         return events.node_record(info, self.slots, self.spawned, joined_at, work_dir)
 
 
-def run_rank_body(spec, topology, local_rank, step_func, args):
+def run_rank_body(spec, topology, local_rank, step_func, args, in_task=False):
     """A rank's step body, its events recorded for the gang's card, its probe (stacks.py)
-    telling its node's watch where it stands while hang detection is on."""
+    telling its node's watch where it stands while hang detection is on. `in_task`: rank 0's
+    body runs in the Metaflow task itself (start method exec), whose handlers are Leader.run's."""
     rank = topology.rank(spec.node, local_rank)
-    if (spec.node, local_rank) != (0, 0):  # rank 0's process is the task's: Leader.run's
-        preempt.install_rank_handler(spec.work_dir)
+    if not in_task:
+        # node 0's rank 0 unwinds on the gang's stop (its finally blocks run, what @catch
+        # keeps is handed back); every other rank ends at once
+        preempt.install_rank_handler(spec.work_dir, on_stop=_raise_aborted
+                                     if (spec.node, local_rank) == (0, 0) else None)
     probe = None
     if spec.hang_timeout_s:
         probe = stacks.Probe(stacks.probe_file(spec.work_dir, rank),
                              stacks.interval_for(spec.hang_timeout_s), rank).start()
-    dumps = stacks.register_dump()  # stacks on demand (rank 0's: in the task, undone below)
+    dumps = stacks.register_dump()  # stacks on demand (undone below: the task's, in_task)
     try:
         events.run_recorded(rank, events.rank_file(spec.work_dir, rank),
                             lambda: groupcheck.run_body(
@@ -219,6 +229,61 @@ def run_rank_body(spec, topology, local_rank, step_func, args):
             stacks.unregister_dump()
         if probe is not None:
             probe.stop()
+
+
+def _run_handing_back(body, handback):
+    """Rank 0's body in its own process, then its results handed back to the task: after a
+    body that returned or left with sys.exit(0), and after a failed one whose exception @catch
+    takes (its artifacts are kept, as on any step)."""
+    sender = handback.sender()
+    try:
+        body()
+    except TorchDistributedAborted:  # the gang's stop (_raise_aborted): no error of rank 0's
+        if handback.keep_failed:
+            _send_quietly(sender)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # ended by the stop, as every other rank
+        raise
+    except SystemExit as ex:
+        if ex.code in (None, 0):
+            sender.send()
+        raise
+    except BaseException:
+        if handback.keep_failed:
+            _send_quietly(sender)
+        raise
+    sender.send()
+
+
+def _send_quietly(sender):
+    """Hand back a failed body's artifacts for @catch; the body's own failure is the step's."""
+    try:
+        sender.send()
+    except Exception as ex:  # noqa: BLE001 - the step fails with the body's error anyway
+        print("could not hand back the artifacts of the failed body: %s: %s"
+              % (type(ex).__name__, ex), file=sys.stderr, flush=True)
+
+
+def _raise_aborted():
+    raise _aborted()
+
+
+@dataclasses.dataclass
+class HandBack:
+    """Where rank 0's process sends what its body produced (mf/handback.py): the task's flow
+    and its output datastore; `keep_failed` when @catch keeps a failed body's artifacts."""
+    flow: object
+    task_datastore: object
+    keep_failed: bool = False
+    path: str = None  # in the gang's work directory, set by Leader.run
+
+    def sender(self):
+        return rank0_results.Sender(self.flow, self.task_datastore, self.path)
+
+    def receive(self):
+        return rank0_results.receive(self.flow, self.task_datastore, self.path)
 
 
 def rank_info(spec, topology, local_rank):
@@ -238,13 +303,15 @@ class _Attempt:
     receiver: LogReceiver = None
     watch: LeaderWatch = None
     body_finished: bool = False
-    rank0_exception: BaseException = None
+    rank0_exception: BaseException = None  # rank 0's, when its body ran in the task (exec)
     outcome: object = None  # failures.GangOutcome when the gang failed
     member_exception: BaseException = None  # the root cause's own exception, from a member
 
 
 class Leader:
-    """Node 0 of a gang, running inside the Metaflow task process."""
+    """Node 0 of a gang, running inside the Metaflow task process. Under the start method fork
+    (Linux's default) rank 0 is a process this one forks, as every other rank, and hands its
+    results back (`handback`); under exec its body runs here, in the task's main thread."""
 
     def __init__(self, step_name, topology, spec_fields, abort_grace, decorator_name,
                  node_gpu_blocks=None, port=0):
@@ -271,11 +338,12 @@ class Leader:
         traceback its rank already printed (so its frames need not be shown again)."""
         return ex is self.users_error and not debug_enabled()
 
-    def run(self, step_func, args, on_body_start=None, on_assembled=None):
-        """Start the gang, run rank 0's body here (calling `on_body_start` just before it),
-        supervise, and raise the gang's error if any rank failed. `on_assembled` is called
-        once every process node 0 expects to check in has checked in (at once when none
-        does), from this thread or the watch's.
+    def run(self, step_func, args, on_body_start=None, on_assembled=None, handback=None):
+        """Start the gang, with rank 0's body in a process of its own that hands its results
+        back through `handback` (a HandBack), or here without one; call `on_body_start` as the
+        body starts; supervise, and raise the gang's error if any rank failed. `on_assembled`
+        is called once every process node 0 expects to check in has checked in (at once when
+        none does), from this thread or the watch's.
 
         Every resource is torn down in one place, in the reverse of the order it was made:
         `running` stops what runs (the watch's abort, the log receiver, the members and the
@@ -288,35 +356,65 @@ class Leader:
             spec = GangSpec(**self.spec_fields, role="leader", node=0, work_dir=work_dir,
                             master_port=listener.getsockname()[1],
                             cuda_visible_devices=self.node_gpu_blocks.get(0))
+            in_task = handback is None
+            if not in_task:
+                handback = dataclasses.replace(handback, path=rank0_results.path_in(work_dir))
             attempt = self.attempt = _Attempt(
-                spec, NodeRunner(spec, self.topology, step_func, args, self.decorator_name),
+                spec, NodeRunner(spec, self.topology, step_func, args, self.decorator_name,
+                                 handback),
                 events.GangRecorder(spec, self.topology))
             held.callback(self._settle, attempt)
-            held.callback(_restore_environ, dict(os.environ))  # rank 0's body changes it
+            if in_task:
+                held.callback(_restore_environ, dict(os.environ))  # rank 0's body changes it
             held.enter_context(stacks.ignoring_dumps())
             with contextlib.ExitStack() as running:
                 self._start(attempt, listener, running, on_assembled)
                 preempt.PREEMPTED.clear()
                 # a preemption while the other ranks still run after rank 0's body is one too
                 on_demand = stacks.OnDemand(
-                    _say, lambda: [os.getpid()] + [s.member.pid for s in attempt.runner.slots
-                                                   if s.rank is not None])
+                    _say, lambda: [os.getpid()] * in_task + [
+                        s.member.pid for s in attempt.runner.slots if s.rank is not None])
                 with preempt.SupervisorHandler(
                         attempt.watch.sigterm,
                         on_stacks=lambda: on_demand.ask(attempt.control, self.step_name)):
-                    with self.interruption:
-                        self._run_rank0(attempt, step_func, args, on_body_start)
+                    if in_task:
+                        with self.interruption:
+                            self._run_rank0(attempt, step_func, args, on_body_start)
+                    else:
+                        # for the task's own hooks after the step, as in rank 0's process
+                        current_mod.install(rank_info(spec, self.topology, 0))
+                        if on_body_start is not None:
+                            on_body_start()
+                        rank0 = attempt.runner.slots[0].member
+                        with AlarmForwarder(lambda: rank0.pid if rank0.returncode is None else None,
+                                            self.abort_grace):
+                            attempt.watch.wait_for_leader()
                     if not attempt.watch.wait(spec.finish_timeout_s):
                         attempt.watch.report(
                             attempt.watch.unfinished_failure(spec.finish_timeout_s))
+            if not in_task:
+                self._take_handback(attempt, handback)
         if attempt.outcome is not None:
             self._raise_failure(attempt)
+
+    def _take_handback(self, attempt, handback):
+        """(Every process of the gang has stopped.) Rank 0's results into the task: those of a
+        gang that finished, and those @catch keeps of one that failed."""
+        if attempt.watch.failed() and not handback.keep_failed:
+            return
+        if not handback.receive() and not attempt.watch.failed():
+            print("@torch_distributed on step *%s*: rank 0's process ended with exit status 0 "
+                  "but handed back nothing of its body (it left through os._exit): the step "
+                  "keeps none of its artifacts, nor its self.next()" % self.step_name,
+                  file=sys.stderr, flush=True)
 
     def _start(self, attempt, listener, running, on_assembled=None):
         """Start node 0's members, the local agents, the store, the log receiver and the
         watch, registering on `running` how each is stopped."""
         spec, runner = attempt.spec, attempt.runner
-        runner.start_ranks(range(1, self.topology.nproc_per_node), close_fds=[listener.fileno()])
+        in_task = runner.handback is None
+        runner.start_ranks(range(1 if in_task else 0, self.topology.nproc_per_node),
+                           close_fds=[listener.fileno()])
         running.callback(_stop_and_release, runner)
         # Remote nodes start on their own machines; local ones are agents started here.
         local_nodes = [] if self.remote else range(1, self.topology.nodes)
@@ -325,7 +423,8 @@ class Leader:
                 "agent", naming.hidden_task_id(spec.task["task_id"], node), node=node,
                 cuda_visible_devices=self.node_gpu_blocks.get(node))
             runner.slots.append(Slot(spawn_member(naming.agent_label(node), argv, env), node))
-        runner.capture(naming.rank_label(0), close_in_pump=[listener.fileno()])
+        runner.capture(naming.rank_label(0) if in_task else "",
+                       close_in_pump=[listener.fileno()])
         attempt.control = ControlPlane.host(listener, spec.gang_id, spec.secret,
                                             spec.rendezvous_timeout_s)
         if self.remote:  # agents on other machines ask for what node 0's @checkpoint loaded
@@ -344,7 +443,8 @@ class Leader:
             expected_joins=self._expected_joins(attempt),
             join_timeout=spec.rendezvous_timeout_s,
             heartbeat_timeout=spec.heartbeat_timeout_s,
-            leader_busy=self._body_running.is_set,
+            leader_busy=self._body_running.is_set if in_task else None,
+            leader_slot=None if in_task else runner.slots[0],
             finish_timeout=spec.finish_timeout_s,
             on_failure=self._on_failure,
             on_assembled=on_assembled,
@@ -416,7 +516,7 @@ class Leader:
             # its failure before it looks at _body_running, set above before this look).
             if attempt.watch.failed():
                 raise _aborted()
-            run_rank_body(attempt.spec, self.topology, 0, step_func, args)
+            run_rank_body(attempt.spec, self.topology, 0, step_func, args, in_task=True)
             attempt.body_finished = True
         except BaseException as ex:
             self._body_running.clear()
@@ -528,7 +628,8 @@ class Leader:
                                finished)
         root = outcome.root_cause
         member_exception = None
-        if root.kind == "exception" and root.rank not in (None, 0) and (
+        if root.kind == "exception" and root.rank is not None and (
+                root.rank != 0 or runner.handback is not None) and (
                 root.node == 0 or not self.remote):  # its error file is on this machine
             member_exception = load_exception(runner.error_file(root.rank))
         return outcome, member_exception
@@ -536,7 +637,8 @@ class Leader:
     def _raise_failure(self, attempt):
         outcome = attempt.outcome
         failure = outcome.root_cause
-        own = attempt.rank0_exception if failure.rank == 0 else attempt.member_exception
+        own = attempt.rank0_exception if failure.rank == 0 and attempt.runner.handback is None \
+            else attempt.member_exception
         if failure.kind == "exception" and not failure.is_symptom() and own is not None:
             # Raise the user's own exception, so @catch and the task's error show its type. A
             # communication error (a peer went away or hung) is not the user's: the gang's
@@ -721,8 +823,9 @@ def users_own(ex, summary):
 def _orphan_note(label, spec, pid):
     """What the pump of this process says if it dies without a word: a callable, asked when it
     died (the run may have been interrupted meanwhile, see interrupt.mark_interrupts)."""
-    what = ("rank 0 (node 0, local rank 0), the Metaflow task process" if spec.node == 0
-            else "the node agent of node %d" % spec.node)
+    what = ("the node agent of node %d" % spec.node if spec.node != 0
+            else "rank 0 (node 0, local rank 0), the Metaflow task process"
+            if spec.start_method != "fork" else "the Metaflow task process of node 0")
     runtime = _local_runtime_pid(spec)
 
     def note():

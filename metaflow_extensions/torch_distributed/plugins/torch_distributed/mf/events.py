@@ -90,7 +90,9 @@ class RankLog:
     def _write(self, outcome, ended, error=None, symptom=None):
         write_json(self.path, dict(rank=self.rank, started=self.started, joined=self.joined,
                                    ended=ended, outcome=outcome, error=error, symptom=symptom,
-                                   scalars=self.scalars))
+                                   scalars=self.scalars,
+                                   # this process's (a forked rank 0 reads the gathered values)
+                                   ignored_messages=sealed.IGNORED.counts()))
 
 
 _current = None
@@ -309,5 +311,8 @@ class GangRecorder:
             stopped=list(stopped),
             tails=tails,
             ignored_messages=sealed.merge_counts(
-                *(n.get("ignored_messages") for n in nodes.values())),
+                *(n.get("ignored_messages") for n in nodes.values()),
+                # each rank's own process, but a rank 0 that ran in the task (node 0's record)
+                *((e or {}).get("ignored_messages") for r, e in rank_events.items()
+                  if r != 0 or spec.start_method == "fork")),
         )

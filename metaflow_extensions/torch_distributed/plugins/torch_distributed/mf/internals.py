@@ -192,12 +192,98 @@ def artifact_names(flow):
     return set(vars(flow))
 
 
+def flow_attributes(flow):
+    """{name: value} of what the flow instance holds now (a copy). Why: as artifact_names;
+    rank 0's hand-back tells what its body set from these (mf/handback.py)."""
+    return dict(vars(flow))
+
+
 def drop_artifacts(flow, names):
     """Remove `names` (those not private) from the flow instance. Why: Metaflow persists a failed
     attempt's attributes too (TaskDataStore.persist), and a failed gang keeps none of its body's."""
     for name in names:
         if not name.startswith("_"):
             delattr(flow, name)
+
+
+# -- rank 0's results, handed from its process to the task (mf/handback.py) ----------------------
+
+# What FlowSpec.next() sets on the flow: the transition and the foreach state. Why: Metaflow's
+# task and its decorators read them from the flow object after the step function returned
+# (Argo's and Step Functions' task_finished read _foreach_num_splits, Argo's _transition), so
+# they reach the task's flow as values, not only as stored artifacts.
+NEXT_STATE = ("_transition", "_foreach_var", "_foreach_num_splits", "_foreach_values",
+              "_parallel_ubf_iter", "_unbounded_foreach")
+# What Metaflow's task sets on the flow after the step function returned (task.py: run_step),
+# and @catch in its task_exception: the task's own values are the ones to keep.
+AFTER_STEP = ("_task_ok", "_success", "_exception", "_transition")
+
+
+def persist_artifacts(task_datastore, flow):
+    """Save the flow's artifacts into the task's datastore and return {name: (key, info)} of
+    what it holds. Why: TaskDataStore.persist is how Metaflow writes a task's artifacts (its
+    blobs, once, content-addressed) and keeps their keys only in its private _objects and
+    _info, which the task's done() writes as the attempt's artifact list."""
+    task_datastore.persist(flow)
+    return {name: (key, task_datastore._info.get(name))
+            for name, key in task_datastore._objects.items()}
+
+
+def adopt_artifacts(task_datastore, keys):
+    """Make the task's own persist end with `keys` ({name: (key, info)}, as persist_artifacts
+    returned them in rank 0's process) as the attempt's artifacts of those names: their blobs
+    are stored already and are not written again. Why: Metaflow's task calls persist(flow) on
+    this datastore after the step (task.py: run_step), and persist first copies the input's
+    keys, then the flow's own attributes, into _objects and _info; the keys adopted must come
+    after both."""
+    persist = task_datastore.persist
+
+    def persist_then_adopt(flow):
+        persist(flow)
+        for name, (key, info) in keys.items():
+            task_datastore._objects[name] = key
+            if info is not None:
+                task_datastore._info[name] = info
+
+    task_datastore.persist = persist_then_adopt
+
+
+def card_state():
+    """{card uuid: (its components rendered, the data of its last refresh)} of this process's
+    `current.card`, or {} without @card. Why: @card renders a task's cards in task_finished
+    from current.card's private store of components (CardComponentCollector:
+    _card_component_store, _serialize_components; CardComponentManager._latest_user_data)."""
+    from metaflow import current
+
+    collector = getattr(current, "card", None)
+    store = getattr(collector, "_card_component_store", None)
+    if not store:
+        return {}
+    return {uuid: (collector._serialize_components(uuid),
+                   getattr(manager, "_latest_user_data", None))
+            for uuid, manager in store.items()}
+
+
+def restore_card_state(state):
+    """Give this process's `current.card` the cards `state` (from card_state, in rank 0's
+    process) describes, so that @card's task_finished renders them. Why: see card_state; the
+    components travel rendered (their render() output, what @card's renderer is given), not as
+    objects, which need not pickle."""
+    from metaflow import current
+
+    collector = getattr(current, "card", None)
+    store = getattr(collector, "_card_component_store", None)
+    if not state or store is None:
+        return
+    serialize = collector._serialize_components
+
+    def serialize_handed_back(uuid):
+        return list(state[uuid][0]) if uuid in state else serialize(uuid)
+
+    collector._serialize_components = serialize_handed_back
+    for uuid, (_, user_data) in state.items():
+        if uuid in store:
+            store[uuid]._latest_user_data = user_data
 
 
 # -- @card -------------------------------------------------------------------------------------

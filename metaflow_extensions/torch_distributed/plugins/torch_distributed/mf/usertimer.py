@@ -26,6 +26,7 @@ fail the gang with a confusing error from another node. Forked members do not in
 timer (POSIX).
 """
 
+import os
 import signal
 import threading
 
@@ -82,6 +83,49 @@ class WhenAll:
             self._done = True
         self._action()
         return True
+
+
+class AlarmForwarder:
+    """While rank 0's body runs in a process of its own (start method fork), the task's
+    @timeout is that body's: a SIGALRM to the task is sent on to rank 0's process, whose
+    handler (Metaflow's, inherited through the fork) raises TimeoutException in the body, as
+    @timeout does in any step (its finally blocks run; @catch keeps what it set). The gang then
+    fails with rank 0's TimeoutException. A rank 0 still running `backstop` seconds later
+    (stuck in native code, where Python runs no handler) is left to the task's own handler,
+    which raises here and stops the gang, as it does once rank 0's body has ended.
+
+    `rank0_pid()` is rank 0's pid while its process runs, else None. Without a handler from
+    Python on SIGALRM (no @timeout), nothing is installed."""
+
+    def __init__(self, rank0_pid, backstop):
+        self.rank0_pid = rank0_pid
+        self.backstop = backstop
+        self._theirs = None
+        self._forwarded = False
+
+    def __enter__(self):
+        theirs = signal.getsignal(signal.SIGALRM)
+        if callable(theirs):
+            self._theirs = theirs
+            signal.signal(signal.SIGALRM, self._on_alarm)
+        return self
+
+    def _on_alarm(self, signum, frame):
+        pid = None if self._forwarded else self.rank0_pid()
+        if pid is None:
+            signal.signal(signal.SIGALRM, self._theirs)
+            self._theirs(signum, frame)
+            return
+        self._forwarded = True
+        os.kill(pid, signal.SIGALRM)
+        signal.setitimer(signal.ITIMER_REAL, self.backstop)
+
+    def __exit__(self, *exc):
+        if self._theirs is not None and signal.getsignal(signal.SIGALRM) == self._on_alarm:
+            signal.signal(signal.SIGALRM, self._theirs)
+        if self._forwarded:  # the backstop is not wanted once rank 0 has ended
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        return False
 
 
 def disarm():

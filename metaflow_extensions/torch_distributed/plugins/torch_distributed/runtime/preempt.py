@@ -116,10 +116,11 @@ def leave_mark(work_dir):
         pass
 
 
-def install_rank_handler(work_dir):
-    """In a rank other than node 0's rank 0, from its main thread: a SIGTERM with the mark
-    sets PREEMPTED; one without ends the rank (the gang's stop). None if SIGTERM already has
-    a handler of someone else's (it stays)."""
+def install_rank_handler(work_dir, on_stop=None):
+    """In a rank's process, from its main thread: a SIGTERM with the mark sets PREEMPTED; one
+    without is the gang's stop, which ends the rank, or calls `on_stop()` (rank 0's: it raises
+    in the body, whose results are handed back). None if SIGTERM already has a handler of
+    someone else's (it stays)."""
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return None
 
@@ -128,6 +129,8 @@ def install_rank_handler(work_dir):
             PREEMPTED.set()
             return
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if on_stop is not None:
+            on_stop()
         os.kill(os.getpid(), signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_sigterm)

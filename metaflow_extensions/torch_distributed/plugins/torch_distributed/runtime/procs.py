@@ -6,6 +6,7 @@ started before a fork, each child writes to its own pipes, and a child leaves wi
 that no atexit handler or artifact save of the parent runs in it.
 """
 
+import atexit
 import ctypes
 import functools
 import os
@@ -105,6 +106,9 @@ def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=()):
     pid = os.fork()
     if pid == 0:  # child: never returns
         code = 1
+        # the exit handlers the body registers run as it leaves, as in any process, but not the
+        # parent's (Metaflow's, of the task)
+        atexit._clear()
         try:
             os.setpgid(0, 0)
             die_with_parent(parent)
@@ -116,6 +120,8 @@ def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=()):
                 os.environ.pop(key, None)
             os.environ.update(env)
             code = run_member_body(body, error_file)
+            atexit._run_exitfuncs()
+            _flush_stdio()
         finally:
             os._exit(code)
     os.close(out_w)

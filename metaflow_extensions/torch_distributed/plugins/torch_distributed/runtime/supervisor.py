@@ -385,16 +385,21 @@ class LeaderWatch(Watch):
     """Node 0's watch: its own members (and, locally, the other nodes' agents) in `slots`; the
     other nodes `watch_nodes` through the control plane; the check-ins `expected_joins`
     ({join id: Place}) until `join_timeout` s; with `heartbeat_timeout`, that every node that
-    started beating keeps beating; with `leader_busy` (rank 0's body still runs), that rank 0
-    and the others do not run on more than `finish_timeout` s after the other side finished.
+    started beating keeps beating; with `leader_busy` (rank 0's body still runs in this
+    process) or `leader_slot` (rank 0's process, one of `slots`), that rank 0 and the others do
+    not run on more than `finish_timeout` s after the other side finished.
     `on_assembled` is called once, when the last expected check-in arrived (from the watch's
     thread), or by `start` when none is expected; never after the watch ended."""
 
     def __init__(self, slots, control, topology, watch_nodes=(), expected_joins=None,
                  join_timeout=None, heartbeat_timeout=None, leader_busy=None,
                  finish_timeout=None, on_failure=None, on_assembled=None, clock=time.monotonic,
-                 progress=None, hang_timeout=None, on_preempt=None):
+                 progress=None, hang_timeout=None, on_preempt=None, leader_slot=None):
         super().__init__(slots, control, topology, on_failure, clock)
+        self.leader_slot = leader_slot
+        self.leader_ended = threading.Event()  # rank 0's process (leader_slot) has ended
+        if leader_slot is not None:
+            leader_busy = self._leader_slot_runs
         self.on_preempt = on_preempt
         self.on_assembled = on_assembled
         # hang detection (stacks.py): this node's ranks' probes, the other nodes' through the
@@ -419,6 +424,18 @@ class LeaderWatch(Watch):
         if not self._pending_joins:
             self._assemble()
         return super().start()
+
+    def _leader_slot_runs(self):
+        return self.leader_slot.member.poll() is None
+
+    def wait_for_leader(self):
+        """Until rank 0's process (leader_slot) ended or the watch did."""
+        while not (self.leader_ended.is_set() or self.finished.wait(POLL_INTERVAL)):
+            pass
+
+    def _tick(self):
+        if self.leader_slot is not None and not self._leader_slot_runs():
+            self.leader_ended.set()
 
     def _assemble(self):
         if self.assembled.is_set():
@@ -508,7 +525,11 @@ class LeaderWatch(Watch):
         return F.Failure(rank, node, "hung", now, local_rank=local_rank, message=text)
 
     def _all_done(self):
-        return not self._nodes_left and not self._pending_joins and super()._all_done()
+        """Every process and node finished, but rank 0's process (leader_slot), which may still
+        run: _finish times it against finish_timeout."""
+        return not self._nodes_left and not self._pending_joins and all(
+            s.member.poll() == 0 for s in self.slots if s is not self.leader_slot
+        ) and (self.leader_slot is None or self.leader_slot.member.poll() in (None, 0))
 
     def _all_ended(self):
         leader = self.leader_busy is not None and self.leader_busy()
@@ -523,9 +544,9 @@ class LeaderWatch(Watch):
         return F.Failure(
             0, 0, "unfinished", time.time(), local_rank=0,
             message="did not finish its step body within %ss after every other rank finished "
-            "its own. Rank 0 is the Metaflow task: a rank 0 that hangs (e.g. in a collective the "
-            "others never join, or in code only rank 0 runs) is stopped; raise "
-            "finish_timeout if it legitimately runs longer" % self.finish_timeout)
+            "its own. A rank 0 that hangs (e.g. in a collective the others never join, or in "
+            "code only rank 0 runs) is stopped; raise finish_timeout if it legitimately runs "
+            "longer" % self.finish_timeout)
 
     def _check_joins(self, now):
         if not self._pending_joins:
@@ -608,6 +629,8 @@ class LeaderWatch(Watch):
         return running
 
     def _leader_running(self):
+        if self.leader_slot is not None:
+            return []  # one of the slots, which _running_slots counts
         return [(0, 0, 0)] if self.leader_busy and self.leader_busy() else []
 
 
