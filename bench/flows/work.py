@@ -14,22 +14,28 @@ import time
 import psutil
 
 
-def created():
-    """When this process was created (time.time() scale). psutil's create_time adds the boot
-    time, which /proc/stat gives in whole seconds: on Linux, count back from /proc/uptime
-    instead, which is exact to 10 ms."""
+def created(pid="self"):
+    """When process `pid` (this one by default) was created (time.time() scale). psutil's
+    create_time adds the boot time, which /proc/stat gives in whole seconds: on Linux, count
+    back from /proc/uptime instead, which is exact to 10 ms."""
     try:
-        with open("/proc/self/stat") as f:
+        with open("/proc/%s/stat" % pid) as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
     except (OSError, ValueError, IndexError):
-        return psutil.Process().create_time()
+        return psutil.Process(None if pid == "self" else pid).create_time()
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def task_created():
-    """Creation time of this Metaflow task process: the zero of every time reported."""
+    """Creation time of the Metaflow task process: the zero of every time reported. Under
+    @torch_distributed rank 0 is a process the task forks (the same command line), whose
+    parent is the task; elsewhere the task is this process."""
+    me = psutil.Process()
+    parent = me.parent()
+    if parent is not None and parent.cmdline() == me.cmdline():
+        return created(parent.pid)
     return created()
 
 
