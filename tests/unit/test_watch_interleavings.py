@@ -126,3 +126,58 @@ def test_a_bug_of_the_watch_is_not_reported_as_a_lost_control_plane(error, says)
     if isinstance(error, TypeError):
         assert "Traceback (most recent call last)" in failure.message
         assert "in poll" in failure.message  # the frame that raised
+
+
+# -- rank 0 as one of the slots (its own process, start method fork) ------------------------------
+
+def _leader_watch(clock, nproc=3, finish_timeout=30):
+    members = [FakeMember() for _ in range(nproc)]
+    slots = [Slot(m, 0, r, r) for r, m in enumerate(members)]
+    calls = []
+    watch = LeaderWatch(slots, None, Topology(1, nproc), finish_timeout=finish_timeout,
+                        on_failure=calls.append, clock=clock, leader_slot=slots[0]).begin()
+    return watch, members, calls
+
+
+def test_rank_0s_process_running_on_after_every_other_rank_finished_is_timed():
+    clock = Clock()
+    watch, members, calls = _leader_watch(clock)
+    for m in members[1:]:
+        m.code = 0
+    assert not watch.poll_once()  # the others done, rank 0 runs: not finished
+    assert not watch.leader_ended.is_set()
+    clock.now += 29.9
+    assert not watch.poll_once()
+    clock.now += 0.2
+    assert watch.poll_once() and watch.phase is Phase.FAILED
+    [failure] = calls
+    assert (failure.rank, failure.kind) == (0, "unfinished") and "after every other rank " \
+        "finished its own" in failure.message and "Metaflow task" not in failure.message
+
+
+def test_rank_0s_process_ending_first_is_seen_and_the_rest_finish_the_watch():
+    clock = Clock()
+    watch, members, _ = _leader_watch(clock)
+    members[0].code = 0
+    assert not watch.poll_once() and watch.leader_ended.is_set()  # wait_for_leader returns
+    for m in members[1:]:
+        m.code = 0
+    assert watch.poll_once() and watch.phase is Phase.FINISHED
+
+
+@pytest.mark.parametrize("code, kind", [(1, "exit"), (-9, "signal")])
+def test_rank_0s_process_failing_fails_the_watch_like_any_rank(code, kind):
+    clock = Clock()
+    watch, members, calls = _leader_watch(clock)
+    members[0].code = code
+    assert watch.poll_once() and watch.phase is Phase.FAILED
+    [failure] = calls
+    assert failure.rank == 0 and failure.kind == kind
+
+
+def test_a_hung_rank_0_process_is_named_from_its_slot_once():
+    """As a slot rank 0 is among the running ranks once (not also as the in-task leader)."""
+    clock = Clock()
+    watch, members, _ = _leader_watch(clock, nproc=2)
+    assert watch._leader_running() == []
+    assert watch.running_ranks() == [0, 1]
