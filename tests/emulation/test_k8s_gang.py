@@ -374,7 +374,8 @@ def _assert_preempted_by_node_1(gang, res):
     missing: Metaflow stops following the task once the deleted pod fails the JobSet, and on a
     loaded machine node 0's last lines were not in attempt 0's log either (docs/reliability.md,
     "What each backend gives")."""
-    assert "[rank 0] @torch_distributed on step *train*: preempted (SIGTERM to node 1): every " \
+    # node 0's own line (the task's, which no rank prefix marks: rank 0 is a process of its own)
+    assert "] @torch_distributed on step *train*: preempted (SIGTERM to node 1): every " \
         "rank gets SIGTERM" in res.output, res.output
     assert "[node 1 agent] preempted (SIGTERM to node 1): this node's ranks get SIGTERM" \
         in res.output, res.output

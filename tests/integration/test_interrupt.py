@@ -103,6 +103,9 @@ def test_the_runtimes_sigint_leaves_a_mark_and_still_interrupts(tmp_path):
         sys.path.insert(0, %r)
         from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import interrupt
 
+        # Python's own handler, as in `python flow.py run` from a terminal (a job started in
+        # the background by a non-interactive shell inherits SIGINT ignored)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         assert interrupt.mark_interrupts() == interrupt.mark_interrupts()  # installed once
         assert not interrupt.was_interrupted(os.getpid())
         try:
