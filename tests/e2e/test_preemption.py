@@ -26,6 +26,16 @@ def _running(marks, attempt):
     return None
 
 
+def _ended(proc):
+    """None while the run goes on; once it has ended (attempt 0 failed before every rank
+    trained, and its retry ran), fail at once with its output instead of waiting on."""
+    if proc.poll() is None:
+        return None
+    out, err = proc.communicate()
+    pytest.fail("the run ended (%s) before every rank of attempt 0 trained:\n%s"
+                % (proc.returncode, (out + err)[-8000:]))
+
+
 def _sigterm_mid_run(flow_runner, flow, ready, pid_of, timeout, env=None):
     """Run `flow`, wait until `ready()` (what it returned goes to `pid_of`), let it train a
     second, SIGTERM `pid_of(...)`, and wait for the run: (returncode, output, when sent)."""
@@ -81,7 +91,8 @@ def test_a_preemption_after_rank_0_left_its_body_still_reaches_the_others(flow_r
     a SIGTERM to it then is a preemption too (every other rank saves), never the task's end."""
     proc = flow_runner.popen("preempt_flow.py", "run", env={"TD_RANK0_LEAVES_FIRST": 1})
     try:
-        running = wait_for(lambda: _running(flow_runner.marks, 0), 120, "every rank started")
+        running = wait_for(lambda: _running(flow_runner.marks, 0) or _ended(proc), 120,
+                           "every rank started")
         wait_for(lambda: (flow_runner.marks / "rank0-left").exists(), 60, "rank 0 to leave")
         time.sleep(0.5)
         sent = time.time()
