@@ -192,3 +192,20 @@ def test_the_store_listens_on_the_address_it_is_given_only():
         assert [c.laddr.ip for c in mine] == ["127.0.0.1"]
     finally:
         listener.close()
+
+
+def test_a_new_round_forgets_torchs_keys_and_keeps_the_gangs(gang):
+    """A restart in place: what the stopped round's process group wrote (torch adds no prefix
+    per restart under the agent's store) is gone, the package's keys stay, and the new round's
+    keys do not see the old round's."""
+    host, node, intruder, port, _ = gang
+    intruder.set("0/rank_0_addr", "stale")  # as init_process_group writes them, unprefixed
+    intruder.add("init/", 4)
+    node.join("node1")
+    node.beat(1)
+    host.for_round(1).forget_rendezvous()
+    keys = set(intruder.list_keys())
+    assert "0/rank_0_addr" not in keys and "init/" not in keys
+    assert KEYS.joined("node1") in keys and KEYS.beat(1) in keys
+    assert host.joined("node1") and not host.for_round(1).joined("node1")
+    assert host.beats(1) == 1 and host.for_round(1).beats(1) == 1

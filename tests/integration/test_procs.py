@@ -548,3 +548,25 @@ def test_members_die_with_their_parent(start):
     finally:
         parent.stdout.close()
         kill_quietly(member_pid)
+
+
+def test_members_started_in_turn_on_kept_pipes_write_to_the_same_reader(members):
+    """Restarts in place: each round's process of a rank writes to the pipes its node keeps
+    for that rank, so the one pump reading them sees every round's lines, and end of file
+    only once the node lets the write ends go."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    for round_ in range(2):
+        def body(round_=round_):
+            real_stdio()
+            print("round %d" % round_)
+        member = members.fork("[rank 1]", body, own_fds=False, pipes=(out_w, err_w),
+                              close_fds=[out_r, err_r, out_w, err_w])
+        assert wait_exit(member) == 0
+        assert member.stdout_fd is None  # the caller's read end serves every round
+    os.close(out_w)
+    os.close(err_w)
+    assert read_to_eof(out_r) == "round 0\nround 1\n"
+    assert read_to_eof(err_r) == ""
+    os.close(out_r)
+    os.close(err_r)

@@ -420,7 +420,7 @@ def _leader_raising(outcome, member_exception):
     leader = Leader.__new__(Leader)  # only _raise_failure's fields: nothing is started
     leader.step_name = "train"
     attempt = SimpleNamespace(outcome=outcome, rank0_exception=None,
-                              member_exception=member_exception)
+                              member_exception=member_exception, rounds=[], no_restart="")
     with pytest.raises(BaseException) as raised:
         leader._raise_failure(attempt)
     return raised.value

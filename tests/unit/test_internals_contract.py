@@ -411,6 +411,58 @@ def test_artifacts_persisted_by_one_process_are_adopted_by_the_tasks_own_save(tm
     assert len(new) == 2 and not any(p.endswith(keys["big"][0]) for p in new), new
 
 
+def test_task_metadata_is_registered_as_metaflows_decorators_do():
+    """A restart in place is kept in the task's metadata: a MetaDatum of the attempt, given to
+    the provider's register_metadata (tests/e2e/test_restarts.py reads it with the client)."""
+    from metaflow.metadata_provider import MetadataProvider
+
+    got = []
+
+    class Provider:
+        def register_metadata(self, run_id, step_name, task_id, metadata):
+            got.append((run_id, step_name, task_id, metadata))
+
+    internals.register_task_metadata(Provider(), "5", "train", "7", 1, "torch_distributed_x",
+                                     "{}")
+    (run_id, step_name, task_id, (datum,)), = got
+    require((run_id, step_name, task_id) == ("5", "train", "7"), "register_metadata's ids", "a restart in place")
+    require((datum.field, datum.value, datum.type, datum.tags)
+            == ("torch_distributed_x", "{}", "torch_distributed_x", ["attempt_id:1"]),
+            "MetaDatum(field, value, type, tags)", "a restart in place")
+    require(list(inspect.signature(MetadataProvider.register_metadata).parameters)[1:]
+            == ["run_id", "step_name", "task_id", "metadata"],
+            "MetadataProvider.register_metadata(run_id, step_name, task_id, metadata)", "a restart in place")
+
+
+def test_checkpoints_current_checkpointer_loads_the_latest_again(tmp_path):
+    """metaflow-checkpoint's current.checkpoint in the task: a fresh directory, then its
+    first-load with the decorator's policy, which sets what is_loaded and info show
+    (tests/e2e/test_restarts.py: round 1 starts from round 0's save)."""
+    from metaflow_extensions.obcheckpoint.plugins.machine_learning_utilities.checkpoints \
+        .decorator import CurrentCheckpointer
+
+    require(list(inspect.signature(CurrentCheckpointer._setup_task_first_load).parameters)
+            == ["self", "load_policy", "flow"], "CurrentCheckpointer._setup_task_first_load", "a restart in place")
+    calls = []
+    checkpointer = CurrentCheckpointer.__new__(CurrentCheckpointer)
+    checkpointer._temp_dir_root = str(tmp_path)
+    checkpointer._temp_chckpt_dir = None
+    checkpointer._flow = "the flow"
+    checkpointer._loaded_checkpoint = "round 0's"
+    checkpointer.cleanup = lambda: calls.append("cleanup")
+    checkpointer._setup_task_first_load = lambda policy, flow: calls.append((policy, flow)) \
+        or "latest"
+    old_directory = None
+    require(internals.reload_task_checkpoint(checkpointer, "fresh") == "latest", "its answer", "a restart in place")
+    require(calls == ["cleanup", ("fresh", "the flow")], "cleanup, then the first load: %s"
+            % calls, "a restart in place")
+    require(checkpointer._loaded_checkpoint is None and not checkpointer.is_loaded,
+            "_loaded_checkpoint is what is_loaded reads", "a restart in place")
+    require(os.path.isdir(checkpointer.directory) and checkpointer.directory != old_directory
+            and checkpointer.directory.startswith(str(tmp_path)),
+            "refresh_directory makes a new directory under temp_dir_root", "a restart in place")
+
+
 def test_card_components_reach_another_collector_rendered():
     """A card's components, rendered in rank 0's process (card_state), are what the task's
     collector serializes for @card's final render (restore_card_state)."""
@@ -972,6 +1024,8 @@ def test_every_internal_has_a_contract_test():
 
 # internals.py function -> its contract test
 CONTRACTS = {
+    "register_task_metadata": "test_task_metadata_is_registered_as_metaflows_decorators_do",
+    "reload_task_checkpoint": "test_checkpoints_current_checkpointer_loads_the_latest_again",
     "set_current": "test_current_update_env",
     "install_current_parallel": "test_metaflow_current_parallel",
     "num_parallel_parents": "test_graph_node_parallel_foreach_and_num_parallel",

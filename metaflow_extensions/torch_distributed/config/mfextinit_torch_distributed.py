@@ -43,6 +43,10 @@ TORCH_DISTRIBUTED_HANG_TIMEOUT = from_conf("TORCH_DISTRIBUTED_HANG_TIMEOUT", 600
 # before what still runs is stopped; under the schedulers' own stop timeouts (30 s).
 TORCH_DISTRIBUTED_PREEMPT_GRACE = from_conf("TORCH_DISTRIBUTED_PREEMPT_GRACE", 25)
 
+# How many times a failed gang is started again in place (same machines, same attempt) before
+# its attempt fails; 0: never. The decorator attribute `max_restarts` overrides it per step.
+TORCH_DISTRIBUTED_MAX_RESTARTS = from_conf("TORCH_DISTRIBUTED_MAX_RESTARTS", 0)
+
 # Whether every gang step gets the gang's own card (type and id `torch_distributed`): its
 # topology, every rank's timeline, the root cause of a failure. The decorator attribute `card`
 # overrides it per step.

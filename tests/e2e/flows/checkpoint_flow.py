@@ -11,7 +11,11 @@ current.checkpoint.save() (metadata why="preempted"), every rank marks preempt-s
 leaves its body; each rank writes training-<rank> ({pid}) at its first step of attempt 0 and
 trains 0.05 s slower per step, so that a test can send the SIGTERM between two saves.
 Each rank's batch depends only on (step, rank), so a resumed run ends with exactly the weights of
-an uninterrupted one. TD_BUG=1 makes every attempt raise a ValueError instead (a user's bug)."""
+an uninterrupted one. TD_BUG=1 makes every attempt raise a ValueError instead (a user's bug).
+TD_MAX_RESTARTS=N gives the gang max_restarts=N: the marks and the kill then count the gang's
+rounds (current.torch_distributed.restart_count) instead of the attempts, and TD_BUG=changing
+raises a ValueError whose message names the round (rank 1), TD_BUG=one the same ValueError in
+every round (rank 1)."""
 
 import json
 import os
@@ -25,6 +29,7 @@ NODES = int(os.environ.get("TD_NODES", "2"))
 NPROC = int(os.environ.get("TD_NPROC", "2"))
 STEPS = 60
 EVERY = 10
+MAX_RESTARTS = int(os.environ.get("TD_MAX_RESTARTS", "0"))
 
 
 def mark(name, value):
@@ -56,7 +61,7 @@ class CheckpointFlow(FlowSpec):
 
     @retry(times=1, minutes_between_retries=0)
     @checkpoint
-    @torch_distributed(nodes=NODES, nproc_per_node=NPROC)
+    @torch_distributed(nodes=NODES, nproc_per_node=NPROC, max_restarts=MAX_RESTARTS)
     @step
     def train(self):
         import torch
@@ -65,6 +70,8 @@ class CheckpointFlow(FlowSpec):
 
         dist.init_process_group("gloo")
         rank = dist.get_rank()
+        # what the marks count: the gang's rounds with restarts in place, else the attempts
+        attempt = current.torch_distributed.restart_count if MAX_RESTARTS else current.retry_count
         torch.manual_seed(0)
         model = torch.nn.Linear(8, 1)
         first = 0
@@ -73,21 +80,27 @@ class CheckpointFlow(FlowSpec):
             state = torch.load(path)
             model.load_state_dict(state["model"])
             first = state["step"]
-            mark("loaded-%d-rank-%d" % (current.retry_count, rank), state.get("why", "every"))
+            mark("loaded-%d-rank-%d" % (attempt, rank), state.get("why", "every"))
         preempting = os.environ.get("TD_PREEMPT") == "1" and current.retry_count == 0
         # every rank records where it started (tests read these marks)
-        mark("start-%d-rank-%d" % (current.retry_count, rank), first)
+        mark("start-%d-rank-%d" % (attempt, rank), first)
+        mark("restart-count-%d-rank-%d" % (attempt, rank),
+             int(os.environ["TORCHELASTIC_RESTART_COUNT"]))
         ddp = DistributedDataParallel(model)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         for i in range(first, STEPS):
             if os.environ.get("TD_BUG") == "1" and i == 5:
                 raise ValueError("a bug in the training loop at step %d" % i)
-            if (current.retry_count == 0 and rank == int(os.environ.get("TD_KILL_RANK", -1))
+            if os.environ.get("TD_BUG") == "one" and i == 5 and rank == 1:
+                raise ValueError("a bug in rank 1's training loop at step %d" % i)
+            if os.environ.get("TD_BUG") == "changing" and i == 5 and rank == 1:
+                raise ValueError("a flaky failure in round %d" % attempt)
+            if (attempt == 0 and rank == int(os.environ.get("TD_KILL_RANK", -1))
                     and i == int(os.environ["TD_KILL_STEP"])):
                 mark("killed-at", time.time())
                 os.kill(os.getpid(), signal.SIGKILL)
             if i == first:  # when the first training step of this attempt began
-                mark("first-step-%d-rank-%d" % (current.retry_count, rank), time.time())
+                mark("first-step-%d-rank-%d" % (attempt, rank), time.time())
                 if preempting:
                     mark("training-%d" % rank, os.getpid())
             if preempting:
@@ -126,6 +139,7 @@ class CheckpointFlow(FlowSpec):
                 dist.barrier()
         self.weights = json.dumps([p.detach().tolist() for p in model.parameters()])
         self.resumed_from = first
+        self.restart_count = current.torch_distributed.restart_count
         dist.destroy_process_group()
         self.next(self.end)
 

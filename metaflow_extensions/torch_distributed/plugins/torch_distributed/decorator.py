@@ -67,6 +67,13 @@ class TorchDistributedDecorator(StepDecorator):
         every rank gets SIGTERM and current.torch_distributed.preempted is set) before what
         still runs is stopped and the attempt fails as preempted.
         Default: METAFLOW_TORCH_DISTRIBUTED_PREEMPT_GRACE (25).
+    max_restarts : int, optional
+        How many times a failed gang (a rank's exception, non-zero exit, signal or hang) is
+        started again in place, within the same attempt: every rank is stopped and started
+        as a fresh process, with a fresh rendezvous and, with @checkpoint, the latest
+        checkpoint loaded. The same error from the same rank twice in a row stops early. A
+        lost node or a preemption fails the attempt (@retry's business). One-node gangs only
+        for now. Default: METAFLOW_TORCH_DISTRIBUTED_MAX_RESTARTS (0).
     card : bool, optional
         Give the step the gang's own card (type and id `torch_distributed`): topology, every
         rank's timeline, the outcome with its root cause, each rank's last lines. The step's
@@ -95,6 +102,7 @@ class TorchDistributedDecorator(StepDecorator):
         "hang_timeout": None,
         "preempt_grace": None,
         "card": None,
+        "max_restarts": None,
     }
 
     def step_init(self, flow, graph, step_name, decorators, environment, flow_datastore, logger):
@@ -128,6 +136,7 @@ class TorchDistributedDecorator(StepDecorator):
             raise TorchDistributedConfigError(step_name, str(ex))
         self.gpus_requested = source if source and source.startswith("@") else None
         self.settings = settings.resolve(step_name, self.attributes, _configured_settings())
+        _check_restarts(step_name, self.settings, self.topology)
         groupcheck.check_mode(step_name, os.environ)  # a bad value fails before the run
         self.on_batch = any(d.name == "batch" for d in decorators)
         self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
@@ -196,6 +205,7 @@ class TorchDistributedDecorator(StepDecorator):
             heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
             hang_timeout_s=self.settings.hang_timeout_s,
             preempt_grace_s=self.settings.preempt_grace_s,
+            max_restarts=self.settings.max_restarts,
             # a step --with put the decorator on may do no distributed work: warn, not fail
             group_check_default="error" if self.statically_defined else "warn",
         )
@@ -204,6 +214,8 @@ class TorchDistributedDecorator(StepDecorator):
                       retry_count, max_user_code_retries, ubf_context, inputs):
         # rank 0's process saves its body's artifacts into this attempt's datastore itself
         self.task_datastore = task_datastore
+        # where each restart in place is recorded (_record_restart)
+        self.task_metadata = (metadata, run_id, step_name, task_id, retry_count)
 
     def task_decorate(self, step_func, flow, graph, retry_count, max_user_code_retries,
                       ubf_context):
@@ -262,7 +274,7 @@ class TorchDistributedDecorator(StepDecorator):
             master_addr=place.master_addr,
             gang_id=gang_id,
             secret=place.secret,
-            restart_count=retry_count,
+            restart_count=0,
             accelerator=accelerator,
             start_method=devices.resolve_start_method(self.settings.start_method),
             task=identity.__dict__,
@@ -272,6 +284,16 @@ class TorchDistributedDecorator(StepDecorator):
         )
         leader = Leader(self.step_name, self.topology, fields, self.settings.abort_grace_s,
                         self.name, blocks, port=place.port)
+        leader.checkpoint_policy = checkpoints.load_policy(self.step_decorators)
+        leader.on_restart = self._record_restart
+        if self.settings.max_restarts and fields["start_method"] != "fork":
+            raise TorchDistributedConfigError(
+                self.step_name, "max_restarts=%d needs the start method fork, and this task "
+                "starts its ranks with exec (%s): rank 0 then runs in the task itself, which "
+                "cannot start it again. Leave start_method at auto or fork and keep CUDA "
+                "untouched before the step's body, or set max_restarts=0 and rely on @retry."
+                % (self.settings.max_restarts, "start_method=exec" if self.settings.start_method
+                   == "exec" else "CUDA is initialised in the task, or this is not Linux"))
         plan = plan_line(self.step_name, self.topology, accelerator,
                          emulated=place.backend == "local")
 
@@ -309,6 +331,22 @@ class TorchDistributedDecorator(StepDecorator):
             timer.resume()
 
         return gang_step
+
+    def _record_restart(self, restart, root):
+        """Keep a restart in place in the task's metadata: the client shows it
+        (Task.metadata_dict["torch_distributed_restart"]: the latest; every one in
+        Task.metadata)."""
+        import json
+
+        metadata, run_id, step_name, task_id, attempt = self.task_metadata
+        try:
+            internals.register_task_metadata(
+                metadata, run_id, step_name, task_id, attempt, "torch_distributed_restart",
+                json.dumps({"restart": restart, "after": root.sentence(), "rank": root.rank,
+                            "node": root.node, "kind": str(root.kind)}))
+        except Exception as ex:  # noqa: BLE001 - a record of the restart; the gang goes on
+            print("@torch_distributed on step *%s*: could not record restart %d in the task's "
+                  "metadata: %s" % (self.step_name, restart, ex), file=sys.stderr, flush=True)
 
     def _show_gang(self, flow, record, identity, retry_count):
         """Keep this attempt's record with the task: the gang's card is drawn from it."""
@@ -376,6 +414,23 @@ def _member_step(spec, step_func, decorator_name):
         os._exit(code)
 
     return member_step
+
+
+def _check_restarts(step_name, gang_settings, topology):
+    """Restarts in place are built for gangs of one node: refuse the rest before the run."""
+    if not gang_settings.max_restarts:
+        return
+    if gang_settings.start_method == "exec":
+        raise TorchDistributedConfigError(
+            step_name, "max_restarts=%d cannot be combined with start_method='exec': rank 0 "
+            "then runs in the Metaflow task itself, which cannot start it again. Use "
+            "start_method='auto' or 'fork', or max_restarts=0." % gang_settings.max_restarts)
+    if topology.nodes > 1:
+        raise TorchDistributedConfigError(
+            step_name, "max_restarts=%d is supported for gangs of one node only so far, and "
+            "this gang has nodes=%d. Set max_restarts=0 and add @retry (with @checkpoint, every "
+            "attempt resumes from the latest checkpoint on every node), or run the gang on one "
+            "node." % (gang_settings.max_restarts, topology.nodes))
 
 
 def _attribute(decorators, name, attribute):
@@ -449,7 +504,7 @@ def _configured_settings():
     from metaflow.metaflow_config import (
         TORCH_DISTRIBUTED_ABORT_GRACE, TORCH_DISTRIBUTED_CARD, TORCH_DISTRIBUTED_FINISH_TIMEOUT,
         TORCH_DISTRIBUTED_HANG_TIMEOUT, TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT,
-        TORCH_DISTRIBUTED_PREEMPT_GRACE,
+        TORCH_DISTRIBUTED_MAX_RESTARTS, TORCH_DISTRIBUTED_PREEMPT_GRACE,
         TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT, TORCH_DISTRIBUTED_START_METHOD)
 
     return {"RENDEZVOUS_TIMEOUT": TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT,
@@ -459,7 +514,8 @@ def _configured_settings():
             "START_METHOD": TORCH_DISTRIBUTED_START_METHOD,
             "HANG_TIMEOUT": TORCH_DISTRIBUTED_HANG_TIMEOUT,
             "PREEMPT_GRACE": TORCH_DISTRIBUTED_PREEMPT_GRACE,
-            "CARD": TORCH_DISTRIBUTED_CARD}
+            "CARD": TORCH_DISTRIBUTED_CARD,
+            "MAX_RESTARTS": TORCH_DISTRIBUTED_MAX_RESTARTS}
 
 
 def _rehearsal():

@@ -23,7 +23,8 @@ from .mf import events, groupcheck
 from .mf import handback as rank0_results
 from .mf.usertimer import AlarmForwarder
 from .runtime import interrupt, preempt, stacks
-from .core import naming
+from .core import naming, rounds
+from .mf import checkpoints
 from .runtime.control import (
     ControlPlane,
     GangMismatch,
@@ -53,7 +54,14 @@ from .core.failures import (
 from .runtime.interrupt import BodyInterrupt
 from .core.gangspec import GangSpec
 from .mf.spinstep import member_command
-from .runtime.procs import OutputPump, fork_member, run_member_body, spawn_member, stop_members
+from .runtime.procs import (
+    OutputPump,
+    exit_file_of,
+    fork_member,
+    run_member_body,
+    spawn_member,
+    stop_members,
+)
 from .runtime.remote_logs import LogReceiver, LogShipper
 from .runtime.supervisor import POLL_INTERVAL, AgentWatch, LeaderWatch, Place, Slot
 
@@ -92,6 +100,11 @@ class NodeRunner:
             (lambda: events.TailKeeper(events.tails_file(spec.work_dir))) if spec.node == 0 else None
         self.pump = OutputPump(tee=tee)
         self.saved_fds = None
+        # With restarts in place, each local rank's stdout and stderr are pipes of this node,
+        # not of one process: {local rank: [out read, out write, err read, err write]}, the
+        # read ends the pump's (None here once it has them), the write ends held here for
+        # every round's process of that rank, closed as this node releases its output.
+        self.pipes = None
         self.spawned = {}  # rank -> when its process was started
         self.stop_started = None
         self.stopped = []
@@ -102,7 +115,7 @@ class NodeRunner:
 
     def rendezvous(self):
         return Rendezvous(self.spec.master_addr, self.spec.master_port, self.spec.gang_id,
-                          self.spec.restart_count)
+                          self.spec.restart_count, self.spec.max_restarts)
 
     def error_file(self, rank):
         return os.path.join(self.spec.work_dir, "error-rank-%d.json" % rank)
@@ -117,14 +130,22 @@ class NodeRunner:
                         if self.spec.backend == "local" else None)
 
     def start_ranks(self, local_ranks, close_fds=()):
+        local_ranks = list(local_ranks)
+        if self.spec.max_restarts and self.spec.start_method == "fork" and self.pipes is None:
+            self.pipes = {lr: [*os.pipe(), *os.pipe()] for lr in local_ranks}
         for local_rank in local_ranks:
             rank = self.topology.rank(self.spec.node, local_rank)
             label = naming.rank_label(rank)
             env = self.env_of(local_rank)
             if self.spec.start_method == "fork":
+                pipes = self.pipes[local_rank] if self.pipes else None
                 member = fork_member(label, self._body(local_rank), env,
                                      remove_env=foreign_launcher_vars(os.environ),
-                                     error_file=self.error_file(rank), close_fds=close_fds)
+                                     error_file=self.error_file(rank),
+                                     close_fds=[*close_fds, *self._open_pipe_fds()],
+                                     pipes=None if pipes is None else (pipes[1], pipes[3]))
+                if pipes is not None:
+                    member.stdout_fd, member.stderr_fd = pipes[0], pipes[2]
             else:
                 argv, spawn_env = self.command(
                     "rank", naming.hidden_task_id(self.spec.task["task_id"], self.spec.node,
@@ -136,6 +157,17 @@ class NodeRunner:
             self.spawned[rank] = time.time()
             self.slots.append(Slot(member, self.spec.node, rank, local_rank, self.error_file(rank)))
         return self.slots
+
+    def _open_pipe_fds(self):
+        return [fd for ends in (self.pipes or {}).values() for fd in ends if fd is not None]
+
+    def new_round(self, spec):
+        """Forget the ranks of the round that ended (every one stopped): the next round's are
+        started with `spec`, its restart_count one more."""
+        self.spec = spec
+        self.slots = [s for s in self.slots if s.rank is None]
+        self.stop_started = None
+        self.stopped = []
 
     def command(self, role, hidden_task_id, **fields):
         spec = dataclasses.replace(self.spec, role=role, **fields)
@@ -163,8 +195,11 @@ class NodeRunner:
         own = [os.pipe(), os.pipe()]
         for (r, _), target in zip(own, (1, 2)):
             self.pump.add(r, own_label, target)
-        self.pump.start(close_in_child=[w for _, w in own] + list(close_in_pump),
+        self.pump.start(close_in_child=[w for _, w in own] + list(close_in_pump) + [
+                            ends[i] for ends in (self.pipes or {}).values() for i in (1, 3)],
                         orphan_note=_orphan_note(own_label, self.spec, os.getpid()))
+        for ends in (self.pipes or {}).values():
+            ends[0] = ends[2] = None  # closed by the pump's start: the pump's now
         self.saved_fds = (os.dup(1), os.dup(2))
         for (_, w), fd in zip(own, (1, 2)):
             os.dup2(w, fd)
@@ -184,8 +219,9 @@ class NodeRunner:
                 pass
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
-        for fd in saved:
+        for fd in saved + tuple(self._open_pipe_fds()):
             os.close(fd)
+        self.pipes = None
         self.pump.drain(DRAIN_TIMEOUT)
 
     def stop(self):
@@ -289,7 +325,7 @@ class HandBack:
 def rank_info(spec, topology, local_rank):
     return current_mod.TorchDistributedInfo(topology, spec.node, local_rank, spec.master_addr,
                                             spec.master_port, spec.accelerator, spec.gang_id,
-                                            spec.secret)
+                                            spec.secret, spec.restart_count)
 
 
 @dataclasses.dataclass
@@ -306,6 +342,11 @@ class _Attempt:
     rank0_exception: BaseException = None  # rank 0's, when its body ran in the task (exec)
     outcome: object = None  # failures.GangOutcome when the gang failed
     member_exception: BaseException = None  # the root cause's own exception, from a member
+    listener: object = None  # the store's listening socket, closed in every member
+    # restarts in place: the root causes of the rounds restarted so far, and why the last
+    # failed round was not restarted ("" when restarts are off)
+    rounds: list = dataclasses.field(default_factory=list)
+    no_restart: str = ""
 
 
 class Leader:
@@ -332,6 +373,9 @@ class Leader:
         self.attempt = None  # the running gang's _Attempt
         self.record = None  # the last run's record for the gang's card (events.py)
         self.users_error = None  # the user's own exception raised as the step's error
+        # the load policy of the step's @checkpoint, which a restart in place follows again
+        self.checkpoint_policy = None
+        self.on_restart = None  # called with (restart number, the failed round's root cause)
 
     def raised_users_own(self, ex):
         """True when `ex` is the user's own exception this gang raised as the step's error, whose
@@ -375,27 +419,74 @@ class Leader:
                     _say, lambda: [os.getpid()] * in_task + [
                         s.member.pid for s in attempt.runner.slots if s.rank is not None])
                 with preempt.SupervisorHandler(
-                        attempt.watch.sigterm,
+                        lambda: attempt.watch.sigterm(),
                         on_stacks=lambda: on_demand.ask(attempt.control, self.step_name)):
                     if in_task:
                         with self.interruption:
                             self._run_rank0(attempt, step_func, args, on_body_start)
+                        self._wait_for_the_rest(attempt)
                     else:
                         # for the task's own hooks after the step, as in rank 0's process
                         current_mod.install(rank_info(spec, self.topology, 0))
                         if on_body_start is not None:
                             on_body_start()
-                        rank0 = attempt.runner.slots[0].member
-                        with AlarmForwarder(lambda: rank0.pid if rank0.returncode is None else None,
+                        # @timeout is the attempt's: it counts across rounds
+                        with AlarmForwarder(lambda: _running_pid(attempt.runner.slots[0]),
                                             self.abort_grace):
-                            attempt.watch.wait_for_leader()
-                    if not attempt.watch.wait(spec.finish_timeout_s):
-                        attempt.watch.report(
-                            attempt.watch.unfinished_failure(spec.finish_timeout_s))
+                            while True:
+                                attempt.watch.wait_for_leader()
+                                self._wait_for_the_rest(attempt)
+                                if not self._restart(attempt, handback):
+                                    break
             if not in_task:
                 self._take_handback(attempt, handback)
         if attempt.outcome is not None:
             self._raise_failure(attempt)
+
+    def _wait_for_the_rest(self, attempt):
+        """(Rank 0's body ended.) Until the round's watch ended, failing the ranks that do not
+        finish within the finish timeout."""
+        timeout = attempt.spec.finish_timeout_s
+        if not attempt.watch.wait(timeout):
+            attempt.watch.report(attempt.watch.unfinished_failure(timeout))
+
+    def _restart(self, attempt, handback):
+        """(The round's watch ended.) True when its failure starts the next round in place:
+        every rank of the round is stopped, and a fresh process of each is forked from this
+        task, which runs no user code, with the next restart_count, a rendezvous of its own
+        (the store's keys and torch's under the new round) and, with @checkpoint, the latest
+        checkpoint loaded (a save of the failed round included)."""
+        spec, runner = attempt.spec, attempt.runner
+        if not spec.max_restarts or not attempt.watch.failed():
+            return False
+        runner.stop()
+        outcome, _ = self._outcome(attempt)
+        root = outcome.root_cause
+        attempt.no_restart = rounds.why_not_restart(root, attempt.rounds, spec.max_restarts)
+        if attempt.no_restart is not None:
+            return False
+        attempt.rounds.append(root)
+        restart = spec.restart_count + 1
+        print(rounds.restart_line(self.step_name, restart, spec.max_restarts, root),
+              file=sys.stderr, flush=True)
+        attempt.recorder.phase("restart")
+        if self.on_restart is not None:
+            self.on_restart(restart, root)
+        attempt.watch.join()
+        _forget_round(spec.work_dir, runner, handback)
+        loaded = checkpoints.reload_latest(self.checkpoint_policy)
+        spec = attempt.spec = dataclasses.replace(spec, restart_count=restart)
+        runner.new_round(spec)
+        attempt.control = attempt.control.for_round(restart)
+        attempt.control.forget_rendezvous()
+        attempt.body_finished = False
+        if loaded is not None:
+            print("@torch_distributed on step *%s*: round %d starts from checkpoint %s"
+                  % (self.step_name, restart, loaded), file=sys.stderr, flush=True)
+        runner.start_ranks(range(self.topology.nproc_per_node),
+                           close_fds=[attempt.listener.fileno()])
+        attempt.watch = self._watch(attempt)
+        return True
 
     def _take_handback(self, attempt, handback):
         """(Every process of the gang has stopped.) Rank 0's results into the task: those of a
@@ -437,7 +528,15 @@ class Leader:
                 {1: runner.saved_fds[0], 2: runner.saved_fds[1]},
                 tee=attempt.recorder.remote_tails).start()
             running.callback(attempt.receiver.stop, REMOTE_DRAIN_TIMEOUT)
-        attempt.watch = LeaderWatch(
+        attempt.listener = listener
+        attempt.watch = self._watch(attempt, on_assembled)
+        running.callback(_abort_if_failed, attempt)
+
+    def _watch(self, attempt, on_assembled=None):
+        """The watch of the gang's round that starts (started)."""
+        spec, runner = attempt.spec, attempt.runner
+        in_task = runner.handback is None
+        return LeaderWatch(
             runner.slots, attempt.control, self.topology,
             watch_nodes=range(1, self.topology.nodes),
             expected_joins=self._expected_joins(attempt),
@@ -451,7 +550,6 @@ class Leader:
             progress=stacks.NodeProgress(spec.work_dir, self.topology.ranks_of(0)),
             hang_timeout=spec.hang_timeout_s,
             on_preempt=self._preempt_gang).start()
-        running.callback(_abort_if_failed, attempt)
 
     def _settle(self, attempt):
         """Once every process of the gang has stopped: what happened, and the card's record."""
@@ -639,19 +737,21 @@ class Leader:
         failure = outcome.root_cause
         own = attempt.rank0_exception if failure.rank == 0 and attempt.runner.handback is None \
             else attempt.member_exception
+        rounds_said = " ".join(t for t in (attempt.no_restart,
+                                           rounds.rounds_note(attempt.rounds)) if t)
         if failure.kind == "exception" and not failure.is_symptom() and own is not None:
             # Raise the user's own exception, so @catch and the task's error show its type. A
             # communication error (a peer went away or hung) is not the user's: the gang's
             # report, which names the ranks, says more.
             self.users_error = users_own(
                 own, "@torch_distributed on step *%s*: %s raised this error; its "
-                            "traceback is in its %s lines above. %s"
+                            "traceback is in its %s lines above. %s%s"
                             % (self.step_name, failure.where(), naming.rank_label(failure.rank),
-                               outcome.others_note()))
+                               outcome.others_note(), " " + rounds_said if rounds_said else ""))
             raise self.users_error
         cls = TorchDistributedRendezvousTimeout if failure.kind == "missing" \
             else TorchDistributedGangFailed
-        raise cls(self.step_name, outcome)
+        raise cls(self.step_name, outcome, rounds_said)
 
 
 class Agent:
@@ -872,6 +972,25 @@ def _kill_ranks_and_leave(slots, signum, frame):
         slot.member.signal_group(signal.SIGKILL)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+def _running_pid(slot):
+    """The pid of `slot`'s process while it runs, else None."""
+    return slot.member.pid if slot.member.returncode is None else None
+
+
+def _forget_round(work_dir, runner, handback):
+    """What the ranks of a stopped round left in the gang's directory that the next round's
+    watch or hand-back would read as its own: error files, exit statuses, probes, rank 0's
+    hand-back."""
+    paths = [handback.path] if handback is not None else []
+    for slot in runner.slots:
+        if slot.rank is not None:
+            paths += [slot.error_file, exit_file_of(slot.error_file),
+                      stacks.probe_file(work_dir, slot.rank)]
+    for path in paths:
+        with contextlib.suppress(OSError, TypeError):
+            os.remove(path)
 
 
 def _stop_and_release(runner):

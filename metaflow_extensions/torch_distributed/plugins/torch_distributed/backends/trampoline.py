@@ -73,7 +73,7 @@ def trampoline_agent_spec(cli, step_name, spec_fields, backend):
     spec = GangSpec(**spec_fields, role="agent", node=-1, master_addr="", master_port=port,
                     gang_id=naming.gang_id(identity.run_id, step_name, identity.task_id,
                                            retry_count), secret="",
-                    restart_count=retry_count, work_dir="", task=identity.__dict__,
+                    restart_count=0, work_dir="", task=identity.__dict__,
                     top_args=[], backend=backend)
     return identity, spec
 
@@ -124,4 +124,4 @@ def compiled_place(spec, params, node, task):
                 orig_datastore=params["orig_flow_datastore"])
     return dict(gang_id=naming.gang_id(task["run_id"], spec.step_name, task["task_id"], retry),
                 master_port=attempt_port(spec.step_name, TaskIdentity(**task)),
-                restart_count=retry)
+                restart_count=0)

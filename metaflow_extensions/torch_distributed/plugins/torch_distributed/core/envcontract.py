@@ -23,6 +23,7 @@ class Rendezvous:
     master_port: int
     gang_id: str
     restart_count: int = 0
+    max_restarts: int = 0
     # True when the launcher hosts the TCPStore (every rank is then a client of it).
     agent_store: bool = True
 
@@ -52,7 +53,7 @@ def rank_env(topology, node, local_rank, rendezvous, accelerator="cpu", error_fi
         "ROLE_NAME": "default",
         "TORCHELASTIC_RUN_ID": rendezvous.gang_id,
         "TORCHELASTIC_RESTART_COUNT": str(rendezvous.restart_count),
-        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_MAX_RESTARTS": str(rendezvous.max_restarts),
         # Lightning: a bare Trainer() / Fabric() gets the gang's shape.
         "PL_TRAINER_NUM_NODES": str(nodes),
         "PL_TRAINER_DEVICES": str(nproc),

@@ -36,10 +36,12 @@ class TorchDistributedGangFailed(TorchDistributedException):
 
     headline = "@torch_distributed gang failed"
 
-    def __init__(self, step_name, outcome):
+    def __init__(self, step_name, outcome, note=""):
         self.outcome = outcome
         self.failure = outcome.root_cause
         msg = "%s\n%s" % (self.failure.describe(), outcome.others_note())
+        if note:  # restarts in place: why the gang stopped restarting, and each earlier round
+            msg += "\n" + note
         super().__init__(step_name, msg)
 
 

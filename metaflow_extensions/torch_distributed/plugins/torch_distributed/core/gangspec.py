@@ -26,6 +26,8 @@ class GangSpec:
     # never logged. "" in what a remote agent is submitted with: it reads it on its node
     # (attempt_secret.py)
     secret: str
+    # The gang's round within its attempt: 0, then one more on each restart in place
+    # (TORCHELASTIC_RESTART_COUNT, current.torch_distributed.restart_count)
     restart_count: int
     accelerator: str
     rendezvous_timeout_s: float  # settings.GangSettings says what each duration means
@@ -50,6 +52,8 @@ class GangSpec:
     group_check_default: str = "error"
     # What node 0's @checkpoint resolved, for members (checkpoints.gang_fields); None without it
     checkpoint: Optional[dict] = None
+    # How many restarts in place the attempt may make (TORCHELASTIC_MAX_RESTARTS)
+    max_restarts: int = 0
 
     def identity(self):
         return TaskIdentity(**self.task)

@@ -9,6 +9,7 @@ import secrets
 # reaches the store can list them): nothing secret is in them, and every value the package
 # reads is sealed under the attempt's secret instead (sealed.py).
 _KEY_PREFIX = "mftd/"
+KEY_PREFIX = _KEY_PREFIX  # every key the package writes begins with it
 # The one value not sealed: the gang id, so that a node that reached another gang's store can
 # say whose it is (ControlPlane.connect). Nothing is decided on its value.
 PUBLIC_GANG_KEY = _KEY_PREFIX + "gang"
@@ -67,9 +68,18 @@ def rank_join_id(rank):
 
 
 class Keys:
-    """Keys of the control plane in the gang's store (public names: see _KEY_PREFIX)."""
+    """Keys of the control plane in the gang's store (public names: see _KEY_PREFIX).
+
+    A restart in place starts a new round of the gang on the same store: what a round's
+    ranks and nodes say (check-ins, failures, the abort, gathers, progress) is under a prefix
+    of its own from round 1 on, so nothing a stopped round wrote is read as the new one's.
+    The store's claim, heartbeats, stacks requests and shipped logs belong to the attempt."""
 
     _prefix = _KEY_PREFIX
+
+    def __init__(self, round_=0):
+        self.round = round_
+        self._round = "" if not round_ else "round/%d/" % round_
 
     @property
     def gang(self):
@@ -78,29 +88,29 @@ class Keys:
 
     @property
     def abort(self):
-        return self._prefix + "abort"
+        return self._prefix + self._round + "abort"
 
     @property
     def checkpoint(self):
         """node 0's @checkpoint, for the agents of remote nodes (checkpoints.gang_fields, JSON)"""
-        return self._prefix + "checkpoint"
+        return self._prefix + self._round + "checkpoint"
 
     def joined(self, join_id):
-        return "%sjoined/%s" % (self._prefix, join_id)
+        return "%sjoined/%s" % (self._prefix + self._round, join_id)
 
     def done(self, node):
-        return "%snode/%d/done" % (self._prefix, node)
+        return "%snode/%d/done" % (self._prefix + self._round, node)
 
     def failure(self, node):
-        return "%snode/%d/failure" % (self._prefix, node)
+        return "%snode/%d/failure" % (self._prefix + self._round, node)
 
     def running(self, node):
         """The ranks of node `node` still running when its agent reported a failure (JSON)."""
-        return "%snode/%d/running" % (self._prefix, node)
+        return "%snode/%d/running" % (self._prefix + self._round, node)
 
     def rank_done(self, rank):
         """Set when rank `rank` (a member on a node other than 0) finished its step body."""
-        return "%srank/%d/done" % (self._prefix, rank)
+        return "%srank/%d/done" % (self._prefix + self._round, rank)
 
     def beat(self, node):
         """How many heartbeats node `node` has sent while it is alive."""
@@ -109,7 +119,7 @@ class Keys:
     @property
     def preempt(self):
         """Set by node 0 when the gang is preempted: every node forwards SIGTERM to its ranks."""
-        return self._prefix + "preempt"
+        return self._prefix + self._round + "preempt"
 
     @property
     def stacks(self):
@@ -119,11 +129,11 @@ class Keys:
 
     def preempted(self, node):
         """Set by node `node`'s agent when a SIGTERM reached it (node 0 preempts the gang)."""
-        return "%snode/%d/preempted" % (self._prefix, node)
+        return "%snode/%d/preempted" % (self._prefix + self._round, node)
 
     def progress(self, node):
         """Where node `node`'s ranks stand, for node 0's hang verdict (JSON, see stacks.py)."""
-        return "%snode/%d/progress" % (self._prefix, node)
+        return "%snode/%d/progress" % (self._prefix + self._round, node)
 
     def log_chunk(self, node, seq):
         """The `seq`-th (from 1) chunk of output node `node` shipped to node 0."""
@@ -138,4 +148,4 @@ class Keys:
         return "%snode/%d/events" % (self._prefix, node)
 
     def gather(self, seq, rank):
-        return "%sgather/%d/%d" % (self._prefix, seq, rank)
+        return "%sgather/%d/%d" % (self._prefix + self._round, seq, rank)

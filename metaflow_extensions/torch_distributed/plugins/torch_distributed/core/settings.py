@@ -34,6 +34,9 @@ class GangSettings:
     preempt_grace_s: float = 25.0
     # Whether the step gets the gang's own card (card.py: GANG_CARD).
     card: bool = True
+    # How many times a failed gang is started again in place, within the attempt, before the
+    # attempt fails (gang.py, "Rounds"); 0: never, every failure is the attempt's.
+    max_restarts: int = 0
 
 
 def resolve(step_name, attributes, config):
@@ -60,7 +63,26 @@ def resolve(step_name, attributes, config):
         hang_timeout_s=_seconds_or_off(step_name, "hang_timeout", attributes.get("hang_timeout"),
                                        config["HANG_TIMEOUT"]),
         card=_switch(step_name, "card", attributes.get("card"), config["CARD"]),
+        max_restarts=_count(step_name, "max_restarts", attributes.get("max_restarts"),
+                            config.get("MAX_RESTARTS", 0)),
     )
+
+
+def _count(step_name, name, value, configured):
+    """`value` (the decorator attribute) or else `configured` (its METAFLOW_ setting) as a
+    whole number, 0 or more."""
+    raw = configured if value is None else value
+    try:
+        count = int(str(raw).strip()) if not isinstance(raw, (bool, float)) else None
+    except ValueError:
+        count = None
+    if count is not None and count >= 0:
+        return count
+    where = ("%s=%r" % (name, raw) if value is not None
+             else "METAFLOW_TORCH_DISTRIBUTED_%s=%r" % (name.upper(), raw))
+    return _bad(step_name, "%s is not a whole number of 0 or more. Give e.g. %s." % (
+        where, "%s=3" % name if value is not None
+        else "METAFLOW_TORCH_DISTRIBUTED_%s=3" % name.upper()))
 
 
 _ON = ("1", "true", "yes", "on")

@@ -42,6 +42,34 @@ def gang_fields(current, environ):
             "loaded": loaded, "directory": checkpointer.directory, "node": 0}
 
 
+def reload_latest(load_policy):
+    """(Node 0's task, between two rounds of a gang restarted in place.) Load the task's
+    latest checkpoint, a save of the round that failed included, into a fresh
+    current.checkpoint.directory with @checkpoint's `load_policy`, sharded ones whole; the
+    ranks of the next round are forked from this process and find it there. What was loaded
+    (its key), or None (no @checkpoint, its policy "none", nothing saved yet)."""
+    from metaflow import current
+
+    from ..mf import internals
+
+    checkpointer = getattr(current, "checkpoint", None)
+    if checkpointer is None or load_policy not in ("fresh", "eager"):
+        return None
+    loaded = internals.reload_task_checkpoint(checkpointer, load_policy)
+    if loaded is None:
+        return None
+    restore_shards(checkpointer.directory)
+    return getattr(loaded, "key", None) or str(loaded)
+
+
+def load_policy(decorators):
+    """The load policy of the step's @checkpoint (None without one)."""
+    for deco in decorators:
+        if deco.name == "checkpoint":
+            return deco.attributes.get("load_policy") or "fresh"
+    return None
+
+
 def from_leader(spec):
     """What node 0 published of its @checkpoint, for the agent of a remote node; None when node
     0 cannot be reached (the agent then reports that the usual way)."""

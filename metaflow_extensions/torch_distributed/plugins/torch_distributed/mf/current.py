@@ -19,7 +19,7 @@ class TorchDistributedInfo:
     """
 
     def __init__(self, topology, node, local_rank, master_addr, master_port, accelerator,
-                 gang_id, secret):
+                 gang_id, secret, restart_count=0):
         self._topology = topology
         self._node = node
         self._local_rank = local_rank
@@ -28,6 +28,7 @@ class TorchDistributedInfo:
         self._accelerator = accelerator
         self._gang_id = gang_id
         self._secret = secret  # gather's values are sealed under the attempt's secret
+        self._restart_count = restart_count
         self._control = None
         self._gather_seq = 0
 
@@ -84,6 +85,13 @@ class TorchDistributedInfo:
         if self._accelerator == "cuda":
             return torch.device("cuda", self._local_rank)
         return torch.device("cpu")
+
+    @property
+    def restart_count(self):
+        """How many times the gang was restarted in place within this attempt before this
+        round (0 in the first; TORCHELASTIC_RESTART_COUNT): with @checkpoint, the latest
+        checkpoint is in current.checkpoint.directory whenever it is above 0."""
+        return self._restart_count
 
     @property
     def preempted(self):
@@ -160,7 +168,8 @@ class TorchDistributedInfo:
             from ..runtime.control import ControlPlane
 
             self._control = ControlPlane.client(self._master_addr, self._master_port,
-                                                self._gang_id, self._secret, GATHER_TIMEOUT)
+                                                self._gang_id, self._secret, GATHER_TIMEOUT,
+                                                self._restart_count)
         return self._control
 
     def __repr__(self):

@@ -704,6 +704,33 @@ def kubernetes_client():
     return KubernetesClient().get()
 
 
+# -- task metadata ---------------------------------------------------------------------------------
+
+def register_task_metadata(metadata, run_id, step_name, task_id, attempt, field, value):
+    """Record `field` = `value` (a string) in the metadata of attempt `attempt` of the task, as
+    Metaflow's own decorators do (the client's Task.metadata_dict then shows it). Why:
+    MetaDatum lives in metaflow.metadata_provider, which is not the documented API."""
+    from metaflow.metadata_provider import MetaDatum
+
+    metadata.register_metadata(run_id, step_name, task_id, [MetaDatum(
+        field=field, value=value, type=field, tags=["attempt_id:%d" % attempt])])
+
+
+# -- metaflow-checkpoint ---------------------------------------------------------------------------
+
+def reload_task_checkpoint(checkpointer, load_policy):
+    """Load the latest checkpoint again into a fresh `checkpointer.directory`, as @checkpoint's
+    task_pre_step did when the task started (load policy "fresh" or "eager"); return what it
+    loaded (its CheckpointArtifact) or None. `checkpointer` is @checkpoint's
+    current.checkpoint in the task. Why: a restart in place starts a new round within the
+    same attempt, whose ranks must start from the latest checkpoint, a save of the failed
+    round included; only CurrentCheckpointer._setup_task_first_load reads the task's
+    "latest" pointer with @checkpoint's own policy, and sets what is_loaded and info show."""
+    checkpointer.refresh_directory()
+    checkpointer._loaded_checkpoint = None
+    return checkpointer._setup_task_first_load(load_policy, checkpointer._flow)
+
+
 # -- the installed release -----------------------------------------------------------------------
 
 def metaflow_version():

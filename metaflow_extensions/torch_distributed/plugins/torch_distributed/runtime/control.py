@@ -74,16 +74,30 @@ class ControlPlane:
     still delete or overwrite values, delaying the gang until a timeout names what is missing
     (docs/security.md)."""
 
-    def __init__(self, store, gang_id, secret):
+    def __init__(self, store, gang_id, secret, round_=0, beats_sent=0):
         self._store = store
-        self._keys = Keys()
+        self._keys = Keys(round_)
         self.gang_id = gang_id
         self._secret = secret
-        self._beats_sent = 0
+        self._beats_sent = beats_sent  # heartbeats count on across rounds (beat)
         self._logs_shipped = 0
         self._beats_seen = {}  # node -> the last heartbeat count that opened
         self._progress_sent = 0
         self._progress_seen = {}  # node -> (number, reports) of its latest progress
+
+    def forget_rendezvous(self):
+        """Delete every key of the store that is not the package's: what torch's process
+        groups of a stopped round wrote (their peers' addresses, barriers' counters). Under
+        torchrun a restart gets a new store; with the agent's store (TORCHELASTIC_USE_AGENT_STORE)
+        torch adds no prefix per restart, so the next round's init_process_group would read
+        the stopped round's addresses and connect to processes that are gone."""
+        for key in self._store.list_keys():
+            if not key.startswith(naming.KEY_PREFIX):
+                self._store.delete_key(key)
+
+    def for_round(self, round_):
+        """The same store and client, speaking for the gang's round `round_` (Keys)."""
+        return ControlPlane(self._store, self.gang_id, self._secret, round_, self._beats_sent)
 
     @classmethod
     def host(cls, listener, gang_id, secret, timeout):
@@ -134,12 +148,13 @@ class ControlPlane:
         return True
 
     @classmethod
-    def client(cls, addr, port, gang_id, secret, timeout):
+    def client(cls, addr, port, gang_id, secret, timeout, round_=0):
         """A client of node 0's store for a rank's own use (current.torch_distributed): a rank
-        runs inside its gang, so the store is up and is its gang's. `timeout` a timedelta."""
+        runs inside its gang, so the store is up and is its gang's. `timeout` a timedelta;
+        `round_` the gang's round the rank belongs to."""
         from torch.distributed import TCPStore
 
-        return cls(TCPStore(addr, port, None, False, timeout), gang_id, secret)
+        return cls(TCPStore(addr, port, None, False, timeout), gang_id, secret, round_)
 
     # -- sealing: the one place values are written and read -------------------------------------
 

@@ -96,10 +96,17 @@ def _written_exit(path):
         return -signal.SIGKILL
 
 
-def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=()):
-    """Fork this process; the child sets `env`, runs `body()` and exits with its status."""
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=(), pipes=None):
+    """Fork this process; the child sets `env`, runs `body()` and exits with its status.
+    Its output goes to new pipes, or to `pipes` (the write ends of its stdout and stderr, kept
+    open by the caller for the next process of the same place: a restart in place), whose fds
+    the caller lists in `close_fds` with every other fd the child must not keep."""
+    if pipes is None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        own = (out_r, err_r, out_w, err_w)
+    else:
+        (out_w, err_w), out_r, err_r, own = pipes, None, None, ()
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
@@ -114,7 +121,7 @@ def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=()):
             die_with_parent(parent)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
-            for fd in (out_r, err_r, out_w, err_w, *close_fds):
+            for fd in {*own, *close_fds} - {1, 2}:
                 os.close(fd)
             for key in remove_env:
                 os.environ.pop(key, None)
@@ -124,8 +131,9 @@ def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=()):
             _flush_stdio()
         finally:
             os._exit(code)
-    os.close(out_w)
-    os.close(err_w)
+    if pipes is None:
+        os.close(out_w)
+        os.close(err_w)
     return Member(label, pid, out_r, err_r, exit_file=exit_file_of(error_file))
 
 

@@ -149,6 +149,11 @@ class Watch:
     def wait(self, timeout=None):
         return self.finished.wait(timeout)
 
+    def join(self, timeout=None):
+        """Until the thread has left (after the watch ended, once `on_failure` returned)."""
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
     def preempt(self, node, grace, at=None):
         """The gang was preempted (a SIGTERM to node `node`): hold every failure for `grace`
         seconds, or until every process ended, then fail with the preemption as the cause."""

@@ -1,0 +1,63 @@
+"""Restarts in place: which failure of a gang's round starts the next round, and what is said.
+
+Pure: a function of the rounds' root causes (failures.Failure). A round is one run of every
+rank of the gang; a restart stops every rank and starts each again as a fresh process on the
+same machines, within the same Metaflow attempt (gang.Leader). Only a failure of the ranks'
+own making is restarted: a lost or missing node, a preemption or the gang's own machinery
+cannot be fixed by starting the same processes again on the same machines, and is left to
+the attempt (@retry).
+"""
+
+from typing import List, Optional
+
+from .failures import Failure, FailureKind
+
+# Failures a fresh set of processes on the same machines may not meet again.
+RESTARTABLE = frozenset({FailureKind.EXCEPTION, FailureKind.EXIT, FailureKind.SIGNAL,
+                         FailureKind.HUNG, FailureKind.UNFINISHED})
+
+
+def same_error(earlier: Failure, later: Failure) -> bool:
+    """True when `later` is the error `earlier` was: the same rank raised the same exception
+    type with the same message (a deterministic bug, which a restart only repeats)."""
+    return (earlier.kind is FailureKind.EXCEPTION and later.kind is FailureKind.EXCEPTION
+            and earlier.rank == later.rank and earlier.message == later.message)
+
+
+def why_not_restart(root: Failure, earlier: List[Failure], max_restarts: int) -> Optional[str]:
+    """None when the round that failed with `root` is restarted in place, else why not (a
+    sentence; "" when restarts are off). `earlier` holds the root causes of the rounds
+    restarted before it."""
+    if max_restarts <= 0:
+        return ""
+    if root.kind not in RESTARTABLE:
+        return ("A failure of this kind (%s) is not restarted in place: the same machines "
+                "cannot fix it, so the attempt fails (@retry starts a new one)." % root.kind)
+    if earlier and same_error(earlier[-1], root):
+        return ("Restarts stopped early: %s raised the same error in rounds %d and %d, a "
+                "deterministic failure that a restart would only repeat."
+                % (root.where(), len(earlier) - 1, len(earlier)))
+    if len(earlier) >= max_restarts:
+        return "Restarts exhausted: the gang was restarted in place %s (max_restarts=%d)." \
+            % ("once" if len(earlier) == 1 else "%d times" % len(earlier), max_restarts)
+    return None
+
+
+def restart_line(step_name: str, restart: int, max_restarts: int, root: Failure) -> str:
+    """What the task's log says as it restarts the gang."""
+    return ("@torch_distributed on step *%s*: restart %d of %d after %s %s; every rank is "
+            "started again" % (step_name, restart, max_restarts, _place(root), root.brief()))
+
+
+def rounds_note(earlier: List[Failure]) -> str:
+    """One clause per restarted round, for the attempt's error."""
+    if not earlier:
+        return ""
+    return "Earlier rounds of this attempt (restarted in place): %s." % "; ".join(
+        "round %d: %s %s" % (n, _place(f), f.brief()) for n, f in enumerate(earlier))
+
+
+def _place(failure: Failure) -> str:
+    if failure.rank is None:
+        return "node %d" % failure.node
+    return "rank %d (node %d)" % (failure.rank, failure.node)

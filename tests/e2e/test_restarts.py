@@ -1,0 +1,77 @@
+"""Restarts in place: @torch_distributed(max_restarts=N) starts a failed gang again on the same
+machine within the same Metaflow attempt, from the latest checkpoint.
+
+checkpoint_flow.py trains a tiny DDP model for 60 steps (rank 0 saves every 10) on a gang of
+1 node x TD_NPROC processes; with TD_MAX_RESTARTS its marks count the gang's rounds
+(current.torch_distributed.restart_count) instead of the attempts.
+"""
+
+import json
+import os
+
+from tests.e2e.test_checkpoints import _mark, _starts
+
+TRAIN = "t = Flow('CheckpointFlow').latest_run['train'].task\n"
+ONE_NODE = {"TD_NODES": 1, "TD_NPROC": 4, "TD_MAX_RESTARTS": 1}
+
+
+def test_a_killed_rank_restarts_the_gang_in_place_from_the_last_checkpoint(flow_runner):
+    killed = flow_runner.run("checkpoint_flow.py",
+                             env=dict(ONE_NODE, TD_KILL_RANK=3, TD_KILL_STEP=35))
+    assert killed.returncode == 0, killed
+    assert ("restart 1 of 1 after rank 3 (node 0) was killed by SIGKILL; every rank is started "
+            "again" in killed.output), killed
+    assert "Task is starting (retry)" not in killed.output, killed  # the same attempt
+    assert _starts(flow_runner, 0, 4) == [0, 0, 0, 0]
+    # every rank of round 1 started from the checkpoint of step 30, saved by round 0
+    assert _starts(flow_runner, 1, 4) == [30, 30, 30, 30]
+    assert [_mark(flow_runner, "restart-count-1-rank-%d" % r) for r in range(4)] == [1] * 4
+    resumed = flow_runner.client(
+        TRAIN + "import json\nresult = dict(w=t['weights'].data, first=t['resumed_from'].data, "
+        "attempt=t.current_attempt, restarts=t['restart_count'].data, "
+        "recorded=[json.loads(m.value) for m in t.metadata "
+        "if m.name == 'torch_distributed_restart'])")
+    assert resumed["attempt"] == 0 and resumed["restarts"] == 1, resumed
+    assert resumed["first"] == 30, resumed
+    assert [(r["restart"], r["rank"], r["kind"]) for r in resumed["recorded"]] == \
+        [(1, 3, "signal")], resumed
+    recovery = max(_mark(flow_runner, "first-step-1-rank-%d" % r) for r in range(4)) \
+        - _mark(flow_runner, "killed-at")
+    assert recovery > 0
+    if os.environ.get("TD_RECOVERY_REPORT"):
+        with open(os.environ["TD_RECOVERY_REPORT"], "a") as f:
+            f.write(json.dumps({"gang": "1x4 in place", "recovery_s": round(recovery, 2)}) + "\n")
+
+    whole = flow_runner.run("checkpoint_flow.py", env=ONE_NODE)
+    assert whole.returncode == 0, whole
+    uninterrupted = flow_runner.client(TRAIN + "result = dict(w=t['weights'].data, "
+                                       "restarts=t['restart_count'].data)")
+    assert uninterrupted["restarts"] == 0
+    # same seeds, same batches: the restarted gang ends with exactly the same weights
+    assert json.loads(resumed["w"]) == json.loads(uninterrupted["w"])
+
+
+def test_the_same_error_in_two_rounds_stops_the_restarts_early(flow_runner):
+    res = flow_runner.run("checkpoint_flow.py",
+                          env={"TD_NODES": 1, "TD_NPROC": 2, "TD_MAX_RESTARTS": 3,
+                               "TD_BUG": "one"})
+    assert res.returncode != 0, res
+    first, sep, _ = res.output.partition("Task is starting (retry).")
+    assert sep, res  # the attempt failed, and @retry took over
+    assert "restart 1 of 3 after rank 1 (node 0) raised ValueError: a bug in rank 1's" in first
+    assert "restart 2 of 3" not in first, res
+    assert ("Restarts stopped early: rank 1 (node 0, local rank 1) raised the same error in "
+            "rounds 0 and 1") in first, res
+    assert "ValueError: a bug in rank 1's training loop at step 5" in first
+
+
+def test_exhausted_restarts_fail_with_the_last_cause_and_a_line_per_round(flow_runner):
+    res = flow_runner.run("checkpoint_flow.py",
+                          env={"TD_NODES": 1, "TD_NPROC": 2, "TD_MAX_RESTARTS": 1,
+                               "TD_BUG": "changing"})
+    assert res.returncode != 0, res
+    first = res.output.partition("Task is starting (retry).")[0]
+    assert "ValueError: a flaky failure in round 1" in first, res
+    assert "Restarts exhausted: the gang was restarted in place once (max_restarts=1)." in first
+    assert ("Earlier rounds of this attempt (restarted in place): round 0: rank 1 (node 0) "
+            "raised ValueError: a flaky failure in round 0.") in first, res
