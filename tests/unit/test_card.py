@@ -333,3 +333,19 @@ def _deco(name, **attributes):
 ])
 def test_which_gang_steps_get_the_gangs_card(on, decorators, remote, metadata, expected):
     assert card.wanted(on, decorators, remote, metadata) is expected
+
+
+def test_a_gang_restarted_in_place_shows_each_round_and_its_last_rounds_ranks():
+    killed = Failure(3, 0, "signal", T0 + 3, -9, local_rank=3)
+    ranks = {str(r): rank_events(r, 4.0, 4.5, 9.0) for r in range(4)}  # round 1's
+    rec = record(nodes=1, nproc=4, ranks=ranks, phases=[("abort", T0 + 3.1), ("restart", T0 + 4)])
+    rec["restarts"] = [{"round": 0, "at": T0 + 3, "sentence": killed.sentence()}]
+    data = card.card_data(rec)
+    assert data["restarts"] == [["0", "3.0 s", "rank 3 (node 0, local rank 3) was killed by "
+                                 "SIGKILL."]]
+    # round 0's abort does not cut short the bars of round 1, which finished
+    assert [r["outcome"] for r in data["ranks"]] == ["finished"] * 4
+    assert "restart" in {m["name"] for m in data["markers"]}
+    shown = [c for c in card.components(data) if "Restarts in place" in str(vars(c))]
+    assert shown, "the card has a section for the restarts"
+    assert "restarts" not in card.card_data(record()) or not card.card_data(record())["restarts"]

@@ -573,9 +573,13 @@ class Leader:
             if self.remote and control is not None:
                 for node in range(1, self.topology.nodes):
                     remote[node] = control.node_events(node)
-            return attempt.recorder.collect(attempt.spec.work_dir, runner.slots, runner.spawned,
-                                            remote, failures, root_cause(failures),
-                                            list(runner.stopped))
+            record = attempt.recorder.collect(attempt.spec.work_dir, runner.slots,
+                                              runner.spawned, remote, failures,
+                                              root_cause(failures), list(runner.stopped))
+            if attempt.rounds:  # restarts in place: the rounds before the last
+                record["restarts"] = [{"round": n, "at": f.detected_at, "sentence": f.sentence()}
+                                      for n, f in enumerate(attempt.rounds)]
+            return record
         except Exception as ex:  # noqa: BLE001 - the card is a view; the step's result stands
             print("@torch_distributed on step *%s*: could not record the gang for its card: %s"
                   % (self.step_name, ex), file=sys.stderr, flush=True)

@@ -48,7 +48,10 @@ def card_data(record, history=()):
     root = record.get("root_cause")
     failed_at = {f["rank"]: f["detected_at"] for f in record.get("failures", [])
                  if f.get("rank") is not None}
-    abort = next((t for name, t in record.get("phases", []) if name == "abort"), None)
+    # the stop of the last round (a restart in place starts a round after an abort)
+    phases = record.get("phases", [])
+    last_round = max((i for i, (name, _) in enumerate(phases) if name == "restart"), default=-1)
+    abort = next((t for name, t in phases[last_round + 1:] if name == "abort"), None)
     ranks = []
     root_rank = root.get("rank") if root else None
     for rank in range(record["nodes"] * record["nproc_per_node"]):
@@ -75,6 +78,8 @@ def card_data(record, history=()):
         scalars=_scalars(record),
         attempts=[_attempt_row(r) for r in [*history, record]],
         ignored=record.get("ignored_messages") or {},
+        restarts=[[str(r["round"]), "%.1f s" % _rel(r["at"], t0), r["sentence"]]
+                  for r in record.get("restarts", [])],
     )
 
 
@@ -275,6 +280,10 @@ def components(data):
            Table(data["nodes"], headers=["Node", "Ranks", "Host", "IP", "Scheduler's name"]),
            Markdown("### Timeline"), VegaChart(timeline_spec(data))]
     out += _outcome_components(data["outcome"], Markdown)
+    if data.get("restarts"):
+        out += [Markdown("### Restarts in place\n\nEach round below failed and the gang was "
+                         "started again in the same attempt; the timeline shows the last round."),
+                Table(data["restarts"], headers=["Round", "Failed at", "Root cause"])]
     if data["ignored"]:
         out.append(Markdown("### Ignored messages\n\n%s" % ignored_note(data["ignored"])))
     if len(data["attempts"]) > 1:

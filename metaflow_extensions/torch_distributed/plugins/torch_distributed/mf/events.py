@@ -291,7 +291,7 @@ class GangRecorder:
         return dict(
             version=1,
             step=spec.step_name,
-            attempt=spec.restart_count,
+            attempt=int(spec.task.get("retry_count") or 0),  # the Metaflow attempt
             gang_id=spec.gang_id,
             nodes=self.topology.nodes,
             nproc_per_node=self.topology.nproc_per_node,
