@@ -18,7 +18,11 @@ class RecoveryTorchrunFlow(FlowSpec):
 
     @step
     def train(self):
-        env = dict(os.environ, RECOVERY_CKPT=os.path.join(tempfile.mkdtemp(), "model.pt"))
+        # Without it, torch 2.13's torchrun restarts the workers on the rendezvous store of the
+        # failed round, whose peer addresses gloo then dials (pytorch/pytorch#135712: "Connection
+        # refused" in connectFullMesh): the known workaround, which torchrun users need too.
+        env = dict(os.environ, RECOVERY_CKPT=os.path.join(tempfile.mkdtemp(), "model.pt"),
+                   TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc-per-node=%s" % os.environ.get("BENCH_WORLD", "4"),
                         "--max-restarts=1", os.path.join(HERE, "recovery_train.py")],
