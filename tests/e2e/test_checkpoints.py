@@ -28,6 +28,16 @@ def _recovery_seconds(flow_runner, world_size):
     return resumed - _mark(flow_runner, "killed-at")
 
 
+def report_recovery(flow_runner, gang, world_size):
+    """The recovery's seconds (from the SIGKILL to the resumed gang's first step), appended to
+    TD_RECOVERY_REPORT when it is set (docs/checkpoints.md quotes these)."""
+    recovery = _recovery_seconds(flow_runner, world_size)
+    assert recovery > 0
+    if os.environ.get("TD_RECOVERY_REPORT"):
+        with open(os.environ["TD_RECOVERY_REPORT"], "a") as f:
+            f.write(json.dumps({"gang": gang, "recovery_s": round(recovery, 2)}) + "\n")
+
+
 def test_a_lost_rank_resumes_from_the_last_checkpoint_on_every_node(flow_runner):
     killed = flow_runner.run("checkpoint_flow.py",
                              env=dict(GANG, TD_KILL_RANK=3, TD_KILL_STEP=35))
@@ -39,11 +49,7 @@ def test_a_lost_rank_resumes_from_the_last_checkpoint_on_every_node(flow_runner)
     resumed = flow_runner.client(TRAIN + "result = dict(w=t['weights'].data, "
                                  "first=t['resumed_from'].data, attempt=t.current_attempt)")
     assert resumed["first"] == 30 and resumed["attempt"] == 1, resumed
-    recovery = _recovery_seconds(flow_runner, 4)
-    assert recovery > 0
-    if os.environ.get("TD_RECOVERY_REPORT"):  # docs/checkpoints.md quotes these
-        with open(os.environ["TD_RECOVERY_REPORT"], "a") as f:
-            f.write(json.dumps({"gang": "2x2", "recovery_s": round(recovery, 2)}) + "\n")
+    report_recovery(flow_runner, "2x2", 4)
 
     whole = flow_runner.run("checkpoint_flow.py", env=GANG)
     assert whole.returncode == 0, whole

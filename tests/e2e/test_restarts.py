@@ -7,9 +7,8 @@ checkpoint_flow.py trains a tiny DDP model for 60 steps (rank 0 saves every 10) 
 """
 
 import json
-import os
 
-from tests.e2e.test_checkpoints import _mark, _starts
+from tests.e2e.test_checkpoints import _mark, _starts, report_recovery
 
 TRAIN = "t = Flow('CheckpointFlow').latest_run['train'].task\n"
 ONE_NODE = {"TD_NODES": 1, "TD_NPROC": 4, "TD_MAX_RESTARTS": 1}
@@ -35,12 +34,7 @@ def test_a_killed_rank_restarts_the_gang_in_place_from_the_last_checkpoint(flow_
     assert resumed["first"] == 30, resumed
     assert [(r["restart"], r["rank"], r["kind"]) for r in resumed["recorded"]] == \
         [(1, 3, "signal")], resumed
-    recovery = max(_mark(flow_runner, "first-step-1-rank-%d" % r) for r in range(4)) \
-        - _mark(flow_runner, "killed-at")
-    assert recovery > 0
-    if os.environ.get("TD_RECOVERY_REPORT"):
-        with open(os.environ["TD_RECOVERY_REPORT"], "a") as f:
-            f.write(json.dumps({"gang": "1x4 in place", "recovery_s": round(recovery, 2)}) + "\n")
+    report_recovery(flow_runner, "1x4 in place", 4)
 
     whole = flow_runner.run("checkpoint_flow.py", env=ONE_NODE)
     assert whole.returncode == 0, whole
@@ -75,3 +69,17 @@ def test_exhausted_restarts_fail_with_the_last_cause_and_a_line_per_round(flow_r
     assert "Restarts exhausted: the gang was restarted in place once (max_restarts=1)." in first
     assert ("Earlier rounds of this attempt (restarted in place): round 0: rank 1 (node 0) "
             "raised ValueError: a flaky failure in round 0.") in first, res
+
+
+def test_a_sigterm_to_the_task_while_a_round_stops_is_not_lost_on_a_restart(flow_runner):
+    """The task is told to stop (a scheduler's SIGTERM) while it stops the failed round: no new
+    round starts, and the attempt fails with the round's root cause."""
+    res = flow_runner.run("checkpoint_flow.py",
+                          env=dict(ONE_NODE, TD_KILL_RANK=3, TD_KILL_STEP=35,
+                                   TD_TERM_TASK_ON_STOP=1))
+    first = res.output.partition("Task is starting (retry).")[0]
+    assert "restart 1 of 1" not in first, res
+    assert "Not restarted in place: a SIGTERM reached the task while the failed round " \
+        "stopped" in first, res
+    assert "rank 3 (node 0, local rank 3) was killed by SIGKILL" in first, res
+    assert not (flow_runner.marks / "start-1-rank-0").exists()  # round 1 never began

@@ -161,6 +161,11 @@ class Pod:
             state = {"waiting": {"reason": "ContainerCreating"}}
         elif self.phase == "Running":
             state = {"running": {"startedAt": self.started_at}}
+        elif self.exit_code is None:
+            # stopped before its container ever ran (a pod held pending, then its JobSet
+            # failed): the container never terminated, and the API's `terminated` requires an
+            # exitCode (V1ContainerStateTerminated), so it stays waiting
+            state = {"waiting": {"reason": self.reason or "ContainerCreating"}}
         else:
             state = {"terminated": {"exitCode": self.exit_code, "reason": self.reason,
                                     "startedAt": self.started_at,

@@ -15,7 +15,8 @@ an uninterrupted one. TD_BUG=1 makes every attempt raise a ValueError instead (a
 TD_MAX_RESTARTS=N gives the gang max_restarts=N: the marks and the kill then count the gang's
 rounds (current.torch_distributed.restart_count) instead of the attempts, and TD_BUG=changing
 raises a ValueError whose message names the round (rank 1), TD_BUG=one the same ValueError in
-every round (rank 1)."""
+every round (rank 1). TD_TERM_TASK_ON_STOP=1: rank 0 of the first round passes the SIGTERM of
+the gang's stop on to the task."""
 
 import json
 import os
@@ -86,6 +87,13 @@ class CheckpointFlow(FlowSpec):
         mark("start-%d-rank-%d" % (attempt, rank), first)
         mark("restart-count-%d-rank-%d" % (attempt, rank),
              int(os.environ["TORCHELASTIC_RESTART_COUNT"]))
+        if os.environ.get("TD_TERM_TASK_ON_STOP") == "1" and rank == 0 and attempt == 0:
+            # the gang's stop of this round (a SIGTERM to rank 0) passes a SIGTERM on to the
+            # task, rank 0's parent: it reaches the task while it stops the failed round
+            def pass_it_on(signum, frame):
+                os.kill(os.getppid(), signal.SIGTERM)
+                os._exit(1)
+            signal.signal(signal.SIGTERM, pass_it_on)
         ddp = DistributedDataParallel(model)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
         for i in range(first, STEPS):

@@ -463,6 +463,10 @@ class Leader:
         outcome, _ = self._outcome(attempt)
         root = outcome.root_cause
         attempt.no_restart = rounds.why_not_restart(root, attempt.rounds, spec.max_restarts)
+        if attempt.no_restart is None and attempt.watch.sigterm_at is not None:
+            # told to stop while the round stopped (a scheduler's stop, a spot reclaim): the
+            # machine may be going away, and the SIGTERM is not lost on a round that ended
+            attempt.no_restart = rounds.TERMINATED
         if attempt.no_restart is not None:
             return False
         attempt.rounds.append(root)
@@ -485,7 +489,9 @@ class Leader:
                   % (self.step_name, restart, loaded), file=sys.stderr, flush=True)
         runner.start_ranks(range(self.topology.nproc_per_node),
                            close_fds=[attempt.listener.fileno()])
-        attempt.watch = self._watch(attempt)
+        ended, attempt.watch = attempt.watch, self._watch(attempt)
+        if ended.sigterm_at is not None:  # it came while the ranks were being started
+            attempt.watch.sigterm()
         return True
 
     def _take_handback(self, attempt, handback):

@@ -17,6 +17,12 @@ RESTARTABLE = frozenset({FailureKind.EXCEPTION, FailureKind.EXIT, FailureKind.SI
                          FailureKind.HUNG, FailureKind.UNFINISHED})
 
 
+# Why a round is not restarted when a SIGTERM reached the task as it stopped.
+TERMINATED = ("Not restarted in place: a SIGTERM reached the task while the failed round "
+              "stopped (a scheduler's stop, a spot reclaim: the machine may be going away), so "
+              "the attempt fails (@retry starts a new one).")
+
+
 def same_error(earlier: Failure, later: Failure) -> bool:
     """True when `later` is the error `earlier` was: the same rank raised the same exception
     type with the same message (a deterministic bug, which a restart only repeats)."""

@@ -78,11 +78,8 @@ def _count(step_name, name, value, configured):
         count = None
     if count is not None and count >= 0:
         return count
-    where = ("%s=%r" % (name, raw) if value is not None
-             else "METAFLOW_TORCH_DISTRIBUTED_%s=%r" % (name.upper(), raw))
     return _bad(step_name, "%s is not a whole number of 0 or more. Give e.g. %s." % (
-        where, "%s=3" % name if value is not None
-        else "METAFLOW_TORCH_DISTRIBUTED_%s=3" % name.upper()))
+        _setting(name, value, raw), _setting(name, value, 3, quote=False)))
 
 
 _ON = ("1", "true", "yes", "on")
@@ -131,11 +128,15 @@ def _seconds(step_name, name, value, configured):
         seconds = None
     if seconds is not None and not isinstance(raw, bool) and 0 < seconds and math.isfinite(seconds):
         return seconds
-    where = ("%s=%r" % (name, raw) if value is not None
-             else "METAFLOW_TORCH_DISTRIBUTED_%s=%r" % (name.upper(), raw))
     return _bad(step_name, "%s is not a positive number of seconds. Give e.g. %s." % (
-        where, "%s=300" % name if value is not None
-        else "METAFLOW_TORCH_DISTRIBUTED_%s=300" % name.upper()))
+        _setting(name, value, raw), _setting(name, value, 300, quote=False)))
+
+
+def _setting(name, value, shown, quote=True):
+    """`name=shown` as the user wrote it: the decorator's attribute when one was given
+    (`value` not None), else its METAFLOW_TORCH_DISTRIBUTED_ variable."""
+    key = name if value is not None else "METAFLOW_TORCH_DISTRIBUTED_%s" % name.upper()
+    return ("%s=%r" if quote else "%s=%s") % (key, shown)
 
 
 def _start_method(step_name, value, configured):

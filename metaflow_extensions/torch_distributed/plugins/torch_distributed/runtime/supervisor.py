@@ -120,6 +120,11 @@ class Watch:
         if self._sigterm_at is None:
             self._sigterm_at = time.time()
 
+    @property
+    def sigterm_at(self):
+        """When a SIGTERM reached this node's supervising process (None: none did)."""
+        return self._sigterm_at
+
     def _told_to_stop(self):
         """A SIGTERM reached this process and the thread has not acted on it yet: whatever
         fails meanwhile (a framework's handler in rank 0 raising its SIGTERMException) is what
