@@ -30,6 +30,7 @@ class NodeProcess:
         self._kill_at: float | None = None
         self._killed = False
         self._torn_down = False
+        self._doomed: list[psutil.Process] = []
 
     @classmethod
     def start(cls, argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
@@ -98,13 +99,21 @@ class NodeProcess:
             for process in processes_with(*self._marker):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     process.kill()
+                    self._doomed.append(process)
         self._torn_down = True
         self._log_file.close()
 
     def wait(self, timeout_s: float) -> int | None:
+        """The exit code once the main process has exited and, after `teardown`, every process
+        it killed is gone too (a container is removed once its cgroup is empty: a SIGKILLed
+        process in uninterruptible sleep, as under load, lives on until its I/O ends); None
+        if that takes longer than `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        while self.exit_code() is None and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (
+                self.exit_code() is None or any(_alive(p) for p in self._doomed)):
             time.sleep(0.02)
+        if any(_alive(p) for p in self._doomed):
+            return None
         return self.exit_code()
 
     def _signal(self, signum: int) -> None:
@@ -113,6 +122,13 @@ class NodeProcess:
         # ProcessLookupError: the whole group has already exited.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._popen.pid, signum)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _catches(pid: int, signum: int) -> bool:

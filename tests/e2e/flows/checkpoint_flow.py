@@ -16,8 +16,9 @@ TD_MAX_RESTARTS=N gives the gang max_restarts=N: the marks and the kill then cou
 rounds (current.torch_distributed.restart_count) instead of the attempts, and TD_BUG=changing
 raises a ValueError whose message names the round (rank 1), TD_BUG=one the same ValueError in
 every round (rank 1). TD_TERM_TASK_ON_STOP=1: rank 0 of the first round passes the SIGTERM of
-the gang's stop on to the task."""
+the gang's stop on to the task (and, should gloo fail it first, waits for that stop)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -55,6 +56,18 @@ def die_before_marking_latest():
     ObjectStorage._save_metadata = dying
 
 
+@contextlib.contextmanager
+def waiting_for_the_stop(waiting):
+    """With `waiting`, a failure of this rank (gloo's error once a peer died) waits for the
+    gang's stop instead of ending the rank first: the stop's SIGTERM must find the handler."""
+    try:
+        yield
+    except Exception:
+        if waiting:
+            time.sleep(60)
+        raise
+
+
 class CheckpointFlow(FlowSpec):
     @step
     def start(self):
@@ -87,7 +100,9 @@ class CheckpointFlow(FlowSpec):
         mark("start-%d-rank-%d" % (attempt, rank), first)
         mark("restart-count-%d-rank-%d" % (attempt, rank),
              int(os.environ["TORCHELASTIC_RESTART_COUNT"]))
-        if os.environ.get("TD_TERM_TASK_ON_STOP") == "1" and rank == 0 and attempt == 0:
+        term_on_stop = (os.environ.get("TD_TERM_TASK_ON_STOP") == "1" and rank == 0
+                        and attempt == 0)
+        if term_on_stop:
             # the gang's stop of this round (a SIGTERM to rank 0) passes a SIGTERM on to the
             # task, rank 0's parent: it reaches the task while it stops the failed round
             def pass_it_on(signum, frame):
@@ -96,55 +111,56 @@ class CheckpointFlow(FlowSpec):
             signal.signal(signal.SIGTERM, pass_it_on)
         ddp = DistributedDataParallel(model)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        for i in range(first, STEPS):
-            if os.environ.get("TD_BUG") == "1" and i == 5:
-                raise ValueError("a bug in the training loop at step %d" % i)
-            if os.environ.get("TD_BUG") == "one" and i == 5 and rank == 1:
-                raise ValueError("a bug in rank 1's training loop at step %d" % i)
-            if os.environ.get("TD_BUG") == "changing" and i == 5 and rank == 1:
-                raise ValueError("a flaky failure in round %d" % attempt)
-            if (attempt == 0 and rank == int(os.environ.get("TD_KILL_RANK", -1))
-                    and i == int(os.environ["TD_KILL_STEP"])):
-                mark("killed-at", time.time())
-                os.kill(os.getpid(), signal.SIGKILL)
-            if i == first:  # when the first training step of this attempt began
-                mark("first-step-%d-rank-%d" % (attempt, rank), time.time())
+        with waiting_for_the_stop(term_on_stop):
+            for i in range(first, STEPS):
+                if os.environ.get("TD_BUG") == "1" and i == 5:
+                    raise ValueError("a bug in the training loop at step %d" % i)
+                if os.environ.get("TD_BUG") == "one" and i == 5 and rank == 1:
+                    raise ValueError("a bug in rank 1's training loop at step %d" % i)
+                if os.environ.get("TD_BUG") == "changing" and i == 5 and rank == 1:
+                    raise ValueError("a flaky failure in round %d" % attempt)
+                if (attempt == 0 and rank == int(os.environ.get("TD_KILL_RANK", -1))
+                        and i == int(os.environ["TD_KILL_STEP"])):
+                    mark("killed-at", time.time())
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if i == first:  # when the first training step of this attempt began
+                    mark("first-step-%d-rank-%d" % (attempt, rank), time.time())
+                    if preempting:
+                        mark("training-%d" % rank, os.getpid())
                 if preempting:
-                    mark("training-%d" % rank, os.getpid())
-            if preempting:
-                time.sleep(0.05)
-                told = torch.tensor([1.0 if current.torch_distributed.preempted.is_set()
-                                     else 0.0])
-                dist.all_reduce(told, op=dist.ReduceOp.MAX)
-                if told.item():  # save where we are, in the preemption's window
-                    if rank == 0:
-                        folder = tempfile.mkdtemp()
-                        torch.save({"model": model.state_dict(), "step": i, "why": "preempted"},
-                                   os.path.join(folder, "model.pt"))
-                        current.checkpoint.save(folder, metadata={"step": i})
+                    time.sleep(0.05)
+                    told = torch.tensor([1.0 if current.torch_distributed.preempted.is_set()
+                                         else 0.0])
+                    dist.all_reduce(told, op=dist.ReduceOp.MAX)
+                    if told.item():  # save where we are, in the preemption's window
+                        if rank == 0:
+                            folder = tempfile.mkdtemp()
+                            torch.save({"model": model.state_dict(), "step": i, "why": "preempted"},
+                                       os.path.join(folder, "model.pt"))
+                            current.checkpoint.save(folder, metadata={"step": i})
+                        dist.barrier()
+                        mark("preempt-saved-%d" % rank, i)
+                        break
+                gen = torch.Generator().manual_seed(1000 * i + rank)
+                x = torch.randn(16, 8, generator=gen)
+                y = x.sum(dim=1, keepdim=True)
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+                opt.step()
+                if (i + 1) % EVERY == 0:
+                    # every rank reached step i + 1 before rank 0 saves it
                     dist.barrier()
-                    mark("preempt-saved-%d" % rank, i)
-                    break
-            gen = torch.Generator().manual_seed(1000 * i + rank)
-            x = torch.randn(16, 8, generator=gen)
-            y = x.sum(dim=1, keepdim=True)
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(ddp(x), y).backward()
-            opt.step()
-            if (i + 1) % EVERY == 0:
-                # every rank reached step i + 1 before rank 0 saves it
-                dist.barrier()
-                if rank == 0:
-                    if (current.retry_count == 0
-                            and os.environ.get("TD_KILL_IN_SAVE") == str(i + 1)):
-                        die_before_marking_latest()
-                    # a new folder per save: on the local datastore the restored files in
-                    # current.checkpoint.directory are links to the stored checkpoint
-                    folder = tempfile.mkdtemp()
-                    torch.save({"model": model.state_dict(), "step": i + 1},
-                               os.path.join(folder, "model.pt"))
-                    current.checkpoint.save(folder, metadata={"step": i + 1})
-                dist.barrier()
+                    if rank == 0:
+                        if (current.retry_count == 0
+                                and os.environ.get("TD_KILL_IN_SAVE") == str(i + 1)):
+                            die_before_marking_latest()
+                        # a new folder per save: on the local datastore the restored files in
+                        # current.checkpoint.directory are links to the stored checkpoint
+                        folder = tempfile.mkdtemp()
+                        torch.save({"model": model.state_dict(), "step": i + 1},
+                                   os.path.join(folder, "model.pt"))
+                        current.checkpoint.save(folder, metadata={"step": i + 1})
+                    dist.barrier()
         self.weights = json.dumps([p.detach().tolist() for p in model.parameters()])
         self.resumed_from = first
         self.restart_count = current.torch_distributed.restart_count
