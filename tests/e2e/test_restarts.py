@@ -2,24 +2,31 @@
 machine within the same Metaflow attempt, from the latest checkpoint.
 
 checkpoint_flow.py trains a tiny DDP model for 60 steps (rank 0 saves every 10) on a gang of
-1 node x TD_NPROC processes; with TD_MAX_RESTARTS its marks count the gang's rounds
+TD_NODES x TD_NPROC processes; with TD_MAX_RESTARTS its marks count the gang's rounds
 (current.torch_distributed.restart_count) instead of the attempts.
 """
 
 import json
 
+import pytest
+
 from tests.e2e.test_checkpoints import _mark, _starts, report_recovery
 
 TRAIN = "t = Flow('CheckpointFlow').latest_run['train'].task\n"
 ONE_NODE = {"TD_NODES": 1, "TD_NPROC": 4, "TD_MAX_RESTARTS": 1}
+TWO_NODES = {"TD_NODES": 2, "TD_NPROC": 2, "TD_MAX_RESTARTS": 1}
 
 
-def test_a_killed_rank_restarts_the_gang_in_place_from_the_last_checkpoint(flow_runner):
+@pytest.mark.parametrize("gang", [ONE_NODE, TWO_NODES], ids=["1x4", "2x2"])
+def test_a_killed_rank_restarts_the_gang_in_place_from_the_last_checkpoint(flow_runner, gang):
+    """Rank 3 (node 0 of 1 x 4, node 1 of 2 x 2) is SIGKILLed at step 35: every rank of every
+    node starts again within the attempt, from the checkpoint of step 30."""
     killed = flow_runner.run("checkpoint_flow.py",
-                             env=dict(ONE_NODE, TD_KILL_RANK=3, TD_KILL_STEP=35))
+                             env=dict(gang, TD_KILL_RANK=3, TD_KILL_STEP=35))
     assert killed.returncode == 0, killed
-    assert ("restart 1 of 1 after rank 3 (node 0) was killed by SIGKILL; every rank is started "
-            "again" in killed.output), killed
+    node = gang["TD_NODES"] - 1
+    assert ("restart 1 of 1 after rank 3 (node %d) was killed by SIGKILL; every rank is started "
+            "again" % node in killed.output), killed
     assert "Task is starting (retry)" not in killed.output, killed  # the same attempt
     assert _starts(flow_runner, 0, 4) == [0, 0, 0, 0]
     # every rank of round 1 started from the checkpoint of step 30, saved by round 0
@@ -34,9 +41,9 @@ def test_a_killed_rank_restarts_the_gang_in_place_from_the_last_checkpoint(flow_
     assert resumed["first"] == 30, resumed
     assert [(r["restart"], r["rank"], r["kind"]) for r in resumed["recorded"]] == \
         [(1, 3, "signal")], resumed
-    report_recovery(flow_runner, "1x4 in place", 4)
+    report_recovery(flow_runner, "%dx%d in place" % (gang["TD_NODES"], gang["TD_NPROC"]), 4)
 
-    whole = flow_runner.run("checkpoint_flow.py", env=ONE_NODE)
+    whole = flow_runner.run("checkpoint_flow.py", env=gang)
     assert whole.returncode == 0, whole
     uninterrupted = flow_runner.client(TRAIN + "result = dict(w=t['weights'].data, "
                                        "restarts=t['restart_count'].data)")
@@ -83,3 +90,17 @@ def test_a_sigterm_to_the_task_while_a_round_stops_is_not_lost_on_a_restart(flow
         "stopped" in first, res
     assert "rank 3 (node 0, local rank 3) was killed by SIGKILL" in first, res
     assert not (flow_runner.marks / "start-1-rank-0").exists()  # round 1 never began
+
+
+def test_a_lost_node_is_not_restarted_in_place_and_retry_takes_over(flow_runner):
+    """Node 1's agent is SIGKILLed (its machine gone): no restart in place, the attempt fails
+    naming the node, and @retry's attempt resumes from the latest checkpoint."""
+    res = flow_runner.run("checkpoint_flow.py", env=dict(TWO_NODES, TD_KILL_AGENT_STEP=35))
+    assert res.returncode == 0, res
+    first, sep, _ = res.output.partition("Task is starting (retry).")
+    assert sep, res  # the attempt failed, and @retry took over
+    assert "restart 1 of 1" not in first, res
+    assert "node 1 node agent exited with code -9 before reporting a cause" in first, res
+    assert "A failure of this kind (agent) is not restarted in place" in first, res
+    # the retry's round 0 started from the checkpoint of step 30 on every rank
+    assert _starts(flow_runner, 0, 4) == [30, 30, 30, 30]

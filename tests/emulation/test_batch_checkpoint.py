@@ -38,6 +38,23 @@ def test_the_retry_of_a_batch_gang_loads_the_checkpoint_on_every_node(gang):
                for p in loaded), loaded
 
 
+def test_a_rank_killed_on_node_1_restarts_the_batch_gang_in_place_in_the_same_job(gang):
+    """max_restarts=1: rank 1 (node 1) is SIGKILLed after rank 0's save; both nodes start
+    their ranks again within the same multi-node job, each loading that save."""
+    res = gang.run(TD_LAUNCH_DIR=gang.workdir, TD_MAX_RESTARTS=1)
+    assert res.returncode == 0, res.output
+    assert "restart 1 of 1 after rank 1 (node 1) was killed by SIGKILL" in res.output, res.output
+    assert "Task is starting (retry)" not in res.output, res.output
+    assert len(gang.jobs_of("train")) == 1  # no new multi-node job
+    found = gang.client("dict(loaded=run['train'].task['loaded'].data, restarts=run['train']"
+                        ".task['restarts'].data, attempt=run['train'].task.current_attempt)")
+    assert found["restarts"] == 1 and found["attempt"] == 0, found
+    loaded = found["loaded"]
+    assert [(p["rank"], p["node"]) for p in loaded] == [(0, "0"), (1, "1")]
+    assert all(p["is_loaded"] and p["found"] == "saved by rank 0 in attempt 0"
+               for p in loaded), loaded
+
+
 def test_terminate_job_preempts_every_node_and_the_retry_resumes_from_the_save_in_its_grace(
         aws, start_emulator, tmp_path):
     """TerminateJob, as a spot reclaim or `aws batch terminate-job` does: SIGTERM to each

@@ -343,6 +343,24 @@ def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubern
     _assert_the_retry_loaded_the_checkpoint_on_both_pods(gang)
 
 
+def test_a_rank_killed_on_the_worker_pod_restarts_the_jobset_in_place(aws, kubernetes, tmp_path):
+    """max_restarts=1: rank 1 (the worker pod) is SIGKILLed after rank 0's save; both pods
+    start their ranks again within the same JobSet, each loading that save."""
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "remote_checkpoint_flow.py")
+    res = gang.run(timeout_s=300, TD_LAUNCH_DIR=gang.workdir, TD_MAX_RESTARTS=1)
+    assert res.returncode == 0, res.output
+    assert "restart 1 of 1 after rank 1 (node 1) was killed by SIGKILL" in res.output, res.output
+    assert "Task is starting (retry)" not in res.output, res.output
+    assert len(gang.jobsets_of("train")) == 1  # no new JobSet
+    found = gang.client("dict(loaded=run['train'].task['loaded'].data, restarts=run['train']"
+                        ".task['restarts'].data, attempt=run['train'].task.current_attempt)")
+    assert found["restarts"] == 1 and found["attempt"] == 0, found
+    loaded = found["loaded"]
+    assert "-control-0-0-" in loaded[0]["pod"] and "-worker-0-0-" in loaded[1]["pod"], loaded
+    assert all(p["is_loaded"] and p["found"] == "saved by rank 0 in attempt 0"
+               for p in loaded), loaded
+
+
 def _checkpoint_run_in_background(gang, **td):
     """Start remote_checkpoint_flow.py with `td`; returns the call that waits for its result."""
     import threading

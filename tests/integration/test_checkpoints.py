@@ -76,7 +76,8 @@ def test_members_get_the_checkpoint_node_0_loaded(tmp_path):
     # a member on node 0 uses rank 0's directory as it is: no second download
     assert same_node["directory"] == got["node0"] and same_node["node"] == 0
     # node 1's agent fetched the same checkpoint into a directory of its node ...
-    assert other_node["directory"] == str(tmp_path / "work" / "checkpoint-node-1")
+    # a directory per round of the gang (the spec's restart_count is 1)
+    assert other_node["directory"] == str(tmp_path / "work" / "checkpoint-node-1-round-1")
     assert other_node["node"] == 1  # ... which its own members then use
     for member in (same_node, other_node):
         assert member["is_loaded"] and member["key"] == got["ref_key"]

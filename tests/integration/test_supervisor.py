@@ -422,6 +422,28 @@ def test_a_node_that_joined_and_never_beat_is_reported_lost(gang):
     assert "stopped sending heartbeats 0.5s ago: node 1 (ranks 2-3)" in failure.describe()
 
 
+def test_a_restarted_round_leaves_a_node_still_starting_to_the_join_deadline(gang):
+    """Restarts in place: a node's agent beat through round 0, then loads round 1's checkpoint
+    and starts its ranks without beating (a large checkpoint takes longer than the heartbeat
+    timeout). Until it joins round 1 it is the join deadline's; once joined, its silence is
+    counted again."""
+    host, node, _ = gang
+    for _ in range(3):
+        node.beat(1)  # round 0's beats
+    recorder = Recorder()
+    sup = LeaderWatch([], host.for_round(1), Topology(2, 2), watch_nodes=[1],
+                      heartbeat_timeout=0.5, expected_joins={naming.node_join_id(1): Place(1)},
+                      join_timeout=60, on_failure=recorder).start()
+    try:
+        assert not sup.wait(1.5)  # silent, not joined yet: not lost
+        node.for_round(1).join(naming.node_join_id(1))  # joined round 1, then nothing
+        assert sup.wait(5)
+    finally:
+        sup.finished.set()
+    [failure] = recorder.calls
+    assert failure.kind == "lost" and failure.node == 1, failure
+
+
 def test_unfinished_ranks_are_named_on_every_node(gang, started):
     host, node, _ = gang
     topo = Topology(2, 2)

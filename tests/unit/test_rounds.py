@@ -9,8 +9,6 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
     Failure)
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.settings import resolve
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import (
-    Topology)
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.decorator import (
     _check_restarts)
 from tests.unit.test_settings import CONFIG
@@ -74,13 +72,26 @@ def test_each_round_has_its_own_keys_and_round_0_keeps_todays():
     assert first.abort == "mftd/abort" and second.abort == "mftd/round/1/abort"
     for name, args in [("joined", ("node1",)), ("done", (1,)), ("failure", (1,)),
                        ("running", (1,)), ("rank_done", (2,)), ("progress", (1,)),
-                       ("gather", (0, 2)), ("preempted", (1,))]:
+                       ("gather", (0, 2)), ("preempted", (1,)), ("stopped", (1,))]:
         assert getattr(first, name)(*args) != getattr(second, name)(*args), name
         assert getattr(second, name)(*args).startswith("mftd/round/1/"), name
     # the attempt's own: one store claim, one heartbeat count and log per node
     for name, args in [("beat", (1,)), ("log_chunk", (1, 3)), ("node_events", (1,))]:
         assert getattr(first, name)(*args) == getattr(second, name)(*args), name
     assert first.gang == second.gang and first.stacks == second.stacks
+    assert first.word == "mftd/word" and second.word == "mftd/round/1/word"
+    assert first.checkpoint != second.checkpoint
+
+
+def test_a_node_that_cannot_take_part_in_the_next_round_is_named():
+    assert rounds.nodes_not_stopped([1], 30.0, gone=False) == (
+        "Not restarted in place: the agent of node 1 did not say within 30s that its ranks of "
+        "the failed round stopped, so it is lost, and a restart in place needs every node: the "
+        "attempt fails (@retry starts a new one).")
+    assert rounds.nodes_not_stopped([1, 3], 30.0, gone=True).startswith(
+        "Not restarted in place: the agent of nodes 1, 3 ended, so they are lost")
+    assert "a SIGTERM reached node 2 while the failed round stopped" in \
+        rounds.node_terminated(2)
 
 
 def test_max_restarts_is_a_whole_number_of_0_or_more():
@@ -96,14 +107,10 @@ def test_max_restarts_is_a_whole_number_of_0_or_more():
         resolve("train", {}, dict(CONFIG, MAX_RESTARTS="-2"))
 
 
-def test_restarts_are_refused_where_they_are_not_built():
-    restarting = resolve("train", {"max_restarts": 2}, CONFIG)
-    _check_restarts("train", restarting, Topology(1, 4))  # one node: fine
-    with pytest.raises(TorchDistributedConfigError, match="gangs of one node only so far, and "
-                       "this gang has nodes=2. Set max_restarts=0 and add @retry"):
-        _check_restarts("train", restarting, Topology(2, 2))
+def test_restarts_are_refused_with_the_exec_start_method():
+    _check_restarts("train", resolve("train", {"max_restarts": 2}, CONFIG))  # fork/auto: fine
     execing = resolve("train", {"max_restarts": 2, "start_method": "exec"}, CONFIG)
     with pytest.raises(TorchDistributedConfigError, match="cannot be combined with "
                        "start_method='exec'"):
-        _check_restarts("train", execing, Topology(1, 2))
-    _check_restarts("train", resolve("train", {}, CONFIG), Topology(2, 2))  # no restarts
+        _check_restarts("train", execing)
+    _check_restarts("train", resolve("train", {"start_method": "exec"}, CONFIG))  # no restarts

@@ -16,7 +16,9 @@ TD_MAX_RESTARTS=N gives the gang max_restarts=N: the marks and the kill then cou
 rounds (current.torch_distributed.restart_count) instead of the attempts, and TD_BUG=changing
 raises a ValueError whose message names the round (rank 1), TD_BUG=one the same ValueError in
 every round (rank 1). TD_TERM_TASK_ON_STOP=1: rank 0 of the first round passes the SIGTERM of
-the gang's stop on to the task (and, should gloo fail it first, waits for that stop)."""
+the gang's stop on to the task (and, should gloo fail it first, waits for that stop).
+TD_KILL_AGENT_STEP=<step>: rank 2 SIGKILLs its parent, node 1's agent, at that step of the first
+round of attempt 0 (a node lost as a whole)."""
 
 import contextlib
 import json
@@ -123,6 +125,10 @@ class CheckpointFlow(FlowSpec):
                         and i == int(os.environ["TD_KILL_STEP"])):
                     mark("killed-at", time.time())
                     os.kill(os.getpid(), signal.SIGKILL)
+                if (current.retry_count == 0 and attempt == 0 and rank == 2
+                        and i == int(os.environ.get("TD_KILL_AGENT_STEP", -1))):
+                    mark("agent-killed-at", time.time())
+                    os.kill(os.getppid(), signal.SIGKILL)  # node 1's agent: a lost node
                 if i == first:  # when the first training step of this attempt began
                     mark("first-step-%d-rank-%d" % (attempt, rank), time.time())
                     if preempting:

@@ -10,7 +10,9 @@ framework's), then rank 0 saves the step where the gang stands; each rank leaves
 TD_LAUNCH_DIR: training-<rank> once it trains, own-handler-1 (when its handler ran) and
 preempt-saved-<rank> (when the save was done).
 Attempt 1 (a new multi-node job or JobSet): every rank reads what it finds in its
-current.checkpoint.directory, and rank 0 gathers it into `loaded`, with where each rank ran."""
+current.checkpoint.directory, and rank 0 gathers it into `loaded`, with where each rank ran.
+TD_MAX_RESTARTS=N gives the gang max_restarts=N: the SIGKILL of rank 1 then restarts the gang in
+place, and round 1 of attempt 0 does what attempt 1 does (`restarts` is its restart_count)."""
 
 import os
 import signal
@@ -69,7 +71,8 @@ class RemoteCheckpointFlow(FlowSpec):
     @retry(times=1, minutes_between_retries=0)
     @checkpoint
     @torch_distributed(nodes=2, nproc_per_node=1, rendezvous_timeout=60,
-                       preempt_grace=float(TD.get("TD_PREEMPT_GRACE", "25")))
+                       preempt_grace=float(TD.get("TD_PREEMPT_GRACE", "25")),
+                       max_restarts=int(TD.get("TD_MAX_RESTARTS", "0")))
     @step
     def train(self):
         import torch
@@ -86,9 +89,11 @@ class RemoteCheckpointFlow(FlowSpec):
             dict(rank=rank, node=os.environ.get("AWS_BATCH_JOB_NODE_INDEX"),
                  pod=os.environ.get("METAFLOW_KUBERNETES_POD_NAME"), found=found,
                  is_loaded=current.checkpoint.is_loaded))
-        if current.retry_count == 0 and "TD_PREEMPT" in TD:
+        first = current.retry_count == 0 and current.torch_distributed.restart_count == 0
+        self.restarts = current.torch_distributed.restart_count
+        if first and "TD_PREEMPT" in TD:
             train_until_preempted(rank, state)
-        elif current.retry_count == 0:
+        elif first:
             if rank == 0:
                 with open(state, "w") as f:
                     f.write("saved by rank 0 in attempt 0")

@@ -136,7 +136,7 @@ class TorchDistributedDecorator(StepDecorator):
             raise TorchDistributedConfigError(step_name, str(ex))
         self.gpus_requested = source if source and source.startswith("@") else None
         self.settings = settings.resolve(step_name, self.attributes, _configured_settings())
-        _check_restarts(step_name, self.settings, self.topology)
+        _check_restarts(step_name, self.settings)
         groupcheck.check_mode(step_name, os.environ)  # a bad value fails before the run
         self.on_batch = any(d.name == "batch" for d in decorators)
         self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
@@ -416,8 +416,8 @@ def _member_step(spec, step_func, decorator_name):
     return member_step
 
 
-def _check_restarts(step_name, gang_settings, topology):
-    """Restarts in place are built for gangs of one node: refuse the rest before the run."""
+def _check_restarts(step_name, gang_settings):
+    """Restarts in place need rank 0 in a process of its own: refuse exec before the run."""
     if not gang_settings.max_restarts:
         return
     if gang_settings.start_method == "exec":
@@ -425,12 +425,6 @@ def _check_restarts(step_name, gang_settings, topology):
             step_name, "max_restarts=%d cannot be combined with start_method='exec': rank 0 "
             "then runs in the Metaflow task itself, which cannot start it again. Use "
             "start_method='auto' or 'fork', or max_restarts=0." % gang_settings.max_restarts)
-    if topology.nodes > 1:
-        raise TorchDistributedConfigError(
-            step_name, "max_restarts=%d is supported for gangs of one node only so far, and "
-            "this gang has nodes=%d. Set max_restarts=0 and add @retry (with @checkpoint, every "
-            "attempt resumes from the latest checkpoint on every node), or run the gang on one "
-            "node." % (gang_settings.max_restarts, topology.nodes))
 
 
 def _attribute(decorators, name, attribute):

@@ -26,6 +26,8 @@ from .runtime import interrupt, preempt, stacks
 from .core import naming, rounds
 from .mf import checkpoints
 from .runtime.control import (
+    ROUND_END,
+    ROUND_RESTART,
     ControlPlane,
     GangMismatch,
     bind_error,
@@ -67,6 +69,11 @@ from .runtime.supervisor import POLL_INTERVAL, AgentWatch, LeaderWatch, Place, S
 
 # Seconds a stopped member gets between SIGTERM and SIGKILL.
 STOP_GRACE = 1.0
+# Seconds node 0 waits, once a round failed, for every other node to say that its ranks
+# stopped before it restarts the gang in place; a node silent for longer is lost.
+NODES_STOP_WAIT = 30.0
+# Seconds local node agents have to leave once node 0 said that no round follows.
+AGENTS_LEAVE_WAIT = 10.0
 # Seconds to copy the last output of exited members into the task's log.
 DRAIN_TIMEOUT = 5.0
 # Seconds node 0 waits for the last output of remote nodes after the gang ended.
@@ -158,6 +165,11 @@ class NodeRunner:
             self.slots.append(Slot(member, self.spec.node, rank, local_rank, self.error_file(rank)))
         return self.slots
 
+    def slot_of(self, rank):
+        """The slot of this node's rank `rank` in the running round (local node agents' slots
+        come first from the second round on)."""
+        return next(s for s in self.slots if s.rank == rank)
+
     def _open_pipe_fds(self):
         return [fd for ends in (self.pipes or {}).values() for fd in ends if fd is not None]
 
@@ -224,13 +236,15 @@ class NodeRunner:
         self.pipes = None
         self.pump.drain(DRAIN_TIMEOUT)
 
-    def stop(self):
-        """Stop the members still running. Returns (when the first stop began, the labels of
+    def stop(self, ranks_only=False):
+        """Stop the members still running (with `ranks_only`, the ranks, not local node agents:
+        a restart in place keeps the nodes). Returns (when the first stop began, the labels of
         every member stopped so far): the watch may have stopped some before the main thread."""
         with self._stop_lock:
             if self.stop_started is None:
                 self.stop_started = time.time()
-            self.stopped += stop_members([s.member for s in self.slots], STOP_GRACE)
+            self.stopped += stop_members([s.member for s in self.slots
+                                          if s.rank is not None or not ranks_only], STOP_GRACE)
         return self.stop_started, list(self.stopped)
 
     def node_record(self, joined_at, work_dir=None):
@@ -431,7 +445,7 @@ class Leader:
                         if on_body_start is not None:
                             on_body_start()
                         # @timeout is the attempt's: it counts across rounds
-                        with AlarmForwarder(lambda: _running_pid(attempt.runner.slots[0]),
+                        with AlarmForwarder(lambda: _running_pid(attempt.runner.slot_of(0)),
                                             self.abort_grace):
                             while True:
                                 attempt.watch.wait_for_leader()
@@ -459,7 +473,7 @@ class Leader:
         spec, runner = attempt.spec, attempt.runner
         if not spec.max_restarts or not attempt.watch.failed():
             return False
-        runner.stop()
+        runner.stop(ranks_only=True)
         outcome, _ = self._outcome(attempt)
         root = outcome.root_cause
         attempt.no_restart = rounds.why_not_restart(root, attempt.rounds, spec.max_restarts)
@@ -467,6 +481,8 @@ class Leader:
             # told to stop while the round stopped (a scheduler's stop, a spot reclaim): the
             # machine may be going away, and the SIGTERM is not lost on a round that ended
             attempt.no_restart = rounds.TERMINATED
+        if attempt.no_restart is None:
+            attempt.no_restart = self._wait_for_nodes_to_stop(attempt)
         if attempt.no_restart is not None:
             return False
         attempt.rounds.append(root)
@@ -481,8 +497,15 @@ class Leader:
         loaded = checkpoints.reload_latest(self.checkpoint_policy)
         spec = attempt.spec = dataclasses.replace(spec, restart_count=restart)
         runner.new_round(spec)
-        attempt.control = attempt.control.for_round(restart)
-        attempt.control.forget_rendezvous()
+        ended_control, attempt.control = attempt.control, attempt.control.for_round(restart)
+        attempt.control.forget_rendezvous()  # every rank of every node has stopped
+        if self.topology.nodes > 1:
+            if spec.checkpoint is not None:  # what the other nodes' ranks load this round
+                from metaflow import current
+
+                attempt.control.publish_checkpoint(
+                    checkpoints.gang_fields(current, os.environ, restore=False))
+            ended_control.say_word(ROUND_RESTART)
         attempt.body_finished = False
         if loaded is not None:
             print("@torch_distributed on step *%s*: round %d starts from checkpoint %s"
@@ -493,6 +516,28 @@ class Leader:
         if ended.sigterm_at is not None:  # it came while the ranks were being started
             attempt.watch.sigterm()
         return True
+
+    def _wait_for_nodes_to_stop(self, attempt):
+        """(A failed round that restarts.) None once every other node said that its ranks of
+        the round stopped: the next round's rendezvous then starts clean. Else why the gang is
+        not restarted: a node's agent ended, said nothing within NODES_STOP_WAIT s (it is lost:
+        the attempt is @retry's), or was told to stop meanwhile."""
+        control, pending = attempt.control, set(range(1, self.topology.nodes))
+        deadline = time.monotonic() + NODES_STOP_WAIT
+        while True:
+            for node in sorted(pending):
+                if _ask(control.node_preempted, node):
+                    return rounds.node_terminated(node)
+                if _ask(control.node_stopped, node):
+                    pending.discard(node)
+            if not pending:
+                return None
+            gone = sorted(s.node for s in attempt.runner.slots if s.rank is None
+                          and s.node in pending and s.member.poll() is not None)
+            if gone or time.monotonic() >= deadline:
+                return rounds.nodes_not_stopped(gone or sorted(pending), NODES_STOP_WAIT,
+                                                gone=bool(gone))
+            time.sleep(POLL_INTERVAL)
 
     def _take_handback(self, attempt, handback):
         """(Every process of the gang has stopped.) Rank 0's results into the task: those of a
@@ -536,6 +581,9 @@ class Leader:
             running.callback(attempt.receiver.stop, REMOTE_DRAIN_TIMEOUT)
         attempt.listener = listener
         attempt.watch = self._watch(attempt, on_assembled)
+        if spec.max_restarts and self.topology.nodes > 1:
+            # the other nodes wait for node 0's word after each round (Agent._next_round)
+            running.callback(_say_end, attempt)
         running.callback(_abort_if_failed, attempt)
 
     def _watch(self, attempt, on_assembled=None):
@@ -549,13 +597,14 @@ class Leader:
             join_timeout=spec.rendezvous_timeout_s,
             heartbeat_timeout=spec.heartbeat_timeout_s,
             leader_busy=self._body_running.is_set if in_task else None,
-            leader_slot=None if in_task else runner.slots[0],
+            leader_slot=None if in_task else runner.slot_of(0),
             finish_timeout=spec.finish_timeout_s,
             on_failure=self._on_failure,
             on_assembled=on_assembled,
             progress=stacks.NodeProgress(spec.work_dir, self.topology.ranks_of(0)),
             hang_timeout=spec.hang_timeout_s,
-            on_preempt=self._preempt_gang).start()
+            on_preempt=self._preempt_gang,
+            agents_stay=bool(spec.max_restarts)).start()
 
     def _settle(self, attempt):
         """Once every process of the gang has stopped: what happened, and the card's record."""
@@ -656,7 +705,8 @@ class Leader:
         _quietly(attempt.control.abort)
         if threading.get_ident() == self._main_thread:
             return  # rank 0 itself failed: run() stops the members on its way out
-        attempt.runner.stop()
+        # with restarts in place the local nodes' agents stay, for the next round
+        attempt.runner.stop(ranks_only=bool(attempt.spec.max_restarts))
         if not self._body_running.is_set():
             return
         # without a free signal the watchdog alone ends the task after the abort grace
@@ -781,7 +831,9 @@ class Agent:
         runner.start_ranks(range(self.topology.nproc_per_node))
         runner.capture(naming.agent_label(self.spec.node))
         old_handler = signal.signal(signal.SIGTERM,
-                                    functools.partial(_kill_ranks_and_leave, runner.slots))
+                                    functools.partial(_kill_ranks_and_leave, runner))
+        # node 0's requests for every rank's stacks, followed across rounds
+        on_demand = stacks.OnDemand(_say, lambda: [s.member.pid for s in runner.slots])
         try:
             try:
                 control = ControlPlane.connect(self.spec.master_addr, self.spec.master_port,
@@ -791,55 +843,109 @@ class Agent:
                 print("cannot reach node 0 at %s:%d: %s"
                       % (self.spec.master_addr, self.spec.master_port, ex), file=sys.stderr)
                 return 2
-            self._wait_for_exec_ranks(runner, control)
-            # beat before joining: node 0 never sees this node joined and silent, unless
-            # it went silent (AgentWatch beats on from here)
-            control.beat(self.spec.node)
-            control.join(naming.node_join_id(self.spec.node))
-            joined_at = time.time()
-            if self.spec.backend != "local":
-                print("joined the gang of node 0 at %s:%d" % (self.spec.master_addr,
-                                                             self.spec.master_port), flush=True)
-            hang_timeout = self.spec.hang_timeout_s
-            supervisor = AgentWatch(
-                runner.slots, control, self.topology, self.spec.node,
-                progress=stacks.NodeProgress(self.spec.work_dir,
-                                             self.topology.ranks_of(self.spec.node))
-                if hang_timeout else None,
-                # twice per probe sample: what node 0 holds is at most a sample and a half old
-                progress_interval=stacks.interval_for(hang_timeout) / 2 if hang_timeout else None,
-                on_preempt=functools.partial(self._preempt_node, runner, control),
-                stacks=stacks.OnDemand(_say, lambda: [s.member.pid for s in runner.slots]),
-            )
-            self.watch = supervisor
-            # from now on a SIGTERM is a preemption unless node 0 already stops the gang
-            signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, supervisor))
-            supervisor.start()
-            if preempt.announce():  # its container was told to stop already
-                supervisor.sigterm()
-            supervisor.wait()
-            self._send_record(runner, control, joined_at)
-            if supervisor.aborted:
-                print("node 0 aborted the gang; stopping this node's ranks", file=sys.stderr)
-                if supervisor.preempted is not None:
-                    runner.stop()
-                    self._outlast_node_0(control)
-                return self._exit_code(3, told_node_0=True)
-            if supervisor.failed():
-                # which ranks were still running: a hung one among them may be the cause
-                _quietly(control.report_running, self.spec.node, supervisor.running_ranks())
-                told = _ask(control.report_failure, self.spec.node,
-                            root_cause(supervisor.failures)) is not False
-                if supervisor.preempted is not None:
-                    self._outlast_node_0(control)
-                return self._exit_code(1, told)
-            control.finish(self.spec.node)
-            return 0
+            while True:
+                supervisor = self._watch_round(runner, control, on_demand)
+                code = self._end_round(runner, control, supervisor)
+                # with restarts in place every node waits for node 0's word after a round
+                if not (self.spec.max_restarts and supervisor.preempted is None
+                        and self._next_round(runner, control, supervisor)):
+                    return code
+                control = control.for_round(self.spec.restart_count)
         finally:
             preempt.withdraw()
             runner.stop()
             runner.release()
             signal.signal(signal.SIGTERM, old_handler)
+
+    def _watch_round(self, runner, control, on_demand):
+        """Check this node's ranks of the round in with node 0 and watch them until the round
+        ended for this node (the watch, ended)."""
+        self._wait_for_exec_ranks(runner, control)
+        # beat before joining: node 0 never sees this node joined and silent, unless
+        # it went silent (AgentWatch beats on from here)
+        control.beat(self.spec.node)
+        control.join(naming.node_join_id(self.spec.node))
+        joined_at = time.time()
+        if self.spec.backend != "local":
+            print("joined the gang of node 0 at %s:%d%s" % (
+                self.spec.master_addr, self.spec.master_port,
+                " (round %d)" % control.round if control.round else ""), flush=True)
+        hang_timeout = self.spec.hang_timeout_s
+        supervisor = AgentWatch(
+            runner.slots, control, self.topology, self.spec.node,
+            progress=stacks.NodeProgress(self.spec.work_dir,
+                                         self.topology.ranks_of(self.spec.node))
+            if hang_timeout else None,
+            # twice per probe sample: what node 0 holds is at most a sample and a half old
+            progress_interval=stacks.interval_for(hang_timeout) / 2 if hang_timeout else None,
+            on_preempt=functools.partial(self._preempt_node, runner, control),
+            stacks=on_demand,
+        )
+        self.watch = supervisor
+        # from now on a SIGTERM is a preemption unless node 0 already stops the gang
+        signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, supervisor))
+        supervisor.start()
+        if preempt.announce():  # its container was told to stop already
+            supervisor.sigterm()
+        supervisor.wait()
+        self._send_record(runner, control, joined_at)
+        return supervisor
+
+    def _end_round(self, runner, control, supervisor):
+        """Tell node 0 how this node's round ended; the exit status to leave with if no round
+        follows."""
+        if supervisor.aborted:
+            print("node 0 aborted the gang; stopping this node's ranks", file=sys.stderr)
+            if supervisor.preempted is not None:
+                runner.stop()
+                self._outlast_node_0(control)
+            return self._exit_code(3, told_node_0=True)
+        if supervisor.failed():
+            # which ranks were still running: a hung one among them may be the cause
+            _quietly(control.report_running, self.spec.node, supervisor.running_ranks())
+            told = _ask(control.report_failure, self.spec.node,
+                        root_cause(supervisor.failures)) is not False
+            if supervisor.preempted is not None:
+                self._outlast_node_0(control)
+            return self._exit_code(1, told)
+        control.finish(self.spec.node)
+        return 0
+
+    def _next_round(self, runner, control, supervisor):
+        """(Restarts in place, the round over for this node.) Stop its ranks, tell node 0, and
+        wait for node 0's word: True once the next round's ranks of this node started, with
+        their restart_count and the checkpoint node 0 loaded for the round; False when node 0
+        ends the attempt (its word, or its store gone) or a SIGTERM reached this node."""
+        runner.stop()
+        _forget_round(self.spec.work_dir, runner, None)
+        if _ask(control.report_stopped, self.spec.node) is False:
+            return False
+        deadline = time.monotonic() + self.spec.rendezvous_timeout_s + NODES_STOP_WAIT
+        word = None
+        while word is None and time.monotonic() < deadline:
+            if supervisor.sigterm_at is not None:  # told to stop: node 0 must not restart
+                _quietly(control.report_preempted, self.spec.node)
+                return False
+            try:
+                word = control.word()
+            except Exception:  # noqa: BLE001 - any error of the store's: node 0 is gone
+                return False
+            if word is None:
+                time.sleep(POLL_INTERVAL)
+        if word != ROUND_RESTART:
+            return False
+        spec = dataclasses.replace(self.spec, restart_count=control.round + 1)
+        if spec.checkpoint is not None:  # the latest checkpoint, as node 0 loaded it
+            fields = control.for_round(spec.restart_count).checkpoint(spec.rendezvous_timeout_s)
+            if fields is None:
+                print("node 0 published no checkpoint for round %d; leaving the gang"
+                      % spec.restart_count, file=sys.stderr, flush=True)
+                return False
+            spec = checkpoints.install_member(dataclasses.replace(spec, checkpoint=fields))
+        self.spec = spec
+        runner.new_round(spec)
+        runner.start_ranks(range(self.topology.nproc_per_node))
+        return True
 
     def _outlast_node_0(self, control):
         """(After a preemption, on Kubernetes.) Wait for node 0's task to end (its store goes
@@ -975,10 +1081,10 @@ def _on_sigterm(watch, signum, frame):
     watch.sigterm()
 
 
-def _kill_ranks_and_leave(slots, signum, frame):
+def _kill_ranks_and_leave(runner, signum, frame):
     """An agent told to stop (node 0 stops the gang) takes its ranks' process groups with it:
     a rank's own children (DataLoader workers, a child that ignores SIGTERM) would outlive it."""
-    for slot in slots:
+    for slot in runner.slots:
         slot.member.signal_group(signal.SIGKILL)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
@@ -1006,6 +1112,16 @@ def _forget_round(work_dir, runner, handback):
 def _stop_and_release(runner):
     runner.stop()
     runner.release()
+
+
+def _say_end(attempt):
+    """Tell the other nodes, waiting after their round, that no round follows: they leave
+    (local agents are given AGENTS_LEAVE_WAIT s to, before the members are stopped)."""
+    _quietly(attempt.control.say_word, ROUND_END)
+    agents = [s.member for s in attempt.runner.slots if s.rank is None]
+    deadline = time.monotonic() + AGENTS_LEAVE_WAIT
+    while any(a.poll() is None for a in agents) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _abort_if_failed(attempt):

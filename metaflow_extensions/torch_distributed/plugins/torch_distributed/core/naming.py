@@ -147,5 +147,16 @@ class Keys:
         """Node `node`'s share of the gang's record for its card (JSON, see events.py)."""
         return "%snode/%d/events" % (self._prefix, node)
 
+    def stopped(self, node):
+        """Set by node `node`'s agent once every rank of its round has stopped, as it waits
+        for node 0's word on the next round (restarts in place)."""
+        return "%snode/%d/stopped" % (self._prefix + self._round, node)
+
+    @property
+    def word(self):
+        """Node 0's word on what follows the round, for the nodes that wait for it (restarts
+        in place): "restart" (the next round starts) or "end"."""
+        return self._prefix + self._round + "word"
+
     def gather(self, seq, rank):
         return "%sgather/%d/%d" % (self._prefix + self._round, seq, rank)

@@ -23,6 +23,29 @@ TERMINATED = ("Not restarted in place: a SIGTERM reached the task while the fail
               "the attempt fails (@retry starts a new one).")
 
 
+def node_terminated(node: int) -> str:
+    """Why a round is not restarted when a SIGTERM reached another node's agent as it stopped."""
+    return ("Not restarted in place: a SIGTERM reached node %d while the failed round stopped "
+            "(a scheduler's stop, a spot reclaim: its machine may be going away), so the "
+            "attempt fails (@retry starts a new one)." % node)
+
+
+def nodes_not_stopped(nodes: List[int], waited: float, gone: bool) -> str:
+    """Why a round is not restarted when other nodes did not say their ranks stopped: their
+    agents ended (`gone`), or said nothing within `waited` seconds."""
+    which = "node %d" % nodes[0] if len(nodes) == 1 else \
+        "nodes %s" % ", ".join(str(n) for n in nodes)
+    what = "ended" if gone else "did not say within %ss that %s ranks of the failed round " \
+        "stopped" % (_num(waited), "its" if len(nodes) == 1 else "their")
+    return ("Not restarted in place: the agent of %s %s, so %s lost, and a restart in place "
+            "needs every node: the attempt fails (@retry starts a new one)."
+            % (which, what, "it is" if len(nodes) == 1 else "they are"))
+
+
+def _num(seconds: float) -> str:
+    return "%g" % seconds
+
+
 def same_error(earlier: Failure, later: Failure) -> bool:
     """True when `later` is the error `earlier` was: the same rank raised the same exception
     type with the same message (a deterministic bug, which a restart only repeats)."""

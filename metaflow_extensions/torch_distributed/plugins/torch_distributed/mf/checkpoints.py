@@ -29,13 +29,14 @@ _IDENTITY_ENV = ("METAFLOW_CHECKPOINT_UID", "METAFLOW_CHECKPOINT_TASK_IDENTIFIER
                  "METAFLOW_CHECKPOINT_ARTIFACT_STORE_CONFIG")
 
 
-def gang_fields(current, environ):
+def gang_fields(current, environ, restore=True):
     """What members need of this task's @checkpoint (a GangSpec field), None without one.
-    A sharded checkpoint @checkpoint loaded is completed on node 0 first (every rank's shard)."""
+    A sharded checkpoint @checkpoint loaded is completed on node 0 first (every rank's shard),
+    unless `restore` is False (reload_latest did it)."""
     checkpointer = getattr(current, "checkpoint", None)
     if checkpointer is None:
         return None
-    if checkpointer.is_loaded:
+    if checkpointer.is_loaded and restore:
         restore_shards(checkpointer.directory)
     loaded = checkpointer.info.to_dict() if checkpointer.is_loaded else None
     return {"env": {k: environ[k] for k in _IDENTITY_ENV if k in environ},
@@ -84,7 +85,10 @@ def from_leader(spec):
 
 
 def node_directory(spec):
-    return os.path.join(spec.work_dir, "checkpoint-node-%d" % spec.node)
+    """Where a node other than 0 keeps the checkpoint its ranks load, one per round of the
+    gang (a restart in place loads the latest again)."""
+    return os.path.join(spec.work_dir, "checkpoint-node-%d%s" % (
+        spec.node, "-round-%d" % spec.restart_count if spec.restart_count else ""))
 
 
 def install_member(spec):

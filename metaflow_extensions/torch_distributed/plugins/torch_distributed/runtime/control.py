@@ -22,6 +22,10 @@ from ..core.naming import PUBLIC_GANG_KEY, Keys
 # (node 0 writes its gang's key first: a wait only when someone else wrote the public key).
 GANG_KEY_WAIT = 2.0
 
+# Node 0's words on what follows a round, for the other nodes (restarts in place).
+ROUND_RESTART = "restart"
+ROUND_END = "end"
+
 
 def bind_listener(host, port=0):
     """A listening socket for the store on the address `host` only (the one its peers reach:
@@ -94,6 +98,11 @@ class ControlPlane:
         for key in self._store.list_keys():
             if not key.startswith(naming.KEY_PREFIX):
                 self._store.delete_key(key)
+
+    @property
+    def round(self):
+        """The gang's round this client speaks for (0 until a restart in place)."""
+        return self._keys.round
 
     def for_round(self, round_):
         """The same store and client, speaking for the gang's round `round_` (Keys)."""
@@ -359,6 +368,21 @@ class ControlPlane:
 
     def aborted(self):
         return self._flag(self._keys.abort, "abort")
+
+    def report_stopped(self, node):
+        self._set(self._keys.stopped(node), b"1")
+
+    def node_stopped(self, node):
+        return self._flag(self._keys.stopped(node), "stopped")
+
+    def say_word(self, word):
+        """Node 0's word on what follows this round: ROUND_RESTART or ROUND_END."""
+        self._set(self._keys.word, word.encode())
+
+    def word(self):
+        """Node 0's word on what follows this round, or None while it has said none."""
+        payload = self._read(self._keys.word, "word")
+        return None if payload is None else payload.decode()
 
 
 class GangMismatch(Exception):

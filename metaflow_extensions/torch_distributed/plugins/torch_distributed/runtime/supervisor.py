@@ -404,8 +404,12 @@ class LeaderWatch(Watch):
     def __init__(self, slots, control, topology, watch_nodes=(), expected_joins=None,
                  join_timeout=None, heartbeat_timeout=None, leader_busy=None,
                  finish_timeout=None, on_failure=None, on_assembled=None, clock=time.monotonic,
-                 progress=None, hang_timeout=None, on_preempt=None, leader_slot=None):
+                 progress=None, hang_timeout=None, on_preempt=None, leader_slot=None,
+                 agents_stay=False):
         super().__init__(slots, control, topology, on_failure, clock)
+        # with restarts in place a local node's agent outlives its node's round (it waits
+        # for node 0's word): a node that finished is done, its agent still running
+        self.agents_stay = agents_stay
         self.leader_slot = leader_slot
         self.leader_ended = threading.Event()  # rank 0's process (leader_slot) has ended
         if leader_slot is not None:
@@ -428,6 +432,7 @@ class LeaderWatch(Watch):
         self._nodes_left = set(watch_nodes)
         self._watched = set(watch_nodes)
         self._beats = {}  # node -> (heartbeats seen, when the count last changed)
+        self._beats_before = {}  # node -> its heartbeats when a restarted round was first looked at
         self._others_done_at = None
 
     def start(self):
@@ -539,6 +544,7 @@ class LeaderWatch(Watch):
         run: _finish times it against finish_timeout."""
         return not self._nodes_left and not self._pending_joins and all(
             s.member.poll() == 0 for s in self.slots if s is not self.leader_slot
+            and not (self.agents_stay and s.rank is None and s.member.poll() is None)
         ) and (self.leader_slot is None or self.leader_slot.member.poll() in (None, 0))
 
     def _all_ended(self):
@@ -581,9 +587,13 @@ class LeaderWatch(Watch):
 
     def _check_heartbeat(self, node, now):
         count = self.control.beats(node)
-        if count == 0 and self._joining(node):
+        # the count a restarted round (restarts in place) began with: a node's agent does not
+        # beat between rounds, while it loads the round's checkpoint and starts its ranks
+        before = self._beats_before.setdefault(node, count) if getattr(
+            self.control, "round", 0) else 0
+        if count == before and self._joining(node):
             self._beats.pop(node, None)
-            return None  # not started yet: the join deadline covers it
+            return None  # not started (this round) yet: the join deadline covers it
         seen = self._beats.get(node)
         if seen is None or count != seen[0]:
             # the clock of a node that joined but never beat starts when its join was seen
