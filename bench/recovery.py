@@ -7,6 +7,7 @@ processes) loses rank 3 to a SIGKILL at step 35, and the time is taken from that
 first training step of the last rank of the resumed gang (marks the training writes):
 * `inplace`: tests/e2e/flows/checkpoint_flow.py with max_restarts=1: the gang is started again
   in the same attempt, every rank loading @checkpoint's latest;
+* `inplace2n`: the same, the world as 2 nodes (node agents on this machine) of world/2 each;
 * `retry`: the same flow with max_restarts=0: @retry's next attempt (a new task) resumes;
 * `torchrun`: bench/flows/recovery_torchrun.py, a plain step running the same training under
   `torchrun --standalone --max-restarts=1`, which saves to a file.
@@ -30,6 +31,9 @@ REPO = HERE.parent
 ARMS = {
     "inplace": (REPO / "tests" / "e2e" / "flows" / "checkpoint_flow.py",
                 {"TD_MAX_RESTARTS": 1, "TD_KILL_RANK": 3, "TD_KILL_STEP": 35}),
+    # the same world as 2 nodes x world/2 (node agents, the restart's word through the store)
+    "inplace2n": (REPO / "tests" / "e2e" / "flows" / "checkpoint_flow.py",
+                  {"TD_MAX_RESTARTS": 1, "TD_KILL_RANK": 3, "TD_KILL_STEP": 35, "TD_NODES": 2}),
     "retry": (REPO / "tests" / "e2e" / "flows" / "checkpoint_flow.py",
               {"TD_MAX_RESTARTS": 0, "TD_KILL_RANK": 3, "TD_KILL_STEP": 35}),
     "torchrun": (HERE / "flows" / "recovery_torchrun.py", {"BENCH_KILL_RANK": 3}),
@@ -50,6 +54,8 @@ def run_arm(arm, world):
                 "BENCH_WORLD": str(world),
                 "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")})
     env.update({k: str(v) for k, v in extra.items()})
+    if "TD_NODES" in extra:
+        env["TD_NPROC"] = str(world // int(extra["TD_NODES"]))
     started = time.monotonic()
     out = subprocess.run([sys.executable, str(flow), "--no-pylint", "run"], cwd=root, env=env,
                          capture_output=True, text=True, timeout=600)
@@ -78,9 +84,10 @@ def main():
     by = {a: {r["rep"]: r["recovery_s"] for r in runs if r["arm"] == a} for a in ARMS}
     summary = {a: statistics.median(by[a].values()) for a in ARMS}
     ratios = {}
-    for other in ("torchrun", "retry"):
-        ratios["inplace/" + other] = statistics.median(
-            by["inplace"][i] / by[other][i] for i in range(args.reps))
+    for arm, other in (("inplace", "torchrun"), ("inplace", "retry"), ("inplace2n", "torchrun"),
+                       ("inplace2n", "inplace")):
+        ratios["%s/%s" % (arm, other)] = statistics.median(
+            by[arm][i] / by[other][i] for i in range(args.reps))
     result = {"world": args.reps and args.world, "reps": args.reps, "median_recovery_s": summary,
               "paired_median_ratio": ratios, "runs": runs, "cpus": os.cpu_count()}
     path = HERE / "results" / ("recovery-%s.json" % time.strftime("%Y%m%d-%H%M%S"))
