@@ -288,7 +288,10 @@ def render(data, source):
             "training step of the gang `@retry` resumes from the latest `@checkpoint` (the "
             "end-to-end test `tests/e2e/test_checkpoints.py`, `TD_RECOVERY_REPORT`), and the save "
             "and restore throughput of a 200 MB state through metaflow-checkpoint against "
-            "Metaflow's datastore directly (`bench/checkpoint_throughput.py`).", ""]
+            "Metaflow's datastore directly (`bench/checkpoint_throughput.py`). The recovery of a "
+            "restart in place, one node and two, against `torchrun --max-restarts=1` and "
+            "`@retry` in one paired run (`bench/recovery.py`): [restarts in "
+            "place](checkpoints.md#restarts-in-place).", ""]
     return "\n".join(out)
 
 

@@ -10,7 +10,9 @@ import json
 
 import pytest
 
-from tests.support import FlowRunner
+import re
+
+from tests.support import FlowRunner, card_charts, card_json
 
 from tests.e2e.test_checkpoints import _mark, _starts, report_recovery
 
@@ -60,6 +62,11 @@ def test_a_killed_rank_restarts_the_gang_in_place_from_the_last_checkpoint(flow_
     assert [(r["restart"], r["rank"], r["kind"]) for r in resumed["recorded"]] == \
         [(1, 3, "signal")], resumed
     report_recovery(flow_runner, "%dx%d in place" % (gang["TD_NODES"], gang["TD_NPROC"]), 4)
+    # the card's timeline has both rounds on each rank's row: rank 3's first process failed
+    bars = _card_bars(flow_runner, killed.output)
+    assert {b["outcome"] for b in bars if b["rank"] == 3 and b.get("round") == 0} == {"failed"}
+    assert {b.get("round") for b in bars if b["rank"] == 0} == {0, None}, bars
+    assert all(b["outcome"] == "finished" for b in bars if b.get("round") is None), bars
 
     # same seeds, same batches: the restarted gang ends with exactly the same weights
     assert json.loads(resumed["w"]) == uninterrupted
@@ -117,3 +124,16 @@ def test_a_lost_node_is_not_restarted_in_place_and_retry_takes_over(flow_runner)
     assert "A failure of this kind (agent) is not restarted in place" in first, res
     # the retry's round 0 started from the checkpoint of step 30 on every rank
     assert _starts(flow_runner, 0, 4) == [30, 30, 30, 30]
+
+
+def _card_bars(flow_runner, output):
+    """The bars of the gang card's timeline of the train task the run's `output` names."""
+    run_id = re.search(r"run-id (\d+)", output).group(1)
+    pathspec = "%s/train/%s" % (run_id, re.search(r"%s/train/(\d+)" % run_id, output).group(1))
+    listed = flow_runner.cli("checkpoint_flow.py", "card", "list", pathspec)
+    [card_hash] = re.findall(r"Card Type: torch_distributed\s+Card Hash: (\w+)", listed.output)
+    target = flow_runner.root / "card.html"
+    got = flow_runner.cli("checkpoint_flow.py", "card", "get", pathspec, "--hash", card_hash,
+                          str(target))
+    assert got.returncode == 0, got.output
+    return card_charts(card_json(target.read_text()))[0]

@@ -349,3 +349,25 @@ def test_a_gang_restarted_in_place_shows_each_round_and_its_last_rounds_ranks():
     shown = [c for c in card.components(data) if "Restarts in place" in str(vars(c))]
     assert shown, "the card has a section for the restarts"
     assert "restarts" not in card.card_data(record()) or not card.card_data(record())["restarts"]
+
+
+def test_the_timeline_shows_every_round_of_a_gang_restarted_in_place():
+    """Round 0's bars (rank 3 killed at 3 s, the others stopped at the abort) and round 1's,
+    on the same rows: each rank's row shows both of its processes."""
+    killed = Failure(3, 0, "signal", T0 + 3, -9, local_rank=3)
+    first = {str(r): rank_events(r, 0.2, 0.5, 3.0, outcome="failed") for r in range(3)}
+    rec = record(nodes=1, nproc=4, phases=[("abort", T0 + 3.1), ("restart", T0 + 4)],
+                 ranks={str(r): rank_events(r, 4.0, 4.5, 9.0) for r in range(4)})
+    rec["restarts"] = [{"round": 0, "at": T0 + 3, "sentence": killed.sentence()}]
+    rec["rounds"] = [dict(round=0, started=T0, ended=T0 + 3.1, ranks=first,
+                          node_info=rec["node_info"],
+                          failures=[json.loads(killed.to_json())])]
+    data = card.card_data(rec)
+    rank3 = [s for s in data["timeline"] if s["rank"] == 3]
+    assert [(s.get("round"), s["outcome"]) for s in rank3] == [(0, "failed"), (None, "finished"),
+                                                                (None, "finished")], rank3
+    assert rank3[0]["end"] == 3.0  # its round-0 process was killed at 3 s
+    assert {s["label"] for s in rank3} == {"rank 3 (node 0)"}  # one row
+    round0 = [s for s in data["timeline"] if s.get("round") == 0]
+    assert all(s["end"] <= 3.1 for s in round0), round0
+    assert max(s["end"] for s in data["timeline"]) == 9.0

@@ -361,6 +361,9 @@ class _Attempt:
     # failed round was not restarted ("" when restarts are off)
     rounds: list = dataclasses.field(default_factory=list)
     no_restart: str = ""
+    # the card's view of each restarted round (_round_record), and when the running one began
+    round_records: list = dataclasses.field(default_factory=list)
+    round_started: float = None
 
 
 class Leader:
@@ -486,6 +489,7 @@ class Leader:
         if attempt.no_restart is not None:
             return False
         attempt.rounds.append(root)
+        attempt.round_records.append(self._round_record(attempt))
         restart = spec.restart_count + 1
         print(rounds.restart_line(self.step_name, restart, spec.max_restarts, root),
               file=sys.stderr, flush=True)
@@ -507,6 +511,7 @@ class Leader:
                     checkpoints.gang_fields(current, os.environ, restore=False))
             ended_control.say_word(ROUND_RESTART)
         attempt.body_finished = False
+        attempt.round_started = time.time()
         if loaded is not None:
             print("@torch_distributed on step *%s*: round %d starts from checkpoint %s"
                   % (self.step_name, restart, loaded), file=sys.stderr, flush=True)
@@ -538,6 +543,20 @@ class Leader:
                 return rounds.nodes_not_stopped(gone or sorted(pending), NODES_STOP_WAIT,
                                                 gone=bool(gone))
             time.sleep(POLL_INTERVAL)
+
+    def _round_record(self, attempt):
+        """What the card shows of a round that is restarted (every process of it stopped): its
+        ranks' records, read before the next round's ranks write theirs; None if it cannot be
+        put together."""
+        record = self._collect(attempt)
+        if record is None:
+            return None
+        began = attempt.round_started or record["started"]
+        # the round's abort, when the gang stopped its ranks
+        stopped = [t for name, t in attempt.recorder.phases if name == "abort" and t >= began]
+        return dict(round=attempt.spec.restart_count, started=began,
+                    ended=stopped[-1] if stopped else time.time(), ranks=record["ranks"],
+                    node_info=record["node_info"], failures=record["failures"])
 
     def _take_handback(self, attempt, handback):
         """(Every process of the gang has stopped.) Rank 0's results into the task: those of a
@@ -634,6 +653,7 @@ class Leader:
             if attempt.rounds:  # restarts in place: the rounds before the last
                 record["restarts"] = [{"round": n, "at": f.detected_at, "sentence": f.sentence()}
                                       for n, f in enumerate(attempt.rounds)]
+                record["rounds"] = [r for r in attempt.round_records if r is not None]
             return record
         except Exception as ex:  # noqa: BLE001 - the card is a view; the step's result stands
             print("@torch_distributed on step *%s*: could not record the gang for its card: %s"

@@ -64,7 +64,9 @@ def card_data(record, history=()):
                 symptom=said).is_symptom():
             row["outcome"] = "peer failed"
         ranks.append(row)
-    segments = [seg for row in ranks for seg in _segments(row)]
+    segments = [seg for earlier in record.get("rounds", [])
+                for seg in _round_segments(record, earlier, t0)]
+    segments += [seg for row in ranks for seg in _segments(row)]
     outcome = _outcome(record, ranks, root)
     return dict(
         title="Gang of step %s, attempt %d" % (record["step"], record["attempt"]),
@@ -104,6 +106,22 @@ def _rank_row(record, rank, node, local_rank, failed_at, abort, t0):
     return dict(rank=rank, node=node, local_rank=local_rank, outcome=outcome, error=error,
                 heard=bool(events), started=_rel(started, t0), joined=_rel(joined, t0),
                 ended=_rel(ended, t0))
+
+
+def _round_segments(record, earlier, t0):
+    """The bars of a round that failed and was restarted in place (`earlier`, one of the
+    record's "rounds"), on the same rows as the last round's: what each rank did until the
+    round was stopped."""
+    seen = dict(record, ranks=earlier.get("ranks", {}), node_info=earlier.get("node_info", {}),
+                started=earlier.get("started", record["started"]), ended=earlier["ended"])
+    failed_at = {f["rank"]: f["detected_at"] for f in earlier.get("failures", [])
+                 if f.get("rank") is not None}
+    bars = []
+    for rank in range(record["nodes"] * record["nproc_per_node"]):
+        node, local_rank = divmod(rank, record["nproc_per_node"])
+        row = _rank_row(seen, rank, node, local_rank, failed_at, earlier["ended"], t0)
+        bars += [dict(bar, round=earlier["round"]) for bar in _segments(row)]
+    return bars
 
 
 def _rel(t, t0):
@@ -282,7 +300,8 @@ def components(data):
     out += _outcome_components(data["outcome"], Markdown)
     if data.get("restarts"):
         out += [Markdown("### Restarts in place\n\nEach round below failed and the gang was "
-                         "started again in the same attempt; the timeline shows the last round."),
+                         "started again in the same attempt; the timeline shows every round, each "
+                         "earlier round's bars ending where the gang stopped it."),
                 Table(data["restarts"], headers=["Round", "Failed at", "Root cause"])]
     if data["ignored"]:
         out.append(Markdown("### Ignored messages\n\n%s" % ignored_note(data["ignored"])))
