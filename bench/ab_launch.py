@@ -2,6 +2,11 @@
 
     .venv/bin/python bench/ab_launch.py before=/path/a/.venv/bin/python \
         after=/path/b/.venv/bin/python --reps 7 --world 4
+    .venv/bin/python bench/ab_launch.py before=... after=... --kind artifact --mb 200 \
+        --launchers ours_fork
+
+With `--kind artifact` the flow's rank 0 returns a state dict of `--mb` MB as an artifact
+(bench/flows/work.py): the whole flow's time and the bytes it wrote to the datastore.
 
 Each install is a Python (a venv) with the package installed from one commit. A repetition runs
 `bench_ours.py` once per install and launcher (`ours_fork`: one node of --world processes;
@@ -27,12 +32,12 @@ ONE_RUN = """
 import json, sys
 sys.path.insert(0, %r)
 import run
-print("AB_RECORD " + json.dumps(run.run_flow(%r, dict(BENCH_KIND="launch", BENCH_WORLD=%d))))
+print("AB_RECORD " + json.dumps(run.run_flow(%r, %r)))
 """
 
 
-def run_once(python, launcher, world):
-    out = subprocess.run([python, "-c", ONE_RUN % (str(HERE), launcher, world)],
+def run_once(python, launcher, settings):
+    out = subprocess.run([python, "-c", ONE_RUN % (str(HERE), launcher, settings)],
                          capture_output=True, text=True, timeout=600,
                          cwd=str(HERE))  # not the repository: its package would shadow the arm's
     line = next((l for l in out.stdout.splitlines() if l.startswith("AB_RECORD ")), None)
@@ -41,14 +46,15 @@ def run_once(python, launcher, world):
     return json.loads(line.split(" ", 1)[1])
 
 
-def summary(runs, arms, launchers):
+def summary(runs, arms, launchers, metrics=("collective", "wall")):
     lines = []
     for launcher in launchers:
         by_arm = {a: {r["rep"]: r for r in runs if r["arm"] == a and r["launcher"] == launcher
                       and r["returncode"] == 0 and r["result"]} for a in arms}
-        for metric in ("collective", "wall"):
+        for metric in metrics:
             def value(r):
-                return r["wall"] if metric == "wall" else r["result"][metric]
+                return r[metric] if metric in ("wall", "datastore_bytes") else \
+                    r["result"][metric]
             meds = {a: statistics.median(value(r) for r in by_arm[a].values()) for a in arms}
             reps = sorted(set.intersection(*(set(by_arm[a]) for a in arms)))
             diffs = [value(by_arm[arms[1]][i]) - value(by_arm[arms[0]][i]) for i in reps]
@@ -69,6 +75,8 @@ def main(argv=None):
     parser.add_argument("--launchers", default="ours_fork,ours_nodes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--note", default="")
+    parser.add_argument("--kind", choices=("launch", "artifact"), default="launch")
+    parser.add_argument("--mb", type=float, default=200.0, help="the artifact's size")
     args = parser.parse_args(argv)
     arms = dict(a.split("=", 1) for a in args.arms)
     labels = list(arms)
@@ -82,16 +90,21 @@ def main(argv=None):
         pairs = [(a, l) for a in labels for l in launchers]
         rng.shuffle(pairs)
         for arm, launcher in pairs:
-            rec = run_once(arms[arm], launcher, args.world)
+            settings = dict(BENCH_KIND=args.kind, BENCH_WORLD=args.world)
+            if args.kind == "artifact":
+                settings["BENCH_MB"] = args.mb
+            rec = run_once(arms[arm], launcher, settings)
             rec.update(arm=arm, rep=rep)
             runs.append(rec)
             print("rep %d %-7s %-10s wall %6.2f s  collective %s  rc %s  load %.2f" % (
                 rep, arm, launcher, rec["wall"], (rec["result"] or {}).get("collective"),
                 rec["returncode"], rec["load_1min"]), flush=True)
-    lines = summary(runs, labels, launchers)
+    lines = summary(runs, labels, launchers, ("collective", "wall") if args.kind == "launch"
+                    else ("wall", "datastore_bytes"))
     print("\n".join(lines))
     data = dict(command=" ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
                 note=args.note, arms=arms, world=args.world, launchers=launchers,
+                kind=args.kind, mb=args.mb if args.kind == "artifact" else None,
                 started=started, duration_s=round(time.monotonic() - t),
                 load_1min_before=load_before, load_1min_after=os.getloadavg()[0],
                 cores=os.cpu_count(), summary=lines, runs=runs)

@@ -112,6 +112,22 @@ def test_a_sigterm_to_the_task_while_a_round_stops_is_not_lost_on_a_restart(flow
     assert not (flow_runner.marks / "start-1-rank-0").exists()  # round 1 never began
 
 
+def test_a_sigterm_to_a_node_agent_while_a_round_stops_ends_the_attempt(flow_runner):
+    """Node 1's agent is told to stop (its machine is going away) while it stops its ranks of
+    the failed round: node 0 restarts nothing, the attempt fails with the round's root cause,
+    and @retry takes over."""
+    res = flow_runner.run("checkpoint_flow.py",
+                          env=dict(TWO_NODES, TD_KILL_RANK=3, TD_KILL_STEP=35,
+                                   TD_TERM_AGENT_ON_STOP=1))
+    first, sep, _ = res.output.partition("Task is starting (retry).")
+    assert sep, res
+    assert "restart 1 of 1" not in first, res
+    assert "Not restarted in place: a SIGTERM reached node 1 while the failed round stopped" \
+        in first, res
+    assert "rank 3 (node 1, local rank 1) was killed by SIGKILL" in first, res
+    assert not (flow_runner.marks / "start-1-rank-0").exists()  # round 1 never began
+
+
 def test_a_lost_node_is_not_restarted_in_place_and_retry_takes_over(flow_runner):
     """Node 1's agent is SIGKILLed (its machine gone): no restart in place, the attempt fails
     naming the node, and @retry's attempt resumes from the latest checkpoint."""

@@ -16,7 +16,8 @@ TD_MAX_RESTARTS=N gives the gang max_restarts=N: the marks and the kill then cou
 rounds (current.torch_distributed.restart_count) instead of the attempts, and TD_BUG=changing
 raises a ValueError whose message names the round (rank 1), TD_BUG=one the same ValueError in
 every round (rank 1). TD_TERM_TASK_ON_STOP=1: rank 0 of the first round passes the SIGTERM of
-the gang's stop on to the task (and, should gloo fail it first, waits for that stop).
+the gang's stop on to the task (and, should gloo fail it first, waits for that stop);
+TD_TERM_AGENT_ON_STOP=1: rank 2 does the same to its parent, node 1's agent.
 TD_KILL_AGENT_STEP=<step>: rank 2 SIGKILLs its parent, node 1's agent, at that step of the first
 round of attempt 0 (a node lost as a whole)."""
 
@@ -102,11 +103,13 @@ class CheckpointFlow(FlowSpec):
         mark("start-%d-rank-%d" % (attempt, rank), first)
         mark("restart-count-%d-rank-%d" % (attempt, rank),
              int(os.environ["TORCHELASTIC_RESTART_COUNT"]))
-        term_on_stop = (os.environ.get("TD_TERM_TASK_ON_STOP") == "1" and rank == 0
-                        and attempt == 0)
+        term_on_stop = attempt == 0 and (
+            (os.environ.get("TD_TERM_TASK_ON_STOP") == "1" and rank == 0)
+            or (os.environ.get("TD_TERM_AGENT_ON_STOP") == "1" and rank == 2))
         if term_on_stop:
-            # the gang's stop of this round (a SIGTERM to rank 0) passes a SIGTERM on to the
-            # task, rank 0's parent: it reaches the task while it stops the failed round
+            # the gang's stop of this round (a SIGTERM to this rank) passes a SIGTERM on to the
+            # rank's parent, the task (rank 0) or node 1's agent (rank 2): it reaches that
+            # process while it stops the failed round
             def pass_it_on(signum, frame):
                 os.kill(os.getppid(), signal.SIGTERM)
                 os._exit(1)

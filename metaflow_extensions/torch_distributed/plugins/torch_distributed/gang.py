@@ -938,6 +938,9 @@ class Agent:
         ends the attempt (its word, or its store gone) or a SIGTERM reached this node."""
         runner.stop()
         _forget_round(self.spec.work_dir, runner, None)
+        if supervisor.sigterm_at is not None:  # told to stop as its ranks stopped
+            _quietly(control.report_preempted, self.spec.node)
+            return False
         if _ask(control.report_stopped, self.spec.node) is False:
             return False
         deadline = time.monotonic() + self.spec.rendezvous_timeout_s + NODES_STOP_WAIT
