@@ -52,18 +52,21 @@ def summary(runs, arms, launchers, metrics=("collective", "wall")):
         by_arm = {a: {r["rep"]: r for r in runs if r["arm"] == a and r["launcher"] == launcher
                       and r["returncode"] == 0 and r["result"]} for a in arms}
         for metric in metrics:
+            unit = "MB" if metric == "datastore_bytes" else "s"
+
             def value(r):
-                return r[metric] if metric in ("wall", "datastore_bytes") else \
-                    r["result"][metric]
+                if metric == "datastore_bytes":
+                    return r[metric] / 1e6
+                return r["wall"] if metric == "wall" else r["result"][metric]
             meds = {a: statistics.median(value(r) for r in by_arm[a].values()) for a in arms}
             reps = sorted(set.intersection(*(set(by_arm[a]) for a in arms)))
             diffs = [value(by_arm[arms[1]][i]) - value(by_arm[arms[0]][i]) for i in reps]
-            lines.append("%-10s %-10s %s  paired %s - %s: median %+.3f s (range %+.3f to %+.3f, "
+            lines.append("%-10s %-10s %s  paired %s - %s: median %+.3f %s (range %+.3f to %+.3f, "
                          "%d pairs)" % (
                              launcher, metric,
-                             "  ".join("%s %.3f s" % (a, meds[a]) for a in arms),
-                             arms[1], arms[0], statistics.median(diffs), min(diffs), max(diffs),
-                             len(diffs)))
+                             "  ".join("%s %.3f %s" % (a, meds[a], unit) for a in arms),
+                             arms[1], arms[0], statistics.median(diffs), unit, min(diffs),
+                             max(diffs), len(diffs)))
     return lines
 
 
