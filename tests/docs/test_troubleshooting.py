@@ -15,7 +15,7 @@ PAGE = REPO / "docs" / "troubleshooting.md"
 # printf-style placeholders: %s, %d, %r, %.2f, %ss (seconds), %%
 PLACEHOLDER = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdrfx%]")
 # Calls whose string arguments are messages a user can see.
-MESSAGE_CALL = re.compile(r"(Error|Exception|Failure|Timeout|Mismatch|Aborted|Failed)$")
+MESSAGE_CALL = re.compile(r"(Error|Exception|Failure|Timeout|Mismatch|Aborted|Failed|^compile_error)$")
 # Functions that compose the text of a failure (its place, what happened, who was stopped,
 # the hints of the group check, notes written for a process that died).
 MESSAGE_FUNCTION = re.compile(

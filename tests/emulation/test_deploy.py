@@ -272,7 +272,8 @@ def test_two_gang_steps_compile_to_two_gangs_on_step_functions(aws, deploy):
         assert " step %s " % step in main["ContainerOverrides"]["Command"][-1]
         assert " spin-step %s " % step in agent["ContainerOverrides"]["Command"][-1]
         env = {e["Name"]: e.get("Value") for e in agent["ContainerOverrides"]["Environment"]}
-        assert json.loads(env["METAFLOW_TORCH_DISTRIBUTED_MEMBER"])["step_name"] == step
+        assert json.loads(env["METAFLOW_TORCH_DISTRIBUTED_AGENT_ORDER"])["blueprint"][
+            "step_name"] == step
     for step in ("start", "end"):  # plain steps stay single-node jobs
         assert "NodeOverrides" not in sfn.state(machine, step)["Parameters"]
 

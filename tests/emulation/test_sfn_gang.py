@@ -121,7 +121,7 @@ def test_a_two_node_gang_runs_as_one_multi_node_job_of_the_state_machine(aws, ba
     secret = published_secret(env, "BatchGangFlow", "sfn-%s" % EXECUTION, "train", train, 0)
     assert len(secret) == 64
     assert secret not in json.dumps(machine) and secret not in batch_views(batch)
-    assert "METAFLOW_TORCH_DISTRIBUTED_MEMBER" in json.dumps(machine)  # the agents' plan
+    assert "METAFLOW_TORCH_DISTRIBUTED_AGENT_ORDER" in json.dumps(machine)  # the agents' order
 
 
 def test_a_failing_rank_on_node_1_fails_the_gangs_job_with_its_root_cause(aws, batch,

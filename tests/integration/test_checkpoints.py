@@ -14,6 +14,7 @@ import pytest
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import checkpoints
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedConfigError
+from tests import records
 
 IDENTITY = {"METAFLOW_CHECKPOINT_UID": "SeamFlow/1/train/2/abcdef123456/default/0",
             "METAFLOW_CHECKPOINT_TASK_IDENTIFIER": "abcdef123456"}
@@ -23,7 +24,8 @@ SCRIPT = r"""
 import json, os, sys
 from metaflow import current
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import checkpoints
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import GangSpec
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import Role
+from tests import records
 
 root, identity = sys.argv[1], json.loads(sys.argv[2])
 os.environ.update(identity)
@@ -39,16 +41,14 @@ for key in identity:  # a member starts from what node 0 hands it, not from this
 fields = {"env": identity, "loaded": ref, "directory": node0, "node": 0}
 
 def member(node, role):
-    spec = GangSpec(role=role, step_name="train", nodes=2, nproc_per_node=2, node=node,
-                    master_addr="127.0.0.1", master_port=1, gang_id="g", secret="s", restart_count=1,
-                    accelerator="cpu", rendezvous_timeout_s=5.0, finish_timeout_s=5.0, start_method="fork",
-                    work_dir=os.path.join(root, "work"), task={}, top_args=[],
-                    checkpoint=fields)
+    spec = records.spec(role=Role(role), node=node, restart_count=1,
+                        work_dir=os.path.join(root, "work"),
+                        attempt_changes=dict(master_port=1, checkpoint=fields))
     placed = checkpoints.install_member(spec)
     chk = current.checkpoint
     files = {n: open(os.path.join(chk.directory, n)).read() for n in os.listdir(chk.directory)}
     return dict(directory=chk.directory, is_loaded=chk.is_loaded, key=chk.info.key,
-                files=files, node=placed.checkpoint["node"],
+                files=files, node=placed.attempt.checkpoint["node"],
                 uid=os.environ["METAFLOW_CHECKPOINT_UID"])
 
 result = dict(ref_key=ref["key"], earlier_key=earlier["key"], node0=node0,
@@ -103,8 +103,8 @@ def test_gang_fields_carry_the_task_identity_and_the_loaded_checkpoint():
 
 def test_no_checkpoint_decorator_no_fields_and_members_are_left_alone():
     assert checkpoints.gang_fields(SimpleNamespace(), IDENTITY) is None
-    spec = SimpleNamespace(checkpoint=None)
-    assert checkpoints.install_member(spec) is spec
+    spec = records.spec()
+    assert spec.attempt.checkpoint is None and checkpoints.install_member(spec) is spec
 
 
 def test_save_sharded_without_checkpoint_decorator_says_what_to_add():

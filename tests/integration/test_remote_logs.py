@@ -11,8 +11,8 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.con
     ControlPlane,
     bind_listener,
 )
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import GangSpec
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import OutputPump
+from tests import records
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.remote_logs import (
     LogReceiver,
     LogShipper,
@@ -22,12 +22,11 @@ GANG = "1700-train-5-0"
 SECRET = "0123456789abcdef0123456789abcdef"
 
 
-def spec(port, node=1):
-    return GangSpec(role="agent", step_name="train", nodes=2, nproc_per_node=1, node=node,
-                    master_addr="127.0.0.1", master_port=port, gang_id=GANG, secret=SECRET,
-                    restart_count=0,
-                    accelerator="cpu", rendezvous_timeout_s=5, finish_timeout_s=5, start_method="fork", work_dir="",
-                    task={}, top_args=[], backend="batch")
+def spec(port, node=1, rendezvous_timeout_s=5.0):
+    return records.spec(node=node, blueprint_changes=dict(
+                            nproc_per_node=1, rendezvous_timeout_s=rendezvous_timeout_s),
+                        attempt_changes=dict(master_port=port, gang_id=GANG, secret=SECRET,
+                                             backend="batch"))
 
 
 def read_all(fd):
@@ -104,7 +103,7 @@ def test_a_shipper_whose_node_0_is_gone_keeps_quiet_after_one_note(capfd):
     listener = bind_listener("127.0.0.1", 0)
     port = listener.getsockname()[1]
     listener.close()  # nobody serves this port
-    shipper = LogShipper(GangSpec(**{**spec(port).__dict__, "rendezvous_timeout_s": 0.5}))
+    shipper = LogShipper(spec(port, rendezvous_timeout_s=0.5))
     shipper(1, b"x\n")
     shipper(1, b"y\n")
     shipper.close()

@@ -11,6 +11,10 @@ class Clock:
     def __call__(self):
         return self.now
 
+    def sleep(self, seconds):
+        """time.sleep's stand-in: the time passes at once."""
+        self.now += seconds
+
 
 class FakeMember:
     """A member process: running while `code` is None, else exited with it."""

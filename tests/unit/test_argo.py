@@ -23,13 +23,10 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedConfigError
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import (
-    GangSpec,
+    AgentOrder,
     TaskIdentity,
 )
-
-FIELDS = dict(step_name="train", nodes=3, nproc_per_node=2, accelerator="auto",
-              rendezvous_timeout_s=60.0, finish_timeout_s=60.0, start_method="auto",
-              heartbeat_timeout_s=30.0, group_check_default="error")
+from tests import records
 
 
 # -- which steps ----------------------------------------------------------------------------------
@@ -182,8 +179,7 @@ def test_the_step_becomes_one_jobset_of_a_control_pod_and_n_minus_1_workers():
         assert env["METAFLOW_KUBERNETES_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
         assert env["METAFLOW_RETRY_COUNT"] == "{{inputs.parameters.retryCount}}"
     control, worker = env_of(jobs["control"]), env_of(jobs["worker"])
-    assert json.loads(control[kubernetes.MAIN_NODE_ENV]) == {
-        "step": "train", "nodes": 3, "master_port": None}
+    assert json.loads(control[kubernetes.MAIN_NODE_ENV]) == {"step": "train", "nodes": 3}
     assert kubernetes.MAIN_NODE_ENV not in worker and "AGENT_SPEC" not in control
     assert worker["AGENT_SPEC"] == "{}"
     assert worker[argo.INPUT_PATHS_ENV] == "{{inputs.parameters.input-paths}}"
@@ -280,39 +276,31 @@ def test_the_agent_command_is_quoted_words_and_the_pods_values():
 # -- node 0 and the agents agree on the attempt -------------------------------------------------
 
 def test_node_0_and_an_agent_derive_the_same_port_and_a_retry_another():
-    spec = trampoline.compiled_agent_spec(FIELDS, "kubernetes")
-    assert spec.gang_id == "" and spec.secret == ""  # nothing secret is compiled
+    order = AgentOrder(records.blueprint(nodes=3, rendezvous_timeout_s=5.0), "kubernetes")
+    backend = kubernetes.KubernetesBackend(resolve=lambda name: "10.0.0.5")
     env = {kubernetes.WORKER_INDEX: "1", kubernetes.MASTER_ADDR: "c.svc.cluster.local"}
     params = {"run_id": "argo-w", "task_id": "t-0a1b2c3d-node-2", "input_paths": "argo-w/a/t",
               "retry_count": 1, "max_user_code_retries": 2, "split_index": None,
               "opt_namespace": None, "orig_flow_datastore": "s3@s3://b/mf"}
-    agent = kubernetes.resolve_node(spec, env, params, [], resolve=lambda name: "10.0.0.5")
-    assert (agent.node, agent.master_addr) == (2, "10.0.0.5")
-    assert agent.task["task_id"] == "t-0a1b2c3d" and agent.restart_count == 0  # its round
-    assert agent.gang_id == naming.gang_id("argo-w", "train", "t-0a1b2c3d", 1)
-    assert agent.secret == ""  # read from the run's datastore on the pod (attempt_secret.py)
-    node_env = {kubernetes.MAIN_NODE_ENV: json.dumps(
-        {"step": "train", "nodes": 3, "master_port": None}),
-        kubernetes.NUM_NODES: "3", kubernetes.MASTER_ADDR: "localhost"}
-    identity = TaskIdentity(run_id="argo-w", task_id="t-0a1b2c3d", input_paths="",
-                            split_index=None, retry_count=1, max_user_code_retries=2,
-                            namespace=None, orig_datastore="s3@s3://b/mf")
-    place = kubernetes.node_zero("train", node_env, identity,
-                                 SimpleNamespace(rendezvous_timeout_s=5))
-    assert place.port == agent.master_port
+    place = backend.agent_place(order, env)
+    assert (place.node, place.master_addr) == (2, "10.0.0.5")
+    identity = trampoline.agent_identity("train", params, place.node)
+    agent = trampoline.agent_spec(order, place, identity, [], "secret", "cpu", "fork")
+    assert agent.attempt.task.task_id == "t-0a1b2c3d" and agent.restart_count == 0  # its round
+    assert agent.attempt.gang_id == naming.gang_id("argo-w", "train", "t-0a1b2c3d", 1)
+    node_env = dict(trampoline.plan_env(kubernetes.MAIN_NODE_ENV, "train", 3),
+                    **{kubernetes.NUM_NODES: "3", kubernetes.MASTER_ADDR: "localhost"})
+    node_identity = TaskIdentity(run_id="argo-w", task_id="t-0a1b2c3d", input_paths="",
+                                 split_index=None, retry_count=1, max_user_code_retries=2,
+                                 namespace=None, orig_datastore="s3@s3://b/mf")
+    step = records.gang_step(nodes=3, rendezvous_timeout_s=5.0)
+    node_zero = backend.node_zero(step, node_env, node_identity)
+    assert node_zero.port == agent.attempt.master_port
     # node 0 draws the attempt's secret: a fresh one each time, never derived from the job
-    assert len(place.secret) == 64 and place.secret != kubernetes.node_zero(
-        "train", node_env, identity, SimpleNamespace(rendezvous_timeout_s=5)).secret
-    retried = kubernetes.resolve_node(spec, env, dict(params, retry_count=2), [],
-                                      resolve=lambda name: "10.0.0.5")
-    assert retried.master_port != agent.master_port and retried.gang_id != agent.gang_id
-    # a JobSet of `run --with kubernetes` keeps what its submission gave the agents
-    submitted = GangSpec(**dict(FIELDS, nodes=2), role="agent", node=-1, master_addr="",
-                         master_port=23456, gang_id="g", secret="s", restart_count=0,
-                         work_dir="", task={}, top_args=[], backend="kubernetes")
-    kept = kubernetes.resolve_node(submitted, env, {"input_paths": "x"}, [],
-                                   resolve=lambda name: "10.0.0.5")
-    assert (kept.gang_id, kept.master_port, kept.secret) == ("g", 23456, "s")
+    assert len(node_zero.secret) == 64
+    assert node_zero.secret != backend.node_zero(step, node_env, node_identity).secret
+    retried = trampoline.agent_identity("train", dict(params, retry_count=2), 2)
+    assert trampoline.attempt_port("train", retried) != agent.attempt.master_port
 
 
 @pytest.mark.parametrize("value", ["o'brien", 'say "hi"', "back\\slash", "$HOME", "a'\"b"])

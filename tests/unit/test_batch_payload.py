@@ -26,12 +26,15 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime imp
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import spinstep
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedEnvironmentError
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import GangSpec, \
-    TaskIdentity
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import (
+    AgentOrder,
+    TaskIdentity,
+)
+from tests import records
 from tests.emulation.aws import validate_request
 
-MAIN_ENV = {batch.MAIN_NODE_ENV: '{"step": "train", "nodes": 2, "master_port": 23456}'}
-AGENT_ENV = {"METAFLOW_TORCH_DISTRIBUTED_MEMBER": "{}", "METAFLOW_SPIN_ALLOWED_DECORATORS": "[]"}
+MAIN_ENV = trampoline.plan_env(batch.MAIN_NODE_ENV, "train", 2)
+AGENT_ENV = {"METAFLOW_TORCH_DISTRIBUTED_AGENT_ORDER": "{}", "METAFLOW_SPIN_ALLOWED_DECORATORS": "[]"}
 AGENT_CMD = ["bash", "-c", "agent"]
 
 
@@ -106,10 +109,15 @@ IDENTITY = TaskIdentity(run_id="5", task_id="7", input_paths="5/start/1", split_
                         orig_datastore="s3@s3://bucket/mf")
 
 
+def agent_command(entrypoint, top_args, identity, input_path_vars):
+    options = trampoline.submitted_options("train", identity, input_path_vars,
+                                           batch.NODE_INDEX_WORD)
+    return trampoline.agent_shell_command(entrypoint, top_args, "train", options)
+
+
 def test_agent_command_golden():
-    cmd = trampoline.agent_shell_command(
-        "python -u flow.py", ["--datastore", "s3", "--with", "'batch:cpu=1'"], "train",
-        IDENTITY, ["METAFLOW_INPUT_PATHS_0", "METAFLOW_INPUT_PATHS_1"], batch.AGENT_TASK_ID)
+    cmd = agent_command("python -u flow.py", ["--datastore", "s3", "--with", "'batch:cpu=1'"],
+                        IDENTITY, ["METAFLOW_INPUT_PATHS_0", "METAFLOW_INPUT_PATHS_1"])
     assert cmd == (
         "python -u flow.py --datastore s3 --with 'batch:cpu=1' spin-step train --run-id 5 "
         "--task-id 7-node-$AWS_BATCH_JOB_NODE_INDEX "
@@ -120,8 +128,7 @@ def test_agent_command_golden():
 
 def test_agent_command_quotes_what_bash_must_not_expand():
     identity = TaskIdentity(**{**IDENTITY.__dict__, "namespace": "a b$c", "split_index": 3})
-    cmd = trampoline.agent_shell_command("python -u flow.py", [], "train", identity,
-                                         ["METAFLOW_INPUT_PATHS_0"], batch.AGENT_TASK_ID)
+    cmd = agent_command("python -u flow.py", [], identity, ["METAFLOW_INPUT_PATHS_0"])
     assert "--namespace 'a b$c'" in cmd and "--split-index 3" in cmd
 
 
@@ -141,9 +148,8 @@ def metaflow_runs(text, env=None):
 def test_any_namespace_and_option_reach_the_agent_unchanged_through_metaflows_bash_c(value):
     identity = TaskIdentity(**{**IDENTITY.__dict__, "namespace": value,
                                "orig_datastore": "s3@s3://b/" + value})
-    text = trampoline.agent_shell_command("printf '%s\\n'", [spinstep.nested_word(value)],
-                                          "train", identity, ["METAFLOW_INPUT_PATHS_0"],
-                                          batch.AGENT_TASK_ID)
+    text = agent_command("printf '%s\\n'", [spinstep.nested_word(value)], identity,
+                         ["METAFLOW_INPUT_PATHS_0"])
     words = metaflow_runs(text, {"METAFLOW_INPUT_PATHS_0": "5/start/1",
                                  "AWS_BATCH_JOB_NODE_INDEX": "1"})
     assert words[0] == value  # a top-level option's value
@@ -157,7 +163,7 @@ def test_agent_command_refuses_an_unexpected_task_id():
     identity = TaskIdentity(**{**IDENTITY.__dict__, "task_id": "7; rm -rf /"})
     with pytest.raises(TorchDistributedCompileError, match=r"step \*train\*: the task id '7; rm -rf /' "
                        r"is not one Metaflow makes.*pip install 'metaflow>=2\.19\.0,<2\.20'"):
-        trampoline.agent_shell_command("python", [], "train", identity, [], batch.AGENT_TASK_ID)
+        agent_command("python", [], identity, [])
 
 
 def test_input_path_variables_in_numeric_order():
@@ -167,31 +173,44 @@ def test_input_path_variables_in_numeric_order():
                                           "METAFLOW_INPUT_PATHS_10"]
 
 
-def test_main_node_plan():
-    env = {batch.MAIN_NODE_ENV: MAIN_ENV[batch.MAIN_NODE_ENV], batch.NUM_NODES: "2"}
-    assert batch.main_node_plan(env, "train") == (2, 23456)
-    assert batch.main_node_plan(env, "other") is None
-    assert batch.main_node_plan({}, "train") is None
+def test_the_plan_tells_node_0_of_its_step_and_the_nodes_it_needs():
+    env = dict(MAIN_ENV, **{batch.NUM_NODES: "2"})
+    assert batch.planned_nodes(env, "train") == 2
+    assert batch.planned_nodes(env, "other") is None  # another step's job
+    assert batch.planned_nodes({}, "train") is None
     with pytest.raises(TorchDistributedEnvironmentError, match="needs 2 nodes but this AWS "
                        "Batch job has 3"):
-        batch.main_node_plan(dict(env, **{batch.NUM_NODES: "3"}), "train")
+        batch.planned_nodes(dict(env, **{batch.NUM_NODES: "3"}), "train")
 
 
-def agent_spec():
-    return GangSpec(role="agent", step_name="train", nodes=2, nproc_per_node=2, node=-1,
-                    master_addr="", master_port=23456, gang_id="g", secret="s", restart_count=0,
-                    accelerator="auto", rendezvous_timeout_s=60.0, finish_timeout_s=60.0, start_method="auto",
-                    work_dir="", task=dict(IDENTITY.__dict__, input_paths=""), top_args=[],
-                    backend="batch")
+def test_node_0_derives_the_port_its_agents_derive():
+    env = dict(MAIN_ENV, **{batch.NUM_NODES: "2", "MF_PARALLEL_MAIN_IP": "10.0.0.5"})
+    step = records.gang_step(nodes=2)
+    place = batch.BACKEND.node_zero(step, env, IDENTITY)
+    assert (place.master_addr, place.backend, len(place.secret)) == ("10.0.0.5", "batch", 64)
+    assert place.port == naming.remote_port("5", "train", "7", 1)
+    assert batch.BACKEND.node_zero(step, {}, IDENTITY) is None
 
 
-def test_resolve_node_fills_in_the_nodes_place():
+def test_a_child_node_finds_its_place_and_its_task():
     env = {batch.NODE_INDEX: "1", batch.MAIN_NODE_ADDRESS: "10.0.0.5"}
-    spec = batch.resolve_node(agent_spec(), env, {"input_paths": "5/start/1"}, ["--quiet"])
-    assert (spec.node, spec.master_addr, spec.top_args) == (1, "10.0.0.5", ["--quiet"])
-    assert spec.task["input_paths"] == "5/start/1" and spec.work_dir
+    order = AgentOrder(records.blueprint(), "batch")
+    place = batch.BACKEND.agent_place(order, env)
+    assert (place.node, place.master_addr) == (1, "10.0.0.5")
+    params = {"run_id": "5", "task_id": "7-node-1", "input_paths": "5/start/1",
+              "retry_count": 1, "max_user_code_retries": 2, "opt_namespace": "user:me",
+              "orig_flow_datastore": "s3@s3://bucket/mf", "split_index": None}
+    assert trampoline.agent_identity("train", params, 1) == IDENTITY
+    spec = trampoline.agent_spec(order, place, IDENTITY, ["--quiet"], "secret", "cpu", "fork")
+    assert (spec.node, spec.attempt.master_addr, spec.attempt.top_args) == (
+        1, "10.0.0.5", ("--quiet",))
+    assert spec.attempt.gang_id == naming.gang_id("5", "train", "7", 1) and spec.work_dir
+    assert spec.attempt.master_port == naming.remote_port("5", "train", "7", 1)
     with pytest.raises(TorchDistributedEnvironmentError, match="outside an AWS Batch"):
-        batch.resolve_node(agent_spec(), {batch.NODE_INDEX: "1"}, {}, [])
+        batch.BACKEND.agent_place(order, {batch.NODE_INDEX: "1"})
+    with pytest.raises(TorchDistributedEnvironmentError,
+                       match="unexpected task id '7-node-1' for the agent of node 2"):
+        trampoline.agent_identity("train", params, 2)
 
 
 def test_remote_port_is_fixed_per_attempt_and_in_range():
@@ -203,7 +222,6 @@ def test_remote_port_is_fixed_per_attempt_and_in_range():
 
 
 def test_a_busy_port_is_a_clear_error():
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import Leader
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import \
         Topology
 
@@ -212,8 +230,8 @@ def test_a_busy_port_is_a_clear_error():
     holder.listen(1)
     port = holder.getsockname()[1]
     try:
-        leader = Leader("train", Topology(2, 1), {"backend": "batch", "master_addr": "127.0.0.1"},
-                        1.0, "torch_distributed", port=port)
+        leader = records.leader(Topology(2, 1), backend="batch", master_addr="127.0.0.1",
+                                master_port=port)
         with pytest.raises(TorchDistributedEnvironmentError, match="port %d on node 0" % port):
             leader._bind()
     finally:
@@ -221,17 +239,16 @@ def test_a_busy_port_is_a_clear_error():
 
 
 def test_node_0_listens_on_its_own_address_only_and_says_so_when_it_is_not_its_own():
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import Leader
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import \
         Topology
 
-    leader = Leader("train", Topology(2, 1), {"backend": "batch", "master_addr": "127.0.0.1"},
-                    1.0, "torch_distributed", port=0)
+    leader = records.leader(Topology(2, 1), backend="batch", master_addr="127.0.0.1",
+                            master_port=0)
     with leader._bind() as listener:
         assert listener.getsockname()[0] == "127.0.0.1"  # not 0.0.0.0
     # an address of no interface of this machine (TEST-NET-3, RFC 5737)
-    leader = Leader("train", Topology(2, 1), {"backend": "batch", "master_addr": "203.0.113.9"},
-                    1.0, "torch_distributed", port=0)
+    leader = records.leader(Topology(2, 1), backend="batch", master_addr="203.0.113.9",
+                            master_port=0)
     with pytest.raises(TorchDistributedEnvironmentError,
                        match=r"cannot listen .* on 203\.0\.113\.9, the address its other nodes"):
         leader._bind()

@@ -482,19 +482,21 @@ def test_a_ranks_traceback_starts_at_the_users_code():
 
 def test_the_package_whose_frames_a_traceback_leaves_out_holds_every_module_of_ours():
     """PACKAGE_DIR is the package's root, not the folder of the module that defines it: a frame
-    of any subpackage (the runtime's procs.py, the top's gang.py) is left out of what a rank
+    of any subpackage (the runtime's procs.py, the gang's leader.py) is left out of what a rank
     prints (it pointed at core/ after the layout moved the modules, and kept the runtime's)."""
     import pathlib
 
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed import gang
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed import decorator
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
         PACKAGE_DIR, user_traceback)
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import leader
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import procs
 
-    root = pathlib.Path(gang.__file__).parent
+    root = pathlib.Path(decorator.__file__).parent
     assert pathlib.Path(PACKAGE_DIR) == root
     ours = FULL_TRACEBACK.replace(PKG, str(root))
     assert procs.__file__ == str(root / "runtime" / "procs.py")
+    assert leader.__file__ == str(root / "gang" / "leader.py")
     assert user_traceback(ours).startswith(
         'Traceback (most recent call last):\n  File "/home/me/flow.py", line 15, in train\n')
 

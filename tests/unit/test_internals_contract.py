@@ -194,12 +194,12 @@ def test_spin_step_command():
     identity = gangspec.TaskIdentity(run_id="5", task_id="7", input_paths="5/start/1",
                                    split_index=2, retry_count=1, max_user_code_retries=2,
                                    namespace="user:me", orig_datastore="local@/tmp/mf")
-    words = spinstep.spin_step_options("train", identity, "7-gang-1")
+    words = spinstep.SpinOptions.of_task(identity, "7-node-1").words("train")
     for word in words:
         if word.startswith("--"):
             require(word in opts, "the spin-step command",
-                    "it accepts %s (spinstep.spin_step_options passes it)" % word)
-    # what batch.resolve_node reads from an agent's spin-step options
+                    "it accepts %s (spinstep.SpinOptions passes it)" % word)
+    # what trampoline.agent_identity reads from an agent's spin-step options
     for name in ("run_id", "task_id", "input_paths", "split_index", "retry_count",
                  "max_user_code_retries", "orig_flow_datastore"):
         require(name in opts.values(), "the spin-step command",

@@ -140,7 +140,7 @@ def test_no_module_but_internals_reaches_a_metaflow_internal():
 
 def test_the_scan_reads_every_module_and_the_seam_exists():
     names = {p.name for p in _modules()}
-    assert {"decorator.py", "batch.py", "gang.py", "mfextinit_torch_distributed.py"} <= names
+    assert {"decorator.py", "batch.py", "leader.py", "mfextinit_torch_distributed.py"} <= names
     assert SEAM.exists()
     # the seam itself does what the others may not: the scan would see it
     assert violations(SEAM.read_text(), "internals.py")

@@ -6,32 +6,35 @@ are in test_internals_contract.py)."""
 import json
 import shlex
 import socket
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
 import metaflow  # noqa: F401  (loads the extension)
 from metaflow.plugins.kubernetes.kubernetes import Kubernetes
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import kubernetes
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import (
+    kubernetes,
+    trampoline,
+)
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import naming
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedEnvironmentError
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import GangSpec, \
-    TaskIdentity
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import (
+    ORDER_ENV,
+    AgentOrder,
+)
+from tests import records
 from tests.emulation.jobset_controller import pruned, validate_jobset
 
-PLAN = '{"step": "train", "nodes": 2, "master_port": 23456}'
 
-
-def test_main_node_plan():
-    assert kubernetes.main_node_plan({}, "train") is None
-    env = {kubernetes.MAIN_NODE_ENV: PLAN, "MF_WORLD_SIZE": "2"}
-    assert kubernetes.main_node_plan(env, "train") == (2, 23456)
-    assert kubernetes.main_node_plan(env, "other") is None  # another step's JobSet
+def test_the_plan_tells_the_control_pod_of_its_step_and_the_nodes_it_needs():
+    assert kubernetes.planned_nodes({}, "train") is None
+    env = dict(trampoline.plan_env(kubernetes.MAIN_NODE_ENV, "train", 2), MF_WORLD_SIZE="2")
+    assert kubernetes.planned_nodes(env, "train") == 2
+    assert kubernetes.planned_nodes(env, "other") is None  # another step's JobSet
     with pytest.raises(TorchDistributedEnvironmentError,
                        match="the gang needs 2 nodes but this Kubernetes JobSet has 3"):
-        kubernetes.main_node_plan(dict(env, MF_WORLD_SIZE="3"), "train")
+        kubernetes.planned_nodes(dict(env, MF_WORLD_SIZE="3"), "train")
 
 
 def test_a_workers_node_is_its_job_index_plus_one():
@@ -87,26 +90,14 @@ def test_a_name_that_never_resolves_fails_naming_the_node_and_the_name():
         kubernetes.resolve_master("train", 1, {}, 10, resolve, clock, clock.sleep)
 
 
-def agent_spec(port=23456):
-    identity = TaskIdentity(run_id="5", task_id="7", input_paths="", split_index=None,
-                            retry_count=0, max_user_code_retries=1, namespace="user:tester",
-                            orig_datastore="s3@s3://bucket/metaflow")
-    spec = GangSpec(role="agent", step_name="train", nodes=2, nproc_per_node=2, node=-1,
-                    master_addr="", master_port=port, gang_id="5-train-7-0", secret="",
-                    restart_count=0, accelerator="auto", rendezvous_timeout_s=30.0,
-                    finish_timeout_s=30.0, start_method="auto",
-                    work_dir="", task=identity.__dict__, top_args=[], backend="kubernetes")
-    return identity, spec
-
-
-def test_resolve_node_fills_in_the_pods_place():
-    _, spec = agent_spec()
+def test_a_worker_pod_finds_its_place():
+    order = AgentOrder(records.blueprint(rendezvous_timeout_s=30.0), "kubernetes")
     env = {"MF_WORKER_REPLICA_INDEX": "0", "MF_MASTER_ADDR": "control.svc.cluster.local"}
-    placed = kubernetes.resolve_node(spec, env, {"input_paths": "5/start/1"}, ["--quiet"],
-                                     resolve=lambda name: "10.0.0.9")
-    assert (placed.node, placed.master_addr, placed.master_port) == (1, "10.0.0.9", 23456)
-    assert placed.task["input_paths"] == "5/start/1" and placed.top_args == ["--quiet"]
-    assert placed.work_dir
+    resolved = []
+    backend = kubernetes.KubernetesBackend(lambda name: resolved.append(name) or "10.0.0.9")
+    place = backend.agent_place(order, env)
+    assert (place.node, place.master_addr) == (1, "10.0.0.9")
+    assert resolved == ["control.svc.cluster.local"]
 
 
 class FakeEnvironment:
@@ -154,9 +145,12 @@ def gang_jobset_dict(nodes=2):
     kube = Kubernetes(SimpleNamespace(TYPE="s3"), None, FakeEnvironment())
     kw = create_kwargs()
     jobset = kube.create_jobset(num_parallel=nodes, **kw)
-    identity, spec = agent_spec()
-    kubernetes.gang_jobset(kube, jobset, kw, identity, replace(spec, nodes=nodes),
-                           "python -u flow.py", ["--quiet"], nodes, "torch_distributed")
+    cli = SimpleNamespace(
+        executable="python", script="flow.py", top_args=["--quiet"],
+        orig_datastore="s3@s3://bucket/metaflow",
+        params={"run_id": "5", "task_id": "7", "retry_count": 0, "max_user_code_retries": 1,
+                "namespace": "user:tester"})
+    kubernetes.gang_jobset(kube, jobset, kw, records.gang_step(nodes=nodes), cli)
     return pruned(jobset.dump())
 
 
@@ -184,15 +178,14 @@ def test_the_gang_jobset_is_valid_and_runs_the_task_on_control_and_agents_on_wor
     assert words[words.index("--input-paths") + 1] == "${METAFLOW_INPUT_PATHS_0}"
     assert "--namespace user:tester" in agent
     env = {e["name"]: e.get("value") for e in control["env"]}
-    assert json.loads(env[kubernetes.MAIN_NODE_ENV]) == {"step": "train", "nodes": 3,
-                                                         "master_port": 23456}
+    assert json.loads(env[kubernetes.MAIN_NODE_ENV]) == {"step": "train", "nodes": 3}
     assert env["MF_WORLD_SIZE"] == "3"
     worker_env = {e["name"]: e for e in worker["env"]}
     assert kubernetes.MAIN_NODE_ENV not in worker_env
-    member = json.loads(worker_env["METAFLOW_TORCH_DISTRIBUTED_MEMBER"]["value"])
-    assert (member["role"], member["backend"], member["master_port"]) == (
-        "agent", "kubernetes", 23456)
-    assert member["secret"] == ""  # read from the run's datastore on the pod
+    order = AgentOrder.from_env({ORDER_ENV: worker_env[ORDER_ENV]["value"]})
+    assert order == AgentOrder(records.blueprint(nodes=3), "kubernetes")
+    # the attempt's secret is read from the run's datastore on the pod, never in its spec
+    assert "secret" not in worker_env[ORDER_ENV]["value"]
     assert worker_env["MF_WORKER_REPLICA_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
         "metadata.annotations['jobset.sigs.k8s.io/job-index']"
     # @kubernetes(labels=...) reaches the JobSet (a queue label such as Kueue's passes through)

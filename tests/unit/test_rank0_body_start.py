@@ -6,8 +6,12 @@ import types
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import gang
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
+    TorchDistributedAborted,
+)
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import leader as gang
+from tests import records
 
 
 class Watch:
@@ -32,7 +36,7 @@ def attempt_of(watch):
 def leader(monkeypatch):
     monkeypatch.setattr(gang, "rank_info", lambda spec, topology, local_rank: None)
     monkeypatch.setattr(gang.current_mod, "install", lambda info: None)
-    return gang.Leader("train", Topology(1, 2), {"backend": "local"}, 1.0, "torch_distributed")
+    return records.leader(Topology(1, 2))
 
 
 def test_a_gang_that_failed_before_rank_0s_body_began_never_runs_it(leader, monkeypatch):
@@ -46,7 +50,7 @@ def test_a_gang_that_failed_before_rank_0s_body_began_never_runs_it(leader, monk
     attempt = attempt_of(watch)
     leader._run_rank0(attempt, None, (), the_watch_fails_meanwhile)
     assert ran == [] and not attempt.body_finished
-    assert isinstance(attempt.rank0_exception, gang.TorchDistributedAborted)
+    assert isinstance(attempt.rank0_exception, TorchDistributedAborted)
     [failure] = watch.reports
     assert failure.rank == 0 and "another rank of the gang failed" in failure.message
     assert not leader._body_running.is_set()

@@ -4,14 +4,13 @@ seam is the control plane, faked; the end-to-end paths are in tests/e2e/test_res
 
 import types
 
-import pytest
-
-from metaflow_extensions.torch_distributed.plugins.torch_distributed import gang
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import (
     Topology)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.gang import Leader, common
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.supervisor import (
     Slot)
-from tests.unit.fakes import FakeMember
+from tests import records
+from tests.unit.fakes import Clock, FakeMember
 
 
 class Control:
@@ -28,17 +27,16 @@ class Control:
         return node in self.preempted
 
 
-def waiting(control, nodes=3, agents=None):
-    leader = gang.Leader("train", Topology(nodes, 2), {"backend": "local"}, 1.0,
-                         "torch_distributed")
+def waiting(control, nodes=3, agents=None, clock=None):
+    """What node 0 says after waiting for the other nodes (None: every one stopped), on a
+    clock that moves only while node 0 sleeps."""
+    clock = clock or Clock()
+    leader = records.leader(Topology(nodes, 2))
+    assert isinstance(leader, Leader)
+    leader.clock, leader.sleep = clock, clock.sleep
     slots = [Slot(member, node) for node, member in (agents or {}).items()]
     attempt = types.SimpleNamespace(control=control, runner=types.SimpleNamespace(slots=slots))
     return leader._wait_for_nodes_to_stop(attempt)
-
-
-@pytest.fixture(autouse=True)
-def short_wait(monkeypatch):
-    monkeypatch.setattr(gang, "NODES_STOP_WAIT", 0.3)
 
 
 def test_every_node_stopped_restarts():
@@ -47,9 +45,23 @@ def test_every_node_stopped_restarts():
 
 
 def test_a_silent_node_is_lost():
-    said = waiting(Control(stopped={1}))
+    clock = Clock()
+    said = waiting(Control(stopped={1}), clock=clock)
     assert said.startswith("Not restarted in place: the agent of node 2 did not say within "
-                           "0.3s that its ranks of the failed round stopped, so it is lost"), said
+                           "%gs that its ranks of the failed round stopped, so it is lost"
+                           % common.NODES_STOP_WAIT), said
+    assert common.NODES_STOP_WAIT <= clock.now < common.NODES_STOP_WAIT + 1  # waited it out
+
+
+def test_a_node_that_says_it_stopped_late_but_in_time_restarts():
+    clock = Clock()
+
+    class Late(Control):
+        def node_stopped(self, node):
+            return node == 1 or clock.now >= common.NODES_STOP_WAIT - 1
+
+    assert waiting(Late(), clock=clock) is None
+    assert clock.now < common.NODES_STOP_WAIT
 
 
 def test_a_local_agent_that_ended_is_lost_at_once():

@@ -24,7 +24,8 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import preempt
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import \
     TorchDistributedConfigError
-from tests.unit.test_batch_payload import AGENT_ENV, agent_spec
+from tests import records
+from tests.unit.test_batch_payload import AGENT_ENV
 
 # Metaflow's step command for Step Functions (StepFunctions._step_cli), inside a foreach.
 STEP_CLI = (
@@ -40,12 +41,12 @@ def test_agent_words_golden():
     assert " ".join(words) == (
         "python flow.py --with 'batch:cpu=1' --quiet --datastore=s3 "
         "--with=step_functions_internal spin-step train "
-        "--task-id ${AWS_BATCH_JOB_ID}-node-${AWS_BATCH_JOB_NODE_INDEX} "
         "--run-id sfn-$METAFLOW_RUN_ID "
+        "--task-id ${AWS_BATCH_JOB_ID}-node-${AWS_BATCH_JOB_NODE_INDEX} "
         "--input-paths sfn-${METAFLOW_RUN_ID}/start/${METAFLOW_PARENT_TASK_ID} "
         "--retry-count $((AWS_BATCH_JOB_ATTEMPT-1)) --max-user-code-retries 2 "
-        "--split-index $METAFLOW_SPLIT_INDEX --orig-flow-datastore s3@s3://bucket/mf "
-        "--no-persist --namespace=user:me")
+        "--orig-flow-datastore s3@s3://bucket/mf --no-persist "
+        "--split-index $METAFLOW_SPLIT_INDEX --namespace user:me")
 
 
 @pytest.mark.parametrize("step_cli", [
@@ -75,7 +76,7 @@ def sfn_payload():
     return batch._plain(job.payload)
 
 
-def test_node_payload_keeps_step_functions_paths_and_defers_the_port():
+def test_node_payload_keeps_step_functions_paths_and_tells_node_0_its_plan():
     got = stepfunctions.node_payload(sfn_payload(), 2, "train", ["bash", "-c", "agent"],
                                      AGENT_ENV)
     main, agent = got["nodeOverrides"]["nodePropertyOverrides"]
@@ -88,46 +89,41 @@ def test_node_payload_keeps_step_functions_paths_and_defers_the_port():
         env = node["containerOverrides"]["environment"]
         assert {"name": "METAFLOW_RUN_ID", "value.$": "$.Parameters.['metaflow.run_id']"} in env
     plan = {e["name"]: e.get("value") for e in main["containerOverrides"]["environment"]}
-    assert json.loads(plan[batch.MAIN_NODE_ENV]) == {"step": "train", "nodes": 2,
-                                                     "master_port": None}
-    assert batch.main_node_plan({batch.MAIN_NODE_ENV: plan[batch.MAIN_NODE_ENV],
-                                 batch.NUM_NODES: "2"}, "train") == (2, None)
+    assert json.loads(plan[batch.MAIN_NODE_ENV]) == {"step": "train", "nodes": 2}
+    assert batch.planned_nodes({batch.MAIN_NODE_ENV: plan[batch.MAIN_NODE_ENV],
+                                batch.NUM_NODES: "2"}, "train") == 2
 
 
 def test_an_agent_takes_its_task_from_its_spin_step_and_meets_node_0():
-    spec = trampoline.compiled_agent_spec(dict(
-        step_name="train", nodes=2, nproc_per_node=2, accelerator="auto",
-        rendezvous_timeout_s=60.0, finish_timeout_s=60.0, start_method="auto", heartbeat_timeout_s=30.0,
-        group_check_default="error"), "batch")
+    order = gangspec.AgentOrder(records.blueprint(), "batch")
     params = {"run_id": "sfn-x", "task_id": "0f1e-node-1", "input_paths": "sfn-x/start/a",
               "retry_count": 1, "max_user_code_retries": 2, "split_index": 3,
               "opt_namespace": "user:ana", "orig_flow_datastore": "s3@s3://b/mf"}
     env = {batch.NODE_INDEX: "1", batch.MAIN_NODE_ADDRESS: "10.0.0.5"}
-    got = batch.resolve_node(spec, env, params, [])
+    place = batch.BACKEND.agent_place(order, env)
+    identity = trampoline.agent_identity("train", params, place.node)
+    got = trampoline.agent_spec(order, place, identity, [], "secret", "cpu", "fork")
     # what node 0 computes from its own task (decorator._leader_step)
-    assert got.gang_id == naming.gang_id("sfn-x", "train", "0f1e", 1)
-    assert got.master_port == naming.remote_port("sfn-x", "train", "0f1e", 1)
+    assert got.attempt.gang_id == naming.gang_id("sfn-x", "train", "0f1e", 1)
+    assert got.attempt.master_port == naming.remote_port("sfn-x", "train", "0f1e", 1)
     assert got.restart_count == 0  # the round within the attempt, as node 0's
-    assert got.task["task_id"] == "0f1e" and got.task["split_index"] == 3
-    assert got.task["namespace"] == "user:ana"  # exec'd members get the run's namespace
-    # no secret in the job: the agent reads the attempt's from the run's datastore
-    assert got.secret == ""
-    retried = batch.resolve_node(spec, env, dict(params, retry_count=2), [])
-    assert retried.master_port != got.master_port
+    assert got.attempt.task.task_id == "0f1e" and got.attempt.task.split_index == 3
+    assert got.attempt.task.namespace == "user:ana"  # exec'd members get the run's namespace
+    retried = trampoline.agent_identity("train", dict(params, retry_count=2), 1)
+    assert trampoline.attempt_port("train", retried) != got.attempt.master_port
     # node 0 places itself from the same job's plan and its own task: the same port, and a
     # secret it draws itself
-    node_env = {batch.MAIN_NODE_ENV: json.dumps({"step": "train", "nodes": 2,
-                                                 "master_port": None}),
-                batch.NUM_NODES: "2", "MF_PARALLEL_MAIN_IP": "10.0.0.5"}
-    identity = gangspec.TaskIdentity(run_id="sfn-x", task_id="0f1e", input_paths="",
-                                   split_index=3, retry_count=1, max_user_code_retries=2,
-                                   namespace=None, orig_datastore="s3@s3://b/mf")
-    place = batch.node_zero("train", node_env, identity, None)
-    assert (place.master_addr, place.port, place.backend) == (
-        "10.0.0.5", got.master_port, "batch")
-    assert len(place.secret) == 64
-    # a `run --with batch` agent keeps what it was submitted with
-    assert batch.resolve_node(agent_spec(), env, params, []).gang_id == "g"
+    node_env = dict(trampoline.plan_env(batch.MAIN_NODE_ENV, "train", 2),
+                    **{batch.NUM_NODES: "2", "MF_PARALLEL_MAIN_IP": "10.0.0.5"})
+    node_zero = batch.BACKEND.node_zero(records.gang_step(), node_env,
+                                        gangspec.TaskIdentity(
+                                            run_id="sfn-x", task_id="0f1e", input_paths="",
+                                            split_index=3, retry_count=1,
+                                            max_user_code_retries=2, namespace=None,
+                                            orig_datastore="s3@s3://b/mf"))
+    assert (node_zero.master_addr, node_zero.port, node_zero.backend) == (
+        "10.0.0.5", got.attempt.master_port, "batch")
+    assert len(node_zero.secret) == 64
 
 
 class _Node:

@@ -7,29 +7,27 @@ import threading
 
 from metaflow.decorators import StepDecorator
 
+from .backends import kubernetes, registry, schedulers, trampoline
+from .backends.base import GangStep
+from .core import devices, naming, settings
+from .core.errors import (
+    TorchDistributedConfigError,
+    TorchDistributedEnvironmentError,
+    TorchDistributedException,
+)
+from .core.gangspec import AgentOrder, Attempt, Blueprint, GangSpec, Role, current_task_identity
+from .core.topology import Topology, plan_line, plan_topology
 from .mf import attempt_secret, card, checkpoints
-from .backends import batch, kubernetes
-from .core import devices
 from .mf import current as current_mod
 from .mf import groupcheck, internals
-from .runtime import interrupt
-from .backends import argo, schedulers, stepfunctions
-from .core import settings
-from .core.errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
-from .core.gangspec import GangSpec, NodeZero, current_task_identity
-from .core.topology import Topology, plan_line, plan_topology
 from .mf.usertimer import PausedTimer, WhenAll, disarm
 from .mf.versions import check_metaflow_version
-
-
-# The backends whose nodes are machines of their own, by GangSpec.backend: each places node 0
-# (node_zero: None when this process is not its node 0) and a node agent (resolve_node).
-REMOTE_BACKENDS = {"batch": batch, "kubernetes": kubernetes}
+from .runtime import interrupt
 
 
 class TorchDistributedDecorator(StepDecorator):
     """
-    Run this step as a gang of torch.distributed processes, rank 0 in the task itself.
+    Run this step as a gang of torch.distributed processes.
 
     Every rank runs the step's body with the rendezvous environment set (MASTER_ADDR,
     MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, ...), so `torch.distributed.init_process_group()`,
@@ -72,8 +70,8 @@ class TorchDistributedDecorator(StepDecorator):
         started again in place, within the same attempt: every rank is stopped and started
         as a fresh process, with a fresh rendezvous and, with @checkpoint, the latest
         checkpoint loaded. The same error from the same rank twice in a row stops early. A
-        lost node or a preemption fails the attempt (@retry's business). One-node gangs only
-        for now. Default: METAFLOW_TORCH_DISTRIBUTED_MAX_RESTARTS (0).
+        lost node or a preemption fails the attempt (@retry's business). Needs the start
+        method fork. Default: METAFLOW_TORCH_DISTRIBUTED_MAX_RESTARTS (0).
     card : bool, optional
         Give the step the gang's own card (type and id `torch_distributed`): topology, every
         rank's timeline, the outcome with its root cause, each rank's last lines. The step's
@@ -152,25 +150,26 @@ class TorchDistributedDecorator(StepDecorator):
                 decorators, "kubernetes", "shared_memory"))
             if warning:
                 print(warning, file=sys.stderr, flush=True)
-        if self.topology.nodes > 1 and target == "step-functions":
-            # This process compiles the state machine: the step's job gets N nodes.
-            stepfunctions.install(step_name, graph, self.topology.nodes, self._common_fields(),
-                                  self.name)
-        if self.topology.nodes > 1 and target == "argo-workflows":
-            # This process compiles the workflow: the step's template creates one JobSet.
-            argo.install(step_name, graph, self.topology.nodes, self._common_fields(), self.name)
-        if os.environ.get(batch.TRAMPOLINE_ENV) == step_name:
-            # This process submits the step's AWS Batch job (`batch step`): make it N nodes,
-            # each node's command under preempt.FORWARDING.
-            if self.topology.nodes > 1:
-                batch.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
-                                         self.name)
-            else:
-                batch.install_forwarding(step_name)
-        if self.topology.nodes > 1 and os.environ.get(kubernetes.TRAMPOLINE_ENV) == step_name:
-            # This process creates the step's Kubernetes JobSet (`kubernetes step`): N pods.
-            kubernetes.install_trampoline(step_name, self.topology.nodes, self._common_fields(),
-                                          self.name)
+        self.blueprint = Blueprint(
+            step_name=step_name,
+            nodes=self.topology.nodes,
+            nproc_per_node=self.topology.nproc_per_node,
+            rendezvous_timeout_s=self.settings.rendezvous_timeout_s,
+            finish_timeout_s=self.settings.finish_timeout_s,
+            start_method=self.settings.start_method,
+            heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
+            hang_timeout_s=self.settings.hang_timeout_s,
+            preempt_grace_s=self.settings.preempt_grace_s,
+            max_restarts=self.settings.max_restarts,
+            # a step --with put the decorator on may do no distributed work: warn, not fail
+            group_check_default="error" if self.statically_defined else "warn",
+        )
+        self.gang_step = GangStep(self.blueprint, self.topology, self.name, decorators, graph,
+                                  rehearsal=_rehearsal())
+        # This process may submit the step's job (`batch step`, `kubernetes step`) or compile
+        # the flow (`step-functions create`, `argo-workflows create`): each backend installs
+        # what makes that job the gang's.
+        registry.install(self.gang_step, os.environ, target)
 
     def runtime_init(self, flow, graph, package, run_id):
         # In Metaflow's runtime process: a SIGINT to it alone ends the tasks with SIGKILL 5 s
@@ -184,31 +183,10 @@ class TorchDistributedDecorator(StepDecorator):
 
     def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
         # @batch and @kubernetes send the step away for every attempt but @catch's local
-        # fallback; tell that step's `batch step` (`kubernetes step`) process to submit a
-        # multi-node job (a JobSet), or on Batch the one-node job under preempt.FORWARDING.
+        # fallback: tell the process that submits it (`batch step`, `kubernetes step`) to
+        # make its job the gang's.
         if self.active and retry_count <= max_user_code_retries:
-            if self.on_batch:
-                cli_args.env[batch.TRAMPOLINE_ENV] = self.step_name
-            elif self.on_kubernetes and self.topology.nodes > 1:
-                cli_args.env[kubernetes.TRAMPOLINE_ENV] = self.step_name
-
-    def _common_fields(self):
-        """GangSpec fields that are the same for every node of every attempt."""
-        return dict(
-            step_name=self.step_name,
-            nodes=self.topology.nodes,
-            nproc_per_node=self.topology.nproc_per_node,
-            accelerator="auto",  # decided on each node, where its GPUs are seen
-            rendezvous_timeout_s=self.settings.rendezvous_timeout_s,
-            finish_timeout_s=self.settings.finish_timeout_s,
-            start_method=self.settings.start_method,
-            heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
-            hang_timeout_s=self.settings.hang_timeout_s,
-            preempt_grace_s=self.settings.preempt_grace_s,
-            max_restarts=self.settings.max_restarts,
-            # a step --with put the decorator on may do no distributed work: warn, not fail
-            group_check_default="error" if self.statically_defined else "warn",
-        )
+            cli_args.env.update(registry.launch_env(self.gang_step))
 
     def task_pre_step(self, step_name, task_datastore, metadata, run_id, task_id, flow, graph,
                       retry_count, max_user_code_retries, ubf_context, inputs):
@@ -224,23 +202,23 @@ class TorchDistributedDecorator(StepDecorator):
             # task (ubf_context UBF_TASK) is a gang.
             return step_func
         spec = GangSpec.from_env(os.environ)
+        order = AgentOrder.from_env(os.environ) if spec is None else None
         with PausedTimer():  # torch's import is ours, not the body's: keep it out of @timeout
             _require_torch(self.step_name)
-        if spec is not None:  # this process is a member started by a gang
+        if spec is not None or order is not None:  # a member started by a gang
             disarm()  # rank 0's @timeout governs the gang (usertimer.py)
-            if spec.role == "agent" and retry_count > max_user_code_retries:
+            if retry_count > max_user_code_retries:
                 # A deployed job runs every attempt with its agents; @catch's fallback
                 # attempt runs on node 0 alone, as on any step.
                 print("[node agent] attempt %d is @catch's fallback, which runs on node 0 "
                       "alone: nothing to do here." % retry_count, flush=True)
                 os._exit(0)
-            if spec.backend in ("batch", "kubernetes") and spec.role == "agent":
+            if order is not None:  # a node agent on another machine: find its place
+                backend = registry.by_name(self.step_name, order.backend)
                 try:
-                    spec = self._place_remote_agent(spec, flow.name)
-                except TorchDistributedEnvironmentError as ex:
-                    if spec.backend != "kubernetes":
-                        raise
-                    kubernetes.leave_to_node_0(ex)
+                    spec = self._place_remote_agent(backend, order, flow.name)
+                except TorchDistributedException as ex:
+                    backend.agent_misplaced(ex)
             return _member_step(spec, step_func, self.name)
         if retry_count > max_user_code_retries:
             return step_func  # @catch's fallback attempt runs alone, as on any step
@@ -249,44 +227,31 @@ class TorchDistributedDecorator(StepDecorator):
     def _leader_step(self, flow, step_func, retry_count, max_user_code_retries):
         from metaflow import current
 
-        from .core import naming
         from .gang import HandBack, Leader
 
         identity = current_task_identity(internals.step_kwargs(), retry_count,
                                          max_user_code_retries,
                                          internals.orig_datastore(self.flow_datastore))
-        place = next((p for p in (backend.node_zero(self.step_name, os.environ, identity,
-                                                    self.settings)
-                                   for backend in REMOTE_BACKENDS.values()) if p), None)
-        if place is None:  # every node on this host
-            schedulers.check_single_host(self.step_name, self.topology, os.environ,
-                                         _rehearsal())
+        place = registry.node_zero(self.gang_step, os.environ, identity)
+        attempt = Attempt(
+            gang_id=naming.gang_id(identity.run_id, self.step_name, identity.task_id,
+                                   retry_count),
+            task=identity, backend=place.backend, master_addr=place.master_addr,
+            master_port=place.port, secret=place.secret, top_args=internals.top_level_args(),
+            checkpoint=checkpoints.gang_fields(current, os.environ))
+        if attempt.local:  # every node on this host
             accelerator, blocks = self._local_devices()
-            place = NodeZero("127.0.0.1", 0, naming.new_secret(), "local")
         else:  # node 0 of a multi-node job or JobSet, on its own machine
             accelerator, blocks = self._node_devices(), {}
-        gang_id = naming.gang_id(identity.run_id, self.step_name, identity.task_id, retry_count)
-        if place.backend != "local":  # the agents on the other machines read it there
-            attempt_secret.publish(self.flow_datastore, identity, self.step_name, gang_id,
-                                   place.secret)
-        fields = dict(
-            self._common_fields(),
-            master_addr=place.master_addr,
-            gang_id=gang_id,
-            secret=place.secret,
-            restart_count=0,
-            accelerator=accelerator,
-            start_method=devices.resolve_start_method(self.settings.start_method),
-            task=identity.__dict__,
-            top_args=internals.top_level_args(),
-            backend=place.backend,
-            checkpoint=checkpoints.gang_fields(current, os.environ),
-        )
-        leader = Leader(self.step_name, self.topology, fields, self.settings.abort_grace_s,
-                        self.name, blocks, port=place.port)
+            # the agents on the other machines read it there
+            attempt_secret.publish(self.flow_datastore, identity, self.step_name,
+                                   attempt.gang_id, attempt.secret)
+        start_method = devices.resolve_start_method(self.settings.start_method)
+        leader = Leader(self.blueprint, self.topology, attempt, accelerator, start_method,
+                        self.settings.abort_grace_s, self.name, blocks)
         leader.checkpoint_policy = checkpoints.load_policy(self.step_decorators)
         leader.on_restart = self._record_restart
-        if self.settings.max_restarts and fields["start_method"] != "fork":
+        if self.settings.max_restarts and start_method != "fork":
             raise TorchDistributedConfigError(
                 self.step_name, "max_restarts=%d needs the start method fork, and this task "
                 "starts its ranks with exec (%s): rank 0 then runs in the task itself, which "
@@ -295,12 +260,12 @@ class TorchDistributedDecorator(StepDecorator):
                 % (self.settings.max_restarts, "start_method=exec" if self.settings.start_method
                    == "exec" else "CUDA is initialised in the task, or this is not Linux"))
         plan = plan_line(self.step_name, self.topology, accelerator,
-                         emulated=place.backend == "local")
+                         emulated=attempt.local)
 
         caught = self.has_catch and retry_count >= max_user_code_retries
         # rank 0 forked, as every other rank, hands its results back to this process
         handback = HandBack(flow, self.task_datastore, keep_failed=caught) \
-            if fields["start_method"] == "fork" else None
+            if start_method == "fork" else None
 
         def gang_step(*args):
             print(plan, flush=True)
@@ -368,18 +333,23 @@ class TorchDistributedDecorator(StepDecorator):
         if self.active and self.led_gang and not is_task_ok:
             card.render_failed(self.step_decorators)
 
-    def _place_remote_agent(self, spec, flow_name):
-        """Complete the GangSpec of a node agent on its AWS Batch node or Kubernetes pod: its
-        place, and the attempt's secret from the run's datastore (attempt_secret.py)."""
-        # spin-step keeps its options in its click context only (not in cli_args)
-        spec = REMOTE_BACKENDS[spec.backend].resolve_node(
-            spec, os.environ, internals.command_params(), internals.top_level_args())
-        spec = dataclasses.replace(spec, secret=attempt_secret.fetch(
-            flow_name, spec.identity(), spec.step_name, spec.gang_id, spec.rendezvous_timeout_s))
-        return dataclasses.replace(
-            spec, accelerator=self._node_devices(),
-            start_method=devices.resolve_start_method(spec.start_method),
-            checkpoint=checkpoints.from_leader(spec))
+    def _place_remote_agent(self, backend, order, flow_name):
+        """The GangSpec of a node agent on another machine (an AWS Batch child node, a
+        JobSet's worker pod): its place from its scheduler, its task and attempt from its own
+        spin-step options (which spin-step keeps in its click context only), the attempt's
+        secret from the run's datastore (attempt_secret.py), what node 0's @checkpoint
+        loaded from node 0."""
+        place = backend.agent_place(order, os.environ)
+        identity = trampoline.agent_identity(self.step_name, internals.command_params(),
+                                             place.node)
+        gang_id = naming.gang_id(identity.run_id, self.step_name, identity.task_id,
+                                 identity.retry_count)
+        secret = attempt_secret.fetch(flow_name, identity, self.step_name, gang_id,
+                                      order.blueprint.rendezvous_timeout_s)
+        spec = trampoline.agent_spec(order, place, identity, internals.top_level_args(),
+                                     secret, self._node_devices(),
+                                     devices.resolve_start_method(order.blueprint.start_method))
+        return spec.with_attempt(checkpoint=checkpoints.from_leader(spec))
 
     def _local_devices(self):
         """(accelerator, CUDA_VISIBLE_DEVICES per node) for a gang whose nodes share this host."""
@@ -400,11 +370,11 @@ def _member_step(spec, step_func, decorator_name):
     """The step function of a process a gang started (a node agent or an exec'd rank)."""
     from .gang import Agent, run_exec_rank
 
-    topology = Topology(spec.nodes, spec.nproc_per_node)
+    topology = Topology(spec.blueprint.nodes, spec.blueprint.nproc_per_node)
 
     def member_step(*args):
         member_spec = checkpoints.install_member(spec)
-        if spec.role == "agent":
+        if spec.role is Role.AGENT:
             code = Agent(member_spec, topology).run(step_func, args, decorator_name)
         else:
             code = run_exec_rank(member_spec, topology, step_func, args)

@@ -28,12 +28,15 @@ tests/unit/test_argo.py, tests/emulation/test_argo_gang.py pin them.
 import copy
 import json
 
-from ..mf import internals
-from ..backends import kubernetes, trampoline
-from ..runtime import preempt
+from ..core import naming
 from ..core.errors import TorchDistributedConfigError
-from ..mf.spinstep import nested_word, spin_env_additions
+from ..core.gangspec import AgentOrder
+from ..mf import internals
+from ..mf.spinstep import Shell, SpinOptions, spin_env_additions
 from ..mf.versions import compile_error
+from ..runtime import preempt
+from . import kubernetes, trampoline
+from .base import Backend, GangStep
 
 # The JobSet's label that carries the gang's task id: the template's `task-id` output.
 TASK_ID_LABEL = "torch_distributed_task_id"
@@ -48,7 +51,7 @@ RETRY_PARAM = "retryCount"
 RETRIES = "{{retries}}"
 ATTEMPT = "{{inputs.parameters.%s}}" % RETRY_PARAM
 # The agent's hidden task id: the pod's shell computes its node index from its Job's index.
-AGENT_TASK_ID = "${%s}-node-$((%s+1))" % (TASK_ID_ENV, kubernetes.WORKER_INDEX)
+AGENT_TASK_ID = naming.hidden_task_id("${%s}" % TASK_ID_ENV, kubernetes.NODE_INDEX_WORD)
 # What a JobSet is (the version Metaflow's @parallel creates; JobSet >= 0.6 for terminalState).
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 SUCCESS = "status.terminalState == Completed"
@@ -132,21 +135,14 @@ def agent_shell_command(entrypoint, top_level, step_name, run_id, max_user_code_
     """The shell text of the node agent: a hidden spin-step of the gang's task. `entrypoint`
     and `top_level` are the step command's shell words as Metaflow writes them (its options
     quoted by Metaflow); every other word is quoted here, but the values the pod's shell expands
-    from its environment (task id, input paths, split index), which Argo filled in. No double
-    quote: the text runs inside Metaflow's `bash -c "..."`."""
-    words = list(entrypoint) + list(top_level) + ["spin-step", nested_word(step_name),
-                      "--run-id", nested_word(run_id),
-                      "--task-id", AGENT_TASK_ID,
-                      "--input-paths", "${%s}" % INPUT_PATHS_ENV,
-                      "--retry-count", nested_word(ATTEMPT),
-                      "--max-user-code-retries", str(int(max_user_code_retries)),
-                      "--orig-flow-datastore", nested_word(orig_datastore),
-                      "--no-persist"]
-    if foreach:
-        words += ["--split-index", "${%s}" % SPLIT_INDEX_ENV]
-    if namespace is not None:
-        words += ["--namespace", nested_word(namespace)]
-    return " ".join(words)
+    from its environment (task id, input paths, split index), which Argo filled in."""
+    options = SpinOptions(
+        run_id=run_id, task_id=Shell(AGENT_TASK_ID), input_paths=Shell("${%s}" % INPUT_PATHS_ENV),
+        retry_count=ATTEMPT, max_user_code_retries=str(int(max_user_code_retries)),
+        orig_datastore=orig_datastore,
+        split_index=Shell("${%s}" % SPLIT_INDEX_ENV) if foreach else None, namespace=namespace)
+    return trampoline.agent_shell_command(" ".join([*entrypoint, *top_level]), [], step_name,
+                                          options)
 
 
 def pruned(tree):
@@ -290,8 +286,7 @@ def compile_gang(workflow, step_name, nodes, control_command_of, agent_command, 
     env = {e["name"]: e.get("value") for e in container.get("env") or []}
     foreach = "split-index" in {p["name"] for p in template["inputs"]["parameters"]}
     control_command = control_command_of(container["command"][-1])
-    plan = {kubernetes.MAIN_NODE_ENV: json.dumps(
-        {"step": step_name, "nodes": nodes, "master_port": None})}
+    plan = trampoline.plan_env(kubernetes.MAIN_NODE_ENV, step_name, nodes)
     manifest = jobset_manifest(
         template, nodes, step_name, control_command, agent_command, agent_env, plan,
         env.get("ARGO_WORKFLOW_NAMESPACE") or "default", foreach,
@@ -304,10 +299,26 @@ def compile_gang(workflow, step_name, nodes, control_command_of, agent_command, 
 
 # -- the compiler (through internals.py) -------------------------------------------------------
 
-def install(step_name, graph, nodes, spec_fields, decorator_name):
+class ArgoBackend(Backend):
+    """`argo-workflows create`: a gang of N > 1 nodes is one JobSet of the workflow; at run
+    time its pods are placed as Kubernetes' (kubernetes.KubernetesBackend)."""
+
+    name = "argo-workflows"
+
+    def install(self, step, environ, deploy_target):
+        if deploy_target == self.name and step.topology.nodes > 1:
+            install(step)
+
+
+BACKEND = ArgoBackend()
+
+
+def install(step: GangStep) -> None:
     """In the `argo-workflows create` process: compile this step into one JobSet of N pods."""
-    check_step(step_name, graph, nodes)
-    user_retries = max([d.step_task_retry_count()[0] for d in graph[step_name].decorators] or [0])
+    step_name, nodes = step.step_name, step.topology.nodes
+    check_step(step_name, step.graph, nodes)
+    user_retries = max([d.step_task_retry_count()[0]
+                        for d in step.graph[step_name].decorators] or [0])
 
     def build(argo, workflow):
         name = internals.argo_template_name(step_name)
@@ -322,14 +333,14 @@ def install(step_name, graph, nodes, spec_fields, decorator_name):
                                         internals.argo_namespace(argo), foreach)
         agent_command = internals.argo_pod_command(argo, step_name, run_id, AGENT_TASK_ID,
                                                    ATTEMPT, [agent_cli])
-        agent_env = spin_env_additions(
-            {}, trampoline.compiled_agent_spec(spec_fields, "kubernetes"), decorator_name)
+        agent_env = spin_env_additions({}, AgentOrder(step.blueprint, kubernetes.BACKEND.name),
+                                       step.decorator_name)
 
         def control_command_of(command):
             return ["bash", "-c", internals.argo_with_task_id(command, "${%s}" % TASK_ID_ENV,
                                                                    step_name)]
 
         compile_gang(workflow, step_name, nodes, control_command_of, agent_command, agent_env,
-                     spec_fields["preempt_grace_s"])
+                     step.blueprint.preempt_grace_s)
 
     internals.wrap_argo_workflow(build)

@@ -16,32 +16,29 @@ run's datastore (sealed.py, attempt_secret.py), never from the job.
 """
 
 import copy
-import json
 import os
 import socket
-import tempfile
-from dataclasses import replace
+from typing import Dict, Mapping, Optional
 
-from ..mf import internals
 from ..core import naming
-from ..runtime import preempt
-from ..backends import trampoline
 from ..core.errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
-from ..core.gangspec import GangSpec, NodeZero
+from ..core.gangspec import AgentOrder, NodeZero
+from ..mf import internals
 from ..mf.spinstep import spin_env_additions
+from ..runtime import preempt
+from . import trampoline
+from .base import AgentPlace, Backend, GangStep
 
-# Set by the decorator's runtime_step_cli on the trampoline of a multi-node step (the step's name).
+# Set by the decorator's launch_env on the trampoline of a gang's step (the step's name).
 TRAMPOLINE_ENV = "METAFLOW_TORCH_DISTRIBUTED_BATCH_STEP"
-# In node 0's job environment: {"step": .., "nodes": N, "master_port": P} (P None in a job
-# compiled before its run existed); the agents find the same in their GangSpec.
+# In node 0's job environment: the gang's plan (trampoline.plan_env).
 MAIN_NODE_ENV = "METAFLOW_TORCH_DISTRIBUTED_BATCH_MAIN"
 
 NODE_INDEX = "AWS_BATCH_JOB_NODE_INDEX"
 NUM_NODES = "AWS_BATCH_JOB_NUM_NODES"
 MAIN_NODE_ADDRESS = "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"
-
-# The shell words of an agent's command that bash expands on its node.
-AGENT_TASK_ID = "%s-node-$" + NODE_INDEX
+# A child node's index, as the shell of its container expands it.
+NODE_INDEX_WORD = "$" + NODE_INDEX
 
 
 # -- pure parts: what the job looks like ------------------------------------------------------
@@ -93,34 +90,19 @@ def _merged_env(entries, extra):
     return list(merged.values())
 
 
-def main_node_plan(environ, step_name):
-    """(nodes, port) when this process is node 0 of this step's multi-node job, else
-    None. The port is None when the job was compiled before its run existed (Step Functions):
-    node 0 derives it from its task (naming.remote_port), as its agents do (resolve_node)."""
-    plan = trampoline.main_node_env(environ, MAIN_NODE_ENV, step_name)
-    if plan is None:
+def planned_nodes(environ: Mapping[str, str], step_name: str) -> Optional[int]:
+    """The nodes of the gang when this process is node 0 of `step_name`'s multi-node job, else
+    None; a job of another size than planned is refused."""
+    nodes = trampoline.planned_nodes(environ, MAIN_NODE_ENV, step_name)
+    if nodes is None:
         return None
     found = int(environ.get(NUM_NODES, "0") or 0)
-    if found != plan["nodes"]:
+    if found != nodes:
         raise TorchDistributedEnvironmentError(
             step_name, "the gang needs %d nodes but this AWS Batch job has %s (%s=%r). The "
             "job was not submitted by this version of @torch_distributed; rerun the step."
-            % (plan["nodes"], found, NUM_NODES, environ.get(NUM_NODES)))
-    return plan["nodes"], plan["master_port"]
-
-
-def node_zero(step_name, environ, identity, settings):
-    """The NodeZero of this process when it is node 0 of `step_name`'s AWS Batch multi-node
-    job (the task `identity`), else None. The port comes from the submission, which gave the
-    agents the same; a job compiled before its run existed (Step Functions) carries none, and
-    node 0 derives it from its task, as its agents do. The attempt's secret is drawn here."""
-    plan = main_node_plan(environ, step_name)
-    if plan is None:
-        return None
-    _, port = plan
-    if port is None:  # compiled before the run existed
-        port = trampoline.attempt_port(step_name, identity)
-    return NodeZero(main_node_address(environ), port, naming.new_secret(), "batch")
+            % (nodes, found, NUM_NODES, environ.get(NUM_NODES)))
+    return nodes
 
 
 def main_node_address(environ):
@@ -132,37 +114,65 @@ def main_node_address(environ):
     return addresses[0] if addresses else "127.0.0.1"
 
 
-def resolve_node(spec, environ, params, top_args):
-    """An agent's GangSpec as submitted (the same for every child node) completed on its node.
-    `params` are its spin-step's options. A spec submitted without the task's identity (Step
-    Functions compiles the job before the run exists: gang_id "") takes it from them."""
+def child_place(step_name: str, environ: Mapping[str, str]) -> AgentPlace:
+    """A child node's place: its index and node 0's address, which AWS Batch sets on child
+    nodes only."""
     try:
-        node = int(environ[NODE_INDEX])
-        master_addr = environ[MAIN_NODE_ADDRESS]
+        return AgentPlace(int(environ[NODE_INDEX]), environ[MAIN_NODE_ADDRESS])
     except (KeyError, ValueError):
         raise TorchDistributedEnvironmentError(
-            spec.step_name, "this node agent runs outside an AWS Batch multi-node job (%s=%r, "
+            step_name, "this node agent runs outside an AWS Batch multi-node job (%s=%r, "
             "%s=%r)." % (NODE_INDEX, environ.get(NODE_INDEX), MAIN_NODE_ADDRESS,
                          environ.get(MAIN_NODE_ADDRESS)))
-    task = dict(spec.task, input_paths=params.get("input_paths") or "")
-    fields = trampoline.compiled_place(spec, params, node, task)
-    return replace(spec, node=node, master_addr=master_addr, task=task, top_args=top_args,
-                   work_dir=tempfile.mkdtemp(prefix="torch-distributed-"), **fields)
+
+
+class BatchBackend(Backend):
+    """AWS Batch: a gang of N > 1 nodes is one multi-node parallel job; a one-node gang's job
+    runs its command under preempt.FORWARDING."""
+
+    name = "batch"
+
+    def launch_env(self, step: GangStep) -> Dict[str, str]:
+        return {TRAMPOLINE_ENV: step.step_name} if step.decorated_with("batch") else {}
+
+    def install(self, step, environ, deploy_target):
+        if environ.get(TRAMPOLINE_ENV) != step.step_name:
+            return  # not the process that submits this step's job
+        if step.topology.nodes > 1:
+            install_trampoline(step)
+        else:
+            install_forwarding(step.step_name)
+
+    def node_zero(self, step, environ, identity):
+        """The port is derived from the task, as the agents derive it; the attempt's secret
+        is drawn here."""
+        if planned_nodes(environ, step.step_name) is None:
+            return None
+        return NodeZero(main_node_address(environ), trampoline.attempt_port(step.step_name,
+                                                                            identity),
+                        naming.new_secret(), self.name)
+
+    def agent_place(self, order, environ):
+        return child_place(order.blueprint.step_name, environ)
+
+
+BACKEND = BatchBackend()
 
 
 # -- the trampoline: wrapping Metaflow's job construction ---------------------------------------
 
-def install_trampoline(step_name, nodes, spec_fields, decorator_name):
+def install_trampoline(step: GangStep) -> None:
     """In the `batch step` process of this step: make Batch submit an N-node job whose child
-    nodes run the node agent. `spec_fields` are the GangSpec fields known before submission."""
+    nodes run the node agent."""
+    nodes = step.topology.nodes
 
     def build(create, batch, create_args):
-        job = create_gang_job(create, step_name, nodes, create_args["queue"])
-        _make_gang_job(batch, job, create_args, step_name, nodes, spec_fields, decorator_name)
+        job = create_gang_job(create, step.step_name, nodes, create_args["queue"])
+        _make_gang_job(batch, job, create_args, step)
         return job
 
-    internals.wrap_batch_create_job(step_name, build)
-    internals.show_child_nodes(step_name, nodes)
+    internals.wrap_batch_create_job(step.step_name, build)
+    internals.show_child_nodes(step.step_name, nodes)
 
 
 def install_forwarding(step_name):
@@ -193,18 +203,18 @@ def create_gang_job(create, step_name, nodes, queue):
             "QUEUE), or nodes=1." % (nodes, queue)) from ex
 
 
-def _make_gang_job(batch, job, a, step_name, nodes, spec_fields, decorator_name):
-    cli = internals.TrampolineCli(step_name)
-    identity, spec = trampoline.trampoline_agent_spec(cli, step_name, spec_fields, "batch")
-    port = spec.master_port
-    agent_cli = trampoline.agent_shell_command(
-        *trampoline.trampoline_entrypoint(cli, step_name), step_name, identity,
-        trampoline.input_path_vars(a["env"]), AGENT_TASK_ID)
-    agent_task_spec = dict(a["task_spec"], task_id=AGENT_TASK_ID % identity.task_id)
-    agent_command = internals.batch_command(batch, a, step_name, agent_cli, agent_task_spec)
-    main_env = {MAIN_NODE_ENV: json.dumps({"step": step_name, "nodes": nodes,
-                                           "master_port": port})}
-    agent_env = spin_env_additions(os.environ, spec, decorator_name)
-    built = gang_payload(_plain(internals.job_payload(job)), nodes, main_env, agent_command,
-                         agent_env)
+def _make_gang_job(batch, job, a, step: GangStep) -> None:
+    cli = internals.TrampolineCli(step.step_name)
+    identity = trampoline.submitted_identity(cli)
+    entrypoint, top_args = trampoline.trampoline_entrypoint(cli)
+    options = trampoline.submitted_options(step.step_name, identity,
+                                           trampoline.input_path_vars(a["env"]), NODE_INDEX_WORD)
+    agent_cli = trampoline.agent_shell_command(entrypoint, top_args, step.step_name, options)
+    agent_task_spec = dict(a["task_spec"], task_id=str(options.task_id))
+    agent_command = internals.batch_command(batch, a, step.step_name, agent_cli, agent_task_spec)
+    agent_env = spin_env_additions(os.environ, AgentOrder(step.blueprint, BACKEND.name),
+                                   step.decorator_name)
+    built = gang_payload(_plain(internals.job_payload(job)), step.topology.nodes,
+                         trampoline.plan_env(MAIN_NODE_ENV, step.step_name, step.topology.nodes),
+                         agent_command, agent_env)
     internals.submit_as_built(job, built)  # no command rewriting in execute()

@@ -14,34 +14,32 @@ master address is the control pod's stable DNS name (`MF_MASTER_ADDR`), resolved
 a worker may start before node 0, whose name resolves only once its pod runs.
 """
 
-import json
 import os
 import socket
 import sys
-import tempfile
 import time
-from dataclasses import replace
+from typing import Dict, Mapping, Optional
 
-from ..mf import internals
 from ..core import naming
-from ..runtime import preempt
-from ..backends import trampoline
 from ..core.errors import TorchDistributedEnvironmentError
-from ..core.gangspec import NodeZero
+from ..core.gangspec import AgentOrder, NodeZero
+from ..mf import internals
 from ..mf.spinstep import spin_env_additions
+from ..runtime import preempt
+from . import trampoline
+from .base import AgentPlace, Backend, GangStep
 
-# Set by the decorator's runtime_step_cli on the trampoline of a multi-node step (the step's name).
+# Set by the decorator's launch_env on the trampoline of a multi-node step (the step's name).
 TRAMPOLINE_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_STEP"
-# In the control pod's environment: {"step": .., "nodes": N, "master_port": P} (P None in a
-# JobSet compiled before its run existed).
+# In the control pod's environment: the gang's plan (trampoline.plan_env).
 MAIN_NODE_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_MAIN"
 
 # Set by Metaflow on every pod of its JobSets (Kubernetes.create_jobset).
 WORKER_INDEX = "MF_WORKER_REPLICA_INDEX"  # downward API: the worker Job's index, 0..N-2
 MASTER_ADDR = "MF_MASTER_ADDR"  # the control pod's FQDN
 NUM_NODES = "MF_WORLD_SIZE"  # replicas of control + worker
-# The agent's hidden task id: bash computes the node index on the worker pod.
-_AGENT_TASK_ID = "%s-node-$((" + WORKER_INDEX + "+1))"
+# A worker pod's node index, as the shell of its container computes it.
+NODE_INDEX_WORD = "$((%s+1))" % WORKER_INDEX
 # Seconds between two lookups of a name that does not resolve yet.
 RESOLVE_RETRY_S = 1.0
 # NCCL keeps its buffers in /dev/shm, which a pod gets at the container runtime's default size
@@ -51,34 +49,61 @@ MIN_SHARED_MEMORY_MIB = 1024
 
 # -- pure parts: what the JobSet's pods know ----------------------------------------------------
 
-def main_node_plan(environ, step_name):
-    """(nodes, port) when this process is node 0 (the control pod) of this step's JobSet, else
-    None. The port is None in a JobSet compiled before its run existed (argo.py)."""
-    plan = trampoline.main_node_env(environ, MAIN_NODE_ENV, step_name)
-    if plan is None:
+def planned_nodes(environ: Mapping[str, str], step_name: str) -> Optional[int]:
+    """The nodes of the gang when this process is node 0 (the control pod) of `step_name`'s
+    JobSet, else None; a JobSet of another size than planned is refused."""
+    nodes = trampoline.planned_nodes(environ, MAIN_NODE_ENV, step_name)
+    if nodes is None:
         return None
     found = environ.get(NUM_NODES)
-    if found != str(plan["nodes"]):
+    if found != str(nodes):
         raise TorchDistributedEnvironmentError(
             step_name, "the gang needs %d nodes but this Kubernetes JobSet has %s (%s=%r). The "
             "JobSet was not created by this version of @torch_distributed; rerun the step."
-            % (plan["nodes"], found, NUM_NODES, found))
-    return plan["nodes"], plan["master_port"]
+            % (nodes, found, NUM_NODES, found))
+    return nodes
 
 
-def node_zero(step_name, environ, identity, settings):
-    """The NodeZero of this process when it is the control pod of `step_name`'s JobSet, else
-    None: the port the worker pods got from the same submission (or derive, in a JobSet
-    compiled before its run existed), the control pod's own address as its DNS name resolves,
-    and the attempt's secret, drawn here."""
-    plan = main_node_plan(environ, step_name)
-    if plan is None:
-        return None
-    _, port = plan
-    if port is None:  # compiled before the run existed (Argo Workflows)
-        port = trampoline.attempt_port(step_name, identity)
-    master_addr = resolve_master(step_name, 0, environ, settings.rendezvous_timeout_s)
-    return NodeZero(master_addr, port, naming.new_secret(), "kubernetes")
+class KubernetesBackend(Backend):
+    """Kubernetes: a gang of N > 1 nodes is one JobSet (its control pod node 0, its N-1 worker
+    pods the node agents)."""
+
+    name = "kubernetes"
+
+    def __init__(self, resolve=socket.gethostbyname):
+        self.resolve = resolve  # a DNS name to its address
+
+    def launch_env(self, step: GangStep) -> Dict[str, str]:
+        if step.decorated_with("kubernetes") and step.topology.nodes > 1:
+            return {TRAMPOLINE_ENV: step.step_name}
+        return {}
+
+    def install(self, step, environ, deploy_target):
+        if step.topology.nodes > 1 and environ.get(TRAMPOLINE_ENV) == step.step_name:
+            install_trampoline(step)
+
+    def node_zero(self, step, environ, identity):
+        """The port is derived from the task, as the worker pods derive it; the control pod's
+        address is its DNS name, resolved; the attempt's secret is drawn here."""
+        if planned_nodes(environ, step.step_name) is None:
+            return None
+        master_addr = resolve_master(step.step_name, 0, environ,
+                                     step.blueprint.rendezvous_timeout_s, self.resolve)
+        return NodeZero(master_addr, trampoline.attempt_port(step.step_name, identity),
+                        naming.new_secret(), self.name)
+
+    def agent_place(self, order, environ):
+        step_name = order.blueprint.step_name
+        node = worker_node(step_name, environ)
+        return AgentPlace(node, resolve_master(step_name, node, environ,
+                                               order.blueprint.rendezvous_timeout_s,
+                                               self.resolve))
+
+    def agent_misplaced(self, error):
+        leave_to_node_0(error)
+
+
+BACKEND = KubernetesBackend()
 
 
 def resolve_master(step_name, node, environ, timeout, resolve=socket.gethostbyname,
@@ -127,17 +152,6 @@ def worker_node(step_name, environ):
             % (WORKER_INDEX, environ.get(WORKER_INDEX)))
 
 
-def resolve_node(spec, environ, params, top_args, resolve=socket.gethostbyname):
-    """An agent's GangSpec as created (the same for every worker pod) completed on its pod.
-    `params` are its spin-step's options."""
-    node = worker_node(spec.step_name, environ)
-    master_addr = resolve_master(spec.step_name, node, environ, spec.rendezvous_timeout_s, resolve)
-    task = dict(spec.task, input_paths=params.get("input_paths") or "")
-    fields = trampoline.compiled_place(spec, params, node, task)  # Argo Workflows' agents
-    return replace(spec, node=node, master_addr=master_addr, task=task, top_args=top_args,
-                   work_dir=tempfile.mkdtemp(prefix="torch-distributed-"), **fields)
-
-
 def leave_to_node_0(error):
     """A worker pod that cannot take its place in the gang says why and exits 0: a failed
     worker Job fails the whole JobSet at once, and its controller then stops the control pod
@@ -150,35 +164,31 @@ def leave_to_node_0(error):
 
 # -- the trampoline ----------------------------------------------------------------------------
 
-def install_trampoline(step_name, nodes, spec_fields, decorator_name):
+def install_trampoline(step: GangStep) -> None:
     """In the `kubernetes step` process of this step: make Kubernetes create one JobSet of
-    `nodes` pods whose workers run the node agent (internals.wrap_kubernetes_jobset)."""
+    N pods whose workers run the node agent (internals.wrap_kubernetes_jobset)."""
 
     def build(kube, jobset, create_args):
-        cli = internals.TrampolineCli(step_name)
-        identity, spec = trampoline.trampoline_agent_spec(cli, step_name, spec_fields, "kubernetes")
-        entrypoint, top_args = trampoline.trampoline_entrypoint(cli, step_name)
-        gang_jobset(kube, jobset, create_args, identity, spec, entrypoint, top_args, nodes,
-                    decorator_name)
+        gang_jobset(kube, jobset, create_args, step, internals.TrampolineCli(step.step_name))
 
-    internals.wrap_kubernetes_jobset(step_name, nodes, build)
+    internals.wrap_kubernetes_jobset(step.step_name, step.topology.nodes, build)
 
 
-def gang_jobset(kube, jobset, kw, identity, spec, entrypoint, top_args, nodes, decorator_name):
+def gang_jobset(kube, jobset, kw, step: GangStep, cli) -> None:
     """Make the JobSet Metaflow built for the task (`Kubernetes.create_jobset(**kw)` with
-    num_parallel=nodes) the gang's: the worker pods run the node agent of `spec`, the control
-    pod keeps the task's command and learns the gang's plan (both come from this submission,
-    and a retry is another one; neither holds the attempt's secret: attempt_secret.py)."""
-    step_name = kw["step_name"]
-    agent_cli = trampoline.agent_shell_command(entrypoint, top_args, step_name, identity,
-                                          trampoline.input_path_vars(kw["env"]),
-                                          hidden_pattern=_AGENT_TASK_ID)
-    agent_command = internals.kubernetes_command(kube, kw, _AGENT_TASK_ID % identity.task_id,
-                                                 [agent_cli])
-    plan = {"step": step_name, "nodes": nodes, "master_port": spec.master_port}
+    num_parallel=nodes) the gang's: the worker pods run the node agent, the control pod keeps
+    the task's command and learns the gang's plan (neither holds the attempt's secret:
+    attempt_secret.py)."""
+    identity = trampoline.submitted_identity(cli)
+    entrypoint, top_args = trampoline.trampoline_entrypoint(cli)
+    options = trampoline.submitted_options(step.step_name, identity,
+                                           trampoline.input_path_vars(kw["env"]), NODE_INDEX_WORD)
+    agent_cli = trampoline.agent_shell_command(entrypoint, top_args, step.step_name, options)
+    agent_command = internals.kubernetes_command(kube, kw, str(options.task_id), [agent_cli])
     internals.jobset_pods(jobset, preempt.forwarding(agent_command),
-                          spin_env_additions(os.environ, spec, decorator_name),
-                          {MAIN_NODE_ENV: json.dumps(plan)})
+                          spin_env_additions(os.environ, AgentOrder(step.blueprint, BACKEND.name),
+                                             step.decorator_name),
+                          trampoline.plan_env(MAIN_NODE_ENV, step.step_name, step.topology.nodes))
     # a deleted pod's SIGTERM reaches the node's supervisor, which needs time to pass it on
     jobset.control.command(preempt.forwarding(internals.jobset_control_command(jobset)))
-    internals.jobset_stop_grace(jobset, preempt.scheduler_grace(spec.preempt_grace_s))
+    internals.jobset_stop_grace(jobset, preempt.scheduler_grace(step.blueprint.preempt_grace_s))

@@ -10,26 +10,28 @@ NodeOverrides instead of ContainerOverrides. Both wrappers are in internals.py
 At run time every node of a multi-node job sees AWS_BATCH_JOB_ID as `<job id>#<node index>`,
 while the next state reads the task id from the job's `JobId` (no suffix): every node's command
 first drops the suffix. The run id, task id and attempt exist only then, so node 0 and the
-agents derive the gang's id and store port from them on their node (batch.main_node_plan,
-batch.resolve_node).
+agents derive the gang's id and store port from them on their node, as on every remote backend
+(trampoline.attempt_of).
 """
 
-import json
-
-from ..backends import batch, trampoline
-from ..mf import internals
+from ..core import naming
 from ..core.errors import TorchDistributedConfigError
-from ..mf.spinstep import nested_word, spin_env_additions
+from ..core.gangspec import AgentOrder
+from ..mf import internals
+from ..mf.spinstep import Shell, SpinOptions, shell_text, spin_env_additions, spin_step_words
 from ..mf.versions import compile_error
+from . import batch, trampoline
+from .base import Backend, GangStep
 
 # Runs the command after it with AWS_BATCH_JOB_ID stripped of its `#<node index>` suffix.
 BARE_JOB_ID = ["bash", "-c", 'export AWS_BATCH_JOB_ID="${AWS_BATCH_JOB_ID%%#*}"; exec "$@"',
                "bash"]
 # The agent's hidden task id, in shell words its node expands.
-AGENT_TASK_ID = "${AWS_BATCH_JOB_ID}-node-${%s}" % batch.NODE_INDEX
-# Options of Metaflow's `step` command that the agent's spin-step takes too, with its value.
-_SPIN_OPTIONS = ("--run-id", "--input-paths", "--retry-count", "--max-user-code-retries",
-                 "--split-index")
+AGENT_TASK_ID = naming.hidden_task_id("${AWS_BATCH_JOB_ID}", "${%s}" % batch.NODE_INDEX)
+# Options of Metaflow's `step` command the agent's spin-step takes too: SpinOptions' field.
+_STEP_OPTIONS = {"--run-id": "run_id", "--input-paths": "input_paths",
+                 "--retry-count": "retry_count", "--max-user-code-retries":
+                 "max_user_code_retries", "--split-index": "split_index"}
 
 
 # -- pure parts -----------------------------------------------------------------------------
@@ -47,9 +49,9 @@ def check_step(step_name, graph, nodes):
 
 def agent_words(step_cli, step_name, orig_datastore):
     """The node agent's command, as shell words, from Metaflow's step command for Step
-    Functions (`<python> <flow> <top-level options> step <name> --option value ...`). Its words
-    are shell words the node expands (`sfn-$METAFLOW_RUN_ID`, `$((AWS_BATCH_JOB_ATTEMPT-1))`);
-    they are kept as they are."""
+    Functions (`<python> <flow> <top-level options> step <name> --option value ...`). Its
+    values are shell words the node expands (`sfn-$METAFLOW_RUN_ID`,
+    `$((AWS_BATCH_JOB_ATTEMPT-1))`); they are kept as they are."""
     words = step_cli.split()
     if "&&" in words or "step" not in words:
         raise compile_error(step_name, "the step's Step Functions command is not a single "
@@ -59,21 +61,25 @@ def agent_words(step_cli, step_name, orig_datastore):
         raise compile_error(step_name, "the step's Step Functions command runs another step: "
                             "%r" % step_cli)
     options = words[at + 2:]
-    spin = [step_name, "--task-id", AGENT_TASK_ID]
-    for name in _SPIN_OPTIONS:
-        if name in options:
-            spin += [name, options[options.index(name) + 1]]
-    spin += ["--orig-flow-datastore", nested_word(orig_datastore), "--no-persist"]
-    spin += [w for w in options if w.startswith("--namespace=")]
-    return words[:at] + ["spin-step"] + spin
+    values = {field: Shell(options[options.index(name) + 1])
+              for name, field in _STEP_OPTIONS.items() if name in options}
+    missing = sorted(name for name, field in _STEP_OPTIONS.items()
+                     if field not in values and field != "split_index")
+    if missing:
+        raise compile_error(step_name, "the step's Step Functions command has no %s: %r"
+                            % (", ".join(missing), step_cli))
+    namespaces = [w[len("--namespace="):] for w in options if w.startswith("--namespace=")]
+    spin = SpinOptions(task_id=Shell(AGENT_TASK_ID), orig_datastore=orig_datastore,
+                       namespace=Shell(namespaces[0]) if namespaces else None, **values)
+    return [*map(Shell, words[:at]), *spin_step_words(step_name, spin)]
 
 
 def node_payload(payload, nodes, step_name, agent_command, agent_env):
     """The SubmitJob payload of the gang's state: batch.gang_payload, with every node's
-    command run under BARE_JOB_ID and no store port (node 0 derives it, as its agents do)."""
-    main_env = {batch.MAIN_NODE_ENV: json.dumps({"step": step_name, "nodes": nodes,
-                                                 "master_port": None})}
-    built = batch.gang_payload(payload, nodes, main_env, agent_command, agent_env)
+    command run under BARE_JOB_ID."""
+    built = batch.gang_payload(payload, nodes,
+                               trampoline.plan_env(batch.MAIN_NODE_ENV, step_name, nodes),
+                               agent_command, agent_env)
     for override in built["nodeOverrides"]["nodePropertyOverrides"]:
         container = override["containerOverrides"]
         container["command"] = BARE_JOB_ID + list(container["command"])
@@ -82,19 +88,34 @@ def node_payload(payload, nodes, step_name, agent_command, agent_env):
 
 # -- the compiler's job and state (through internals.py) -------------------------------------
 
-def install(step_name, graph, nodes, spec_fields, decorator_name):
+class StepFunctionsBackend(Backend):
+    """`step-functions create`: a gang of N > 1 nodes is one multi-node AWS Batch job of the
+    state machine; at run time its nodes are placed as AWS Batch's (batch.BatchBackend)."""
+
+    name = "step-functions"
+
+    def install(self, step, environ, deploy_target):
+        if deploy_target == self.name and step.topology.nodes > 1:
+            install(step)
+
+
+BACKEND = StepFunctionsBackend()
+
+
+def install(step: GangStep) -> None:
     """In the `step-functions create` process: compile this step into one N-node Batch job."""
-    check_step(step_name, graph, nodes)
+    step_name, nodes = step.step_name, step.topology.nodes
+    check_step(step_name, step.graph, nodes)
 
     def build(create, batch_obj, create_args):
         job = batch.create_gang_job(create, step_name, nodes, create_args["queue"])
         words = agent_words(create_args["step_cli"], step_name,
                             internals.batch_orig_datastore(batch_obj))
         agent_command = internals.batch_command(
-            batch_obj, create_args, step_name, " ".join(words),
+            batch_obj, create_args, step_name, shell_text(words),
             dict(create_args["task_spec"], task_id=AGENT_TASK_ID))
-        agent_env = spin_env_additions(
-            {}, trampoline.compiled_agent_spec(spec_fields, "batch"), decorator_name)
+        agent_env = spin_env_additions({}, AgentOrder(step.blueprint, batch.BACKEND.name),
+                                       step.decorator_name)
         built = node_payload(batch._plain(internals.job_payload(job)), nodes, step_name,
                              agent_command, agent_env)
         internals.submit_as_built(job, built)  # no command rewriting in execute()

@@ -43,10 +43,18 @@ def new_secret():
 
 
 def hidden_task_id(task_id, node, local_rank=None):
-    """The task id a member process runs under (never registered with the real metadata)."""
-    if local_rank is None:
-        return "%s-node-%d" % (task_id, node)
-    return "%s-node-%d-rank-%d" % (task_id, node, local_rank)
+    """The task id a member process runs under (never registered with the real metadata).
+    `task_id` and `node` may be shell words the member's node expands (a remote node agent's
+    command: its node index is known on its node only)."""
+    hidden = "%s-node-%s" % (task_id, node)
+    return hidden if local_rank is None else "%s-rank-%d" % (hidden, local_rank)
+
+
+def task_of_agent(hidden, node):
+    """The task id of the node agent of `node` whose hidden task id is `hidden`, or None when
+    `hidden` is not one (hidden_task_id)."""
+    suffix = "-node-%d" % node
+    return hidden[:-len(suffix)] if hidden.endswith(suffix) else None
 
 
 def rank_label(rank):

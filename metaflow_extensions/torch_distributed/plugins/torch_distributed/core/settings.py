@@ -35,7 +35,7 @@ class GangSettings:
     # Whether the step gets the gang's own card (card.py: GANG_CARD).
     card: bool = True
     # How many times a failed gang is started again in place, within the attempt, before the
-    # attempt fails (gang.py, "Rounds"); 0: never, every failure is the attempt's.
+    # attempt fails (gang/leader.py, Leader._restart); 0: never, every failure is the attempt's.
     max_restarts: int = 0
 
 

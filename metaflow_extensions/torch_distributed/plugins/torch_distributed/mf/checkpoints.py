@@ -16,7 +16,6 @@ as with @checkpoint under @parallel.
 import json
 import os
 import tempfile
-from dataclasses import replace
 
 from ..core.errors import TorchDistributedConfigError
 
@@ -77,9 +76,8 @@ def from_leader(spec):
     from ..runtime.control import ControlPlane, GangMismatch
 
     try:
-        control = ControlPlane.connect(spec.master_addr, spec.master_port, spec.gang_id,
-                                       spec.secret, spec.rendezvous_timeout_s)
-        return control.checkpoint(spec.rendezvous_timeout_s)
+        control = ControlPlane.of_attempt(spec.attempt, spec.blueprint.rendezvous_timeout_s)
+        return control.checkpoint(spec.blueprint.rendezvous_timeout_s)
     except (GangMismatch, RuntimeError):
         return None
 
@@ -96,7 +94,7 @@ def install_member(spec):
     own members inherit (the checkpoint's files are then on this node)."""
     from ..mf import internals
 
-    fields = spec.checkpoint
+    fields = spec.attempt.checkpoint
     if fields is None:
         return spec
     os.environ.update(fields["env"])
@@ -108,7 +106,7 @@ def install_member(spec):
             restore_shards(directory)
         fields = dict(fields, directory=directory, node=spec.node)
     internals.set_current("checkpoint", GangCheckpoint(fields["directory"], fields["loaded"]))
-    return replace(spec, checkpoint=fields)
+    return spec.with_attempt(checkpoint=fields)
 
 
 def save_sharded(info, path, options):

@@ -270,7 +270,7 @@ class GangRecorder:
         records remote nodes sent ({node: record}), `failures` the Failures seen, `root` the
         root cause, `stopped` labels of the processes the gang stopped."""
         spec = self.spec
-        nodes = {0: node_record(node_info(0, spec.master_addr, os.environ), slots,
+        nodes = {0: node_record(node_info(0, spec.attempt.master_addr, os.environ), slots,
                                 {0: self.started, **spawned}, self.started)}
         rank_events = {}
         for rank in range(self.topology.world_size):
@@ -290,17 +290,17 @@ class GangRecorder:
             tails.setdefault(rank, {}).update(streams)
         return dict(
             version=1,
-            step=spec.step_name,
-            attempt=int(spec.task.get("retry_count") or 0),  # the Metaflow attempt
-            gang_id=spec.gang_id,
+            step=spec.blueprint.step_name,
+            attempt=spec.attempt.task.retry_count,  # the Metaflow attempt
+            gang_id=spec.attempt.gang_id,
             nodes=self.topology.nodes,
             nproc_per_node=self.topology.nproc_per_node,
             accelerator=spec.accelerator,
             backend="nccl" if spec.accelerator == "cuda" else "gloo",
-            scheduler=spec.backend,
+            scheduler=spec.attempt.backend,
             start_method=spec.start_method,
-            master_addr=spec.master_addr,
-            master_port=spec.master_port,
+            master_addr=spec.attempt.master_addr,
+            master_port=spec.attempt.master_port,
             started=self.started,
             ended=self.clock(),
             phases=self.phases,

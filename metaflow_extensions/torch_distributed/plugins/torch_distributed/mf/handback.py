@@ -1,6 +1,6 @@
 """Rank 0's results, handed from the process that ran its body to the Metaflow task.
 
-Rank 0's body runs in a process the task's supervisor started (gang.py), so that no user code
+Rank 0's body runs in a process the task's supervisor started (gang/), so that no user code
 runs where the gang is supervised. What the body leaves must still reach the task as if the
 body had run there:
 

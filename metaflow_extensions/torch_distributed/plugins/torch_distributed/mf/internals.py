@@ -13,6 +13,7 @@ private Metaflow name. Where each internal is described: reference/metaflow_inte
 import inspect
 import os
 import re
+import sys
 
 # Metaflow's settings of the hidden spin-step command, read from these variables
 # (metaflow_config.py: from_conf("SPIN_ALLOWED_DECORATORS"), DATASTORE_SYSROOT_SPIN).
@@ -463,6 +464,8 @@ class TrampolineCli:
         self.params = dict(ctx.params)  # batch step's options: run_id, task_id, split_index...
         self.orig_datastore = orig_datastore(ctx.obj.flow_datastore)
         self.executable = ctx.obj.environment.executable(step_name, ctx.params.get("executable"))
+        # the flow's file, as Metaflow's step command in the container names it
+        self.script = os.path.basename(sys.argv[0])
         # the flow's top-level options, as batch_cli.step passes them on to the task
         self.top_args = list(util.dict_to_cli_options(ctx.parent.parent.params))
 

@@ -10,7 +10,10 @@ import json
 import os
 import re
 import sys
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
 
+from ..core.gangspec import TaskIdentity
 from ..mf import internals
 
 # Words that read the same in every shell context: left as they are.
@@ -29,35 +32,74 @@ def nested_word(word):
     return quoted.replace("\\", "\\\\").replace('"', '\\"')
 
 
+class Shell(str):
+    """A word of a command that the node's shell expands (a variable, an arithmetic
+    expansion): written as it is, never quoted."""
+
+
+@dataclass(frozen=True)
+class SpinOptions:
+    """What follows `spin-step <step>` in a member's command: the task's identity, under the
+    member's hidden task id. Each value is a plain value (an argv word; quoted in shell text)
+    or a Shell word the node expands."""
+
+    run_id: str
+    task_id: str  # the member's hidden id (naming.hidden_task_id)
+    input_paths: str
+    retry_count: str
+    max_user_code_retries: str
+    orig_datastore: str
+    split_index: Optional[str] = None
+    namespace: Optional[str] = None
+
+    @classmethod
+    def of_task(cls, identity: TaskIdentity, hidden_task_id: str, **words: str) -> "SpinOptions":
+        """The options of a member of the task `identity`; `words` replace some of its values
+        (Shell words the node expands, e.g. the input paths a remote node reads)."""
+        values = dict(
+            run_id=identity.run_id, task_id=hidden_task_id, input_paths=identity.input_paths,
+            retry_count=str(identity.retry_count),
+            max_user_code_retries=str(identity.max_user_code_retries),
+            orig_datastore=identity.orig_datastore,
+            split_index=None if identity.split_index is None else str(identity.split_index),
+            namespace=identity.namespace)
+        values.update(words)
+        return cls(**values)
+
+    def words(self, step_name: str) -> List[str]:
+        words = [step_name,
+                 "--run-id", self.run_id,
+                 "--task-id", self.task_id,
+                 "--input-paths", self.input_paths,
+                 "--retry-count", self.retry_count,
+                 "--max-user-code-retries", self.max_user_code_retries,
+                 "--orig-flow-datastore", self.orig_datastore,
+                 "--no-persist"]
+        if self.split_index is not None:
+            words += ["--split-index", self.split_index]
+        if self.namespace is not None:
+            words += ["--namespace", self.namespace]
+        return words
+
+
+def shell_text(words: Sequence[str]) -> str:
+    """`words` as one line of shell text that survives Metaflow's `bash -c "..."`: every plain
+    word quoted (nested_word), every Shell word left for the node's shell to expand."""
+    return " ".join(w if isinstance(w, Shell) else nested_word(w) for w in words)
+
+
+def spin_step_words(step_name: str, options: SpinOptions) -> List[str]:
+    """The words from `spin-step` on."""
+    return ["spin-step", *options.words(step_name)]
+
+
 def member_command(spec, hidden_task_id, decorator_name, base_env):
     """(argv, env) of an exec'd member (agent or rank) described by `spec`."""
-    argv = spin_step_argv(interpreter(), script_path(), spec.top_args, spec.step_name,
-                          spec.identity(), hidden_task_id)
+    argv = [interpreter(), "-u", script_path(), *spec.attempt.top_args,
+            *spin_step_words(spec.blueprint.step_name,
+                             SpinOptions.of_task(spec.attempt.task, hidden_task_id))]
     env = spin_env(base_env, spec, decorator_name, os.path.join(spec.work_dir, "spin"))
     return argv, env
-
-
-def spin_step_argv(executable, script, top_args, step_name, identity, hidden_task_id):
-    """argv of a spin-step process running `step_name` of the same task under a hidden id."""
-    return [executable, "-u", script, *top_args, "spin-step",
-            *spin_step_options(step_name, identity, hidden_task_id)]
-
-
-def spin_step_options(step_name, identity, hidden_task_id):
-    """What follows `spin-step` in a member's command line."""
-    argv = [step_name,
-            "--run-id", identity.run_id,
-            "--task-id", hidden_task_id,
-            "--input-paths", identity.input_paths,
-            "--retry-count", str(identity.retry_count),
-            "--max-user-code-retries", str(identity.max_user_code_retries),
-            "--orig-flow-datastore", identity.orig_datastore,
-            "--no-persist"]
-    if identity.split_index is not None:
-        argv += ["--split-index", str(identity.split_index)]
-    if identity.namespace is not None:
-        argv += ["--namespace", identity.namespace]
-    return argv
 
 
 def spin_env(base_env, spec, decorator_name, spin_root):
@@ -70,8 +112,9 @@ def spin_env(base_env, spec, decorator_name, spin_root):
 
 
 def spin_env_additions(base_env, spec, decorator_name):
-    """The variables a spin-step member needs on top of `base_env`: its GangSpec, and the
-    spin-step decorator allow-list extended by our decorator."""
+    """The variables a spin-step member needs on top of `base_env`: its GangSpec (or, for a
+    node agent on another machine, its AgentOrder), and the spin-step decorator allow-list
+    extended by our decorator."""
     # The variable wins over Metaflow's configuration (its config file included), as in Metaflow.
     allowed = json.loads(base_env.get(internals.SPIN_ALLOWED_ENV, "null") or "null")
     allowed = list(allowed or internals.spin_allowed_decorators())

@@ -146,6 +146,12 @@ class ControlPlane:
             raise GangMismatch(store.get(PUBLIC_GANG_KEY).decode(errors="replace"), gang_id)
         return control
 
+    @classmethod
+    def of_attempt(cls, attempt, timeout):
+        """Join the store of the gang attempt `attempt` (gangspec.Attempt): connect()."""
+        return cls.connect(attempt.master_addr, attempt.master_port, attempt.gang_id,
+                           attempt.secret, timeout)
+
     def holds_gang(self, wait):
         """True once the store holds this gang's claim, sealed under its secret (within
         `wait` s)."""

@@ -44,9 +44,8 @@ class LogShipper:
 
     def _run(self):
         try:
-            control = ControlPlane.connect(self.spec.master_addr, self.spec.master_port,
-                                           self.spec.gang_id, self.spec.secret,
-                                           self.spec.rendezvous_timeout_s)
+            control = ControlPlane.of_attempt(self.spec.attempt,
+                                              self.spec.blueprint.rendezvous_timeout_s)
             while True:
                 item = self._queue.get()
                 if item is None:

@@ -1,0 +1,232 @@
+"""A node other than node 0: its agent starts the node's ranks, checks in with node 0, watches
+them, reports how they ended, and with restarts in place waits for node 0's word after each
+round. Locally an agent is a spin-step process node 0 started on this host; remotely it is
+the command of the node's container (an AWS Batch child node, a JobSet's worker pod)."""
+
+import dataclasses
+import functools
+import signal
+import sys
+import time
+
+from ..core import naming
+from ..core.failures import root_cause
+from ..core.gangspec import GangSpec
+from ..mf import checkpoints, events
+from ..runtime import preempt, stacks
+from ..runtime.control import ROUND_RESTART, ControlPlane, GangMismatch
+from ..runtime.supervisor import POLL_INTERVAL, AgentWatch
+from .common import NODES_STOP_WAIT, ask, quietly, say
+from .runner import NodeRunner, forget_round
+
+
+class Agent:
+    """A node other than node 0: starts the node's ranks, checks in, watches, reports."""
+
+    def __init__(self, spec: GangSpec, topology):
+        self.spec = spec
+        self.topology = topology
+
+    def run(self, step_func, args, decorator_name):
+        """Run the node; the process exit status to leave with."""
+        with stacks.ignoring_dumps():  # until each rank's body registers it
+            return self._run(step_func, args, decorator_name)
+
+    def _run(self, step_func, args, decorator_name):
+        runner = NodeRunner(self.spec, self.topology, step_func, args, decorator_name)
+        runner.start_ranks(range(self.topology.nproc_per_node))
+        runner.capture(naming.agent_label(self.spec.node))
+        old_handler = signal.signal(signal.SIGTERM,
+                                    functools.partial(_kill_ranks_and_leave, runner))
+        # node 0's requests for every rank's stacks, followed across rounds
+        on_demand = stacks.OnDemand(say, lambda: [s.member.pid for s in runner.slots])
+        try:
+            try:
+                control = ControlPlane.of_attempt(self.spec.attempt,
+                                                  self.spec.blueprint.rendezvous_timeout_s)
+            except (GangMismatch, RuntimeError) as ex:
+                print("cannot reach node 0 at %s:%d: %s"
+                      % (self.spec.attempt.master_addr, self.spec.attempt.master_port, ex),
+                      file=sys.stderr)
+                return 2
+            while True:
+                supervisor = self._watch_round(runner, control, on_demand)
+                code = self._end_round(runner, control, supervisor)
+                # with restarts in place every node waits for node 0's word after a round
+                if not (self.spec.blueprint.max_restarts and supervisor.preempted is None
+                        and self._next_round(runner, control, supervisor)):
+                    return code
+                control = control.for_round(self.spec.restart_count)
+        finally:
+            preempt.withdraw()
+            runner.stop()
+            runner.release()
+            signal.signal(signal.SIGTERM, old_handler)
+
+    def _watch_round(self, runner, control, on_demand):
+        """Check this node's ranks of the round in with node 0 and watch them until the round
+        ended for this node (the watch, ended)."""
+        self._wait_for_exec_ranks(runner, control)
+        # beat before joining: node 0 never sees this node joined and silent, unless
+        # it went silent (AgentWatch beats on from here)
+        control.beat(self.spec.node)
+        control.join(naming.node_join_id(self.spec.node))
+        joined_at = time.time()
+        if not self.spec.attempt.local:
+            print("joined the gang of node 0 at %s:%d%s" % (
+                self.spec.attempt.master_addr, self.spec.attempt.master_port,
+                " (round %d)" % control.round if control.round else ""), flush=True)
+        hang_timeout = self.spec.blueprint.hang_timeout_s
+        supervisor = AgentWatch(
+            runner.slots, control, self.topology, self.spec.node,
+            progress=stacks.NodeProgress(self.spec.work_dir,
+                                         self.topology.ranks_of(self.spec.node))
+            if hang_timeout else None,
+            # twice per probe sample: what node 0 holds is at most a sample and a half old
+            progress_interval=stacks.interval_for(hang_timeout) / 2 if hang_timeout else None,
+            on_preempt=functools.partial(self._preempt_node, runner, control),
+            stacks=on_demand,
+        )
+        self.watch = supervisor
+        # from now on a SIGTERM is a preemption unless node 0 already stops the gang
+        signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, supervisor))
+        supervisor.start()
+        if preempt.announce():  # its container was told to stop already
+            supervisor.sigterm()
+        supervisor.wait()
+        self._send_record(runner, control, joined_at)
+        return supervisor
+
+    def _end_round(self, runner, control, supervisor):
+        """Tell node 0 how this node's round ended; the exit status to leave with if no round
+        follows."""
+        if supervisor.aborted:
+            print("node 0 aborted the gang; stopping this node's ranks", file=sys.stderr)
+            if supervisor.preempted is not None:
+                runner.stop()
+                self._outlast_node_0(control)
+            return self._exit_code(3, told_node_0=True)
+        if supervisor.failed():
+            # which ranks were still running: a hung one among them may be the cause
+            quietly(control.report_running, self.spec.node, supervisor.running_ranks())
+            told = ask(control.report_failure, self.spec.node,
+                        root_cause(supervisor.failures)) is not False
+            if supervisor.preempted is not None:
+                self._outlast_node_0(control)
+            return self._exit_code(1, told)
+        control.finish(self.spec.node)
+        return 0
+
+    def _next_round(self, runner, control, supervisor):
+        """(Restarts in place, the round over for this node.) Stop its ranks, tell node 0, and
+        wait for node 0's word: True once the next round's ranks of this node started, with
+        their restart_count and the checkpoint node 0 loaded for the round; False when node 0
+        ends the attempt (its word, or its store gone) or a SIGTERM reached this node."""
+        runner.stop()
+        forget_round(self.spec.work_dir, runner, None)
+        if supervisor.sigterm_at is not None:  # told to stop as its ranks stopped
+            quietly(control.report_preempted, self.spec.node)
+            return False
+        if ask(control.report_stopped, self.spec.node) is False:
+            return False
+        deadline = time.monotonic() + self.spec.blueprint.rendezvous_timeout_s + NODES_STOP_WAIT
+        word = None
+        while word is None and time.monotonic() < deadline:
+            if supervisor.sigterm_at is not None:  # told to stop: node 0 must not restart
+                quietly(control.report_preempted, self.spec.node)
+                return False
+            try:
+                word = control.word()
+            except Exception:  # noqa: BLE001 - any error of the store's: node 0 is gone
+                return False
+            if word is None:
+                time.sleep(POLL_INTERVAL)
+        if word != ROUND_RESTART:
+            return False
+        spec = dataclasses.replace(self.spec, restart_count=control.round + 1)
+        if spec.attempt.checkpoint is not None:  # the latest checkpoint, as node 0 loaded it
+            fields = control.for_round(spec.restart_count).checkpoint(
+                spec.blueprint.rendezvous_timeout_s)
+            if fields is None:
+                print("node 0 published no checkpoint for round %d; leaving the gang"
+                      % spec.restart_count, file=sys.stderr, flush=True)
+                return False
+            spec = checkpoints.install_member(spec.with_attempt(checkpoint=fields))
+        self.spec = spec
+        runner.new_round(spec)
+        runner.start_ranks(range(self.topology.nproc_per_node))
+        return True
+
+    def _outlast_node_0(self, control):
+        """(After a preemption, on Kubernetes.) Wait for node 0's task to end (its store goes
+        away), within the grace the pods have. A deleted worker pod fails its Job, and with it
+        the JobSet, once its process ends; Metaflow then stops following the task, and node 0,
+        still recording the attempt as preempted, is not heard (docs/reliability.md)."""
+        if self.spec.attempt.backend != "kubernetes":
+            return
+        deadline = time.monotonic() + self.spec.blueprint.preempt_grace_s + preempt.STOP_MARGIN_S
+        while time.monotonic() < deadline:
+            try:
+                control.aborted()
+            except Exception:  # noqa: BLE001 - any error of the store's: node 0 is gone
+                return
+            time.sleep(0.2)
+
+    def _preempt_node(self, runner, control, origin, at=None):
+        """(The watch's thread.) This node's ranks get SIGTERM and the preemption's grace; a
+        SIGTERM of this node's own is told to node 0, which preempts the whole gang."""
+        preempt.leave_mark(self.spec.work_dir)
+        self.watch.preempt(origin, self.spec.blueprint.preempt_grace_s, at)
+        preempt.forward([s.member for s in runner.slots])
+        if origin == self.spec.node:
+            quietly(control.report_preempted, self.spec.node)
+        print("preempted (SIGTERM to node %d): this node's ranks get SIGTERM" % origin,
+              file=sys.stderr, flush=True)
+
+    def _wait_for_exec_ranks(self, runner, control):
+        """A node joins once its ranks are ready: exec'd ranks import Metaflow and torch first
+        and check in with node 0 themselves (forked ones are ready at once). Node 0 counts the
+        step's @timeout from the last join (usertimer.py), so this keeps their start-up off it.
+        A rank that exits first, or node 0's abort, ends the wait: the watch reports those, and
+        node 0's rendezvous timeout bounds it."""
+        if self.spec.start_method != "exec":
+            return
+        pending = {naming.rank_join_id(s.rank) for s in runner.slots if s.rank is not None}
+        deadline = time.monotonic() + self.spec.blueprint.rendezvous_timeout_s
+        while pending and time.monotonic() < deadline:
+            pending = {j for j in pending if not control.joined(j)}
+            if not pending or control.aborted() or any(
+                    s.member.poll() is not None for s in runner.slots):
+                return
+            time.sleep(POLL_INTERVAL)
+
+    def _exit_code(self, code, told_node_0):
+        """The exit status of a node that failed or was aborted. On Kubernetes a failed worker
+        Job fails the whole JobSet at once, and its controller then stops the control pod
+        before node 0 has written the task's root cause and logs: a worker pod that node 0
+        knows about leaves the verdict to node 0's Job (docs/kubernetes.md, "Semantics")."""
+        return 0 if self.spec.attempt.backend == "kubernetes" and told_node_0 else code
+
+    def _send_record(self, runner, control, joined_at):
+        """Give node 0 this node's share of the gang's record: through the store from another
+        machine, as a file in the gang's directory on node 0's own host."""
+        if self.spec.attempt.local:
+            quietly(events.write_json, events.node_file(self.spec.work_dir, self.spec.node),
+                     runner.node_record(joined_at))
+        else:
+            quietly(control.send_node_events, self.spec.node,
+                     runner.node_record(joined_at, self.spec.work_dir))
+
+
+def _on_sigterm(watch, signum, frame):
+    """A supervising process's SIGTERM handler: noted for the watch's thread (preempt.py)."""
+    watch.sigterm()
+
+
+def _kill_ranks_and_leave(runner, signum, frame):
+    """An agent told to stop (node 0 stops the gang) takes its ranks' process groups with it:
+    a rank's own children (DataLoader workers, a child that ignores SIGTERM) would outlive it."""
+    for slot in runner.slots:
+        slot.member.signal_group(signal.SIGKILL)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

@@ -1,0 +1,614 @@
+"""Node 0 of a gang: the leader, inside the Metaflow task process, which runs no user code.
+
+It binds the gang's store, forks node 0's ranks (rank 0 too: its body hands its results back
+to the task), starts the local node agents, hosts the control plane, watches every node,
+settles the root cause of a failure, and either restarts every rank in place (max_restarts)
+or fails the attempt. Under the start method exec rank 0's body runs in the task itself.
+"""
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+from ..core import naming, rounds
+from ..core.envcontract import foreign_launcher_vars
+from ..core.errors import (
+    TorchDistributedAborted,
+    TorchDistributedGangFailed,
+    TorchDistributedRendezvousTimeout,
+)
+from ..core.failures import (
+    Failure,
+    communication_error,
+    debug_enabled,
+    from_exit,
+    gang_outcome,
+    load_exception,
+    report_exception,
+    root_cause,
+    shown_traceback,
+)
+from ..core.gangspec import Attempt, Blueprint, GangSpec, Role
+from ..mf import checkpoints, events
+from ..mf import current as current_mod
+from ..mf import handback as rank0_results
+from ..mf.usertimer import AlarmForwarder
+from ..runtime import preempt, stacks
+from ..runtime.control import (
+    ROUND_END,
+    ROUND_RESTART,
+    ControlPlane,
+    bind_error,
+    bind_listener,
+    is_port_in_use,
+    port_in_use_error,
+)
+from ..runtime.interrupt import BodyInterrupt
+from ..runtime.procs import spawn_member
+from ..runtime.remote_logs import LogReceiver
+from ..runtime.supervisor import POLL_INTERVAL, LeaderWatch, Place, Slot
+from .common import NODES_STOP_WAIT, ask, quietly, say
+from .rank import aborted, rank_info, run_rank_body
+from .runner import NodeRunner, forget_round, stop_and_release
+
+# Seconds local node agents have to leave once node 0 said that no round follows.
+AGENTS_LEAVE_WAIT = 10.0
+# Seconds node 0 waits for the last output of remote nodes after the gang ended.
+REMOTE_DRAIN_TIMEOUT = 3.0
+# Seconds the watchdog leaves the task's log capture to take its last lines before it ends the
+# task (Leader._watchdog).
+LOG_SETTLE_S = 1.0
+
+
+@dataclasses.dataclass
+class _Attempt:
+    """What one run of a gang holds on node 0, from its start to its settling. Leader.run makes
+    it and owns its teardown; the watch's thread and the watchdog read it."""
+    spec: GangSpec
+    runner: NodeRunner
+    recorder: events.GangRecorder
+    control: ControlPlane = None
+    receiver: LogReceiver = None
+    watch: LeaderWatch = None
+    body_finished: bool = False
+    rank0_exception: BaseException = None  # rank 0's, when its body ran in the task (exec)
+    outcome: object = None  # failures.GangOutcome when the gang failed
+    member_exception: BaseException = None  # the root cause's own exception, from a member
+    listener: object = None  # the store's listening socket, closed in every member
+    # restarts in place: the root causes of the rounds restarted so far, and why the last
+    # failed round was not restarted ("" when restarts are off)
+    rounds: list = dataclasses.field(default_factory=list)
+    no_restart: str = ""
+    # the card's view of each restarted round (_round_record), and when the running one began
+    round_records: list = dataclasses.field(default_factory=list)
+    round_started: float = None
+
+
+class Leader:
+    """Node 0 of a gang, running inside the Metaflow task process. Under the start method fork
+    (Linux's default) rank 0 is a process this one forks, as every other rank, and hands its
+    results back (`handback`); under exec its body runs here, in the task's main thread."""
+
+    def __init__(self, blueprint: Blueprint, topology, attempt: Attempt, accelerator,
+                 start_method, abort_grace, decorator_name, node_gpu_blocks=None,
+                 clock=time.monotonic, sleep=time.sleep):
+        self.blueprint = blueprint
+        self.step_name = blueprint.step_name
+        self.topology = topology
+        # The attempt as node 0's backend placed it. Its port is where the store listens: 0
+        # locally (any free one), fixed in advance where the other nodes are other machines.
+        self.placed = attempt
+        self.accelerator = accelerator
+        self.start_method = start_method  # resolved: fork or exec
+        self.remote = not attempt.local
+        self.abort_grace = abort_grace
+        self.clock, self.sleep = clock, sleep  # the waits between rounds (tests drive them)
+        self.decorator_name = decorator_name
+        # CUDA_VISIBLE_DEVICES per node when emulated nodes share this host's GPUs
+        self.node_gpu_blocks = node_gpu_blocks or {}
+        self._body_running = threading.Event()
+        self._main_thread = threading.main_thread().ident
+        # how another thread makes rank 0's body raise (a signal the user has no use for)
+        self.interruption = BodyInterrupt(aborted, self._body_running.is_set)
+        self.attempt = None  # the running gang's _Attempt
+        self.record = None  # the last run's record for the gang's card (events.py)
+        self.users_error = None  # the user's own exception raised as the step's error
+        # the load policy of the step's @checkpoint, which a restart in place follows again
+        self.checkpoint_policy = None
+        self.on_restart = None  # called with (restart number, the failed round's root cause)
+
+    def raised_users_own(self, ex):
+        """True when `ex` is the user's own exception this gang raised as the step's error, whose
+        traceback its rank already printed (so its frames need not be shown again)."""
+        return ex is self.users_error and not debug_enabled()
+
+    def run(self, step_func, args, on_body_start=None, on_assembled=None, handback=None):
+        """Start the gang, with rank 0's body in a process of its own that hands its results
+        back through `handback` (a HandBack), or here without one; call `on_body_start` as the
+        body starts; supervise, and raise the gang's error if any rank failed. `on_assembled`
+        is called once every process node 0 expects to check in has checked in (at once when
+        none does), from this thread or the watch's.
+
+        Every resource is torn down in one place, in the reverse of the order it was made:
+        `running` stops what runs (the watch's abort, the log receiver, the members and the
+        node's output), then `held` settles the outcome and the card's record while the work
+        dir (members' error files) and the store are still there, and removes those last."""
+        with contextlib.ExitStack() as held:
+            listener = held.enter_context(contextlib.closing(self._bind()))
+            work_dir = tempfile.mkdtemp(prefix="torch-distributed-")
+            held.callback(shutil.rmtree, work_dir, ignore_errors=True)
+            spec = GangSpec(Role.LEADER, self.blueprint,
+                            dataclasses.replace(self.placed,
+                                                master_port=listener.getsockname()[1]),
+                            node=0, work_dir=work_dir, accelerator=self.accelerator,
+                            start_method=self.start_method,
+                            cuda_visible_devices=self.node_gpu_blocks.get(0))
+            in_task = handback is None
+            if not in_task:
+                handback = dataclasses.replace(handback, path=rank0_results.path_in(work_dir))
+            attempt = self.attempt = _Attempt(
+                spec, NodeRunner(spec, self.topology, step_func, args, self.decorator_name,
+                                 handback),
+                events.GangRecorder(spec, self.topology))
+            held.callback(self._settle, attempt)
+            if in_task:
+                held.callback(_restore_environ, dict(os.environ))  # rank 0's body changes it
+            held.enter_context(stacks.ignoring_dumps())
+            with contextlib.ExitStack() as running:
+                self._start(attempt, listener, running, on_assembled)
+                preempt.PREEMPTED.clear()
+                # a preemption while the other ranks still run after rank 0's body is one too
+                on_demand = stacks.OnDemand(
+                    say, lambda: [os.getpid()] * in_task + [
+                        s.member.pid for s in attempt.runner.slots if s.rank is not None])
+                with preempt.SupervisorHandler(
+                        lambda: attempt.watch.sigterm(),
+                        on_stacks=lambda: on_demand.ask(attempt.control, self.step_name)):
+                    if in_task:
+                        with self.interruption:
+                            self._run_rank0(attempt, step_func, args, on_body_start)
+                        self._wait_for_the_rest(attempt)
+                    else:
+                        # for the task's own hooks after the step, as in rank 0's process
+                        current_mod.install(rank_info(spec, self.topology, 0))
+                        if on_body_start is not None:
+                            on_body_start()
+                        # @timeout is the attempt's: it counts across rounds
+                        with AlarmForwarder(lambda: _running_pid(attempt.runner.slot_of(0)),
+                                            self.abort_grace):
+                            while True:
+                                attempt.watch.wait_for_leader()
+                                self._wait_for_the_rest(attempt)
+                                if not self._restart(attempt, handback):
+                                    break
+            if not in_task:
+                self._take_handback(attempt, handback)
+        if attempt.outcome is not None:
+            self._raise_failure(attempt)
+
+    def _wait_for_the_rest(self, attempt):
+        """(Rank 0's body ended.) Until the round's watch ended, failing the ranks that do not
+        finish within the finish timeout."""
+        timeout = attempt.spec.blueprint.finish_timeout_s
+        if not attempt.watch.wait(timeout):
+            attempt.watch.report(attempt.watch.unfinished_failure(timeout))
+
+    def _restart(self, attempt, handback):
+        """(The round's watch ended.) True when its failure starts the next round in place:
+        every rank of the round is stopped, and a fresh process of each is forked from this
+        task, which runs no user code, with the next restart_count, a rendezvous of its own
+        (the store's keys and torch's under the new round) and, with @checkpoint, the latest
+        checkpoint loaded (a save of the failed round included)."""
+        spec, runner = attempt.spec, attempt.runner
+        if not spec.blueprint.max_restarts or not attempt.watch.failed():
+            return False
+        runner.stop(ranks_only=True)
+        outcome, _ = self._outcome(attempt)
+        root = outcome.root_cause
+        attempt.no_restart = rounds.why_not_restart(root, attempt.rounds,
+                                                    spec.blueprint.max_restarts)
+        if attempt.no_restart is None and attempt.watch.sigterm_at is not None:
+            # told to stop while the round stopped (a scheduler's stop, a spot reclaim): the
+            # machine may be going away, and the SIGTERM is not lost on a round that ended
+            attempt.no_restart = rounds.TERMINATED
+        if attempt.no_restart is None:
+            attempt.no_restart = self._wait_for_nodes_to_stop(attempt)
+        if attempt.no_restart is not None:
+            return False
+        attempt.rounds.append(root)
+        attempt.round_records.append(self._round_record(attempt))
+        restart = spec.restart_count + 1
+        print(rounds.restart_line(self.step_name, restart, spec.blueprint.max_restarts, root),
+              file=sys.stderr, flush=True)
+        attempt.recorder.phase("restart")
+        if self.on_restart is not None:
+            self.on_restart(restart, root)
+        attempt.watch.join()
+        forget_round(spec.work_dir, runner, handback)
+        loaded = checkpoints.reload_latest(self.checkpoint_policy)
+        spec = attempt.spec = dataclasses.replace(spec, restart_count=restart)
+        runner.new_round(spec)
+        ended_control, attempt.control = attempt.control, attempt.control.for_round(restart)
+        attempt.control.forget_rendezvous()  # every rank of every node has stopped
+        if self.topology.nodes > 1:
+            if spec.attempt.checkpoint is not None:  # what the other nodes' ranks load this round
+                from metaflow import current
+
+                attempt.control.publish_checkpoint(
+                    checkpoints.gang_fields(current, os.environ, restore=False))
+            ended_control.say_word(ROUND_RESTART)
+        attempt.body_finished = False
+        attempt.round_started = time.time()
+        if loaded is not None:
+            print("@torch_distributed on step *%s*: round %d starts from checkpoint %s"
+                  % (self.step_name, restart, loaded), file=sys.stderr, flush=True)
+        runner.start_ranks(range(self.topology.nproc_per_node),
+                           close_fds=[attempt.listener.fileno()])
+        ended, attempt.watch = attempt.watch, self._watch(attempt)
+        if ended.sigterm_at is not None:  # it came while the ranks were being started
+            attempt.watch.sigterm()
+        return True
+
+    def _wait_for_nodes_to_stop(self, attempt):
+        """(A failed round that restarts.) None once every other node said that its ranks of
+        the round stopped: the next round's rendezvous then starts clean. Else why the gang is
+        not restarted: a node's agent ended, said nothing within NODES_STOP_WAIT s (it is lost:
+        the attempt is @retry's), or was told to stop meanwhile."""
+        control, pending = attempt.control, set(range(1, self.topology.nodes))
+        deadline = self.clock() + NODES_STOP_WAIT
+        while True:
+            for node in sorted(pending):
+                if ask(control.node_preempted, node):
+                    return rounds.node_terminated(node)
+                if ask(control.node_stopped, node):
+                    pending.discard(node)
+            if not pending:
+                return None
+            gone = sorted(s.node for s in attempt.runner.slots if s.rank is None
+                          and s.node in pending and s.member.poll() is not None)
+            if gone or self.clock() >= deadline:
+                return rounds.nodes_not_stopped(gone or sorted(pending), NODES_STOP_WAIT,
+                                                gone=bool(gone))
+            self.sleep(POLL_INTERVAL)
+
+    def _round_record(self, attempt):
+        """What the card shows of a round that is restarted (every process of it stopped): its
+        ranks' records, read before the next round's ranks write theirs; None if it cannot be
+        put together."""
+        record = self._collect(attempt)
+        if record is None:
+            return None
+        began = attempt.round_started or record["started"]
+        # the round's abort, when the gang stopped its ranks
+        stopped = [t for name, t in attempt.recorder.phases if name == "abort" and t >= began]
+        return dict(round=attempt.spec.restart_count, started=began,
+                    ended=stopped[-1] if stopped else time.time(), ranks=record["ranks"],
+                    node_info=record["node_info"], failures=record["failures"])
+
+    def _take_handback(self, attempt, handback):
+        """(Every process of the gang has stopped.) Rank 0's results into the task: those of a
+        gang that finished, and those @catch keeps of one that failed."""
+        if attempt.watch.failed() and not handback.keep_failed:
+            return
+        if not handback.receive() and not attempt.watch.failed():
+            print("@torch_distributed on step *%s*: rank 0's process ended with exit status 0 "
+                  "but handed back nothing of its body (it left through os._exit): the step "
+                  "keeps none of its artifacts, nor its self.next()" % self.step_name,
+                  file=sys.stderr, flush=True)
+
+    def _start(self, attempt, listener, running, on_assembled=None):
+        """Start node 0's members, the local agents, the store, the log receiver and the
+        watch, registering on `running` how each is stopped."""
+        spec, runner = attempt.spec, attempt.runner
+        in_task = runner.handback is None
+        runner.start_ranks(range(1 if in_task else 0, self.topology.nproc_per_node),
+                           close_fds=[listener.fileno()])
+        running.callback(stop_and_release, runner)
+        # Remote nodes start on their own machines; local ones are agents started here.
+        local_nodes = [] if self.remote else range(1, self.topology.nodes)
+        for node in local_nodes:
+            argv, env = runner.command(
+                Role.AGENT, naming.hidden_task_id(spec.attempt.task.task_id, node), node=node,
+                cuda_visible_devices=self.node_gpu_blocks.get(node))
+            runner.slots.append(Slot(spawn_member(naming.agent_label(node), argv, env), node))
+        runner.capture(naming.rank_label(0) if in_task else "",
+                       close_in_pump=[listener.fileno()])
+        attempt.control = ControlPlane.host(listener, spec.attempt.gang_id, spec.attempt.secret,
+                                            spec.blueprint.rendezvous_timeout_s)
+        if self.remote:  # agents on other machines ask for what node 0's @checkpoint loaded
+            attempt.control.publish_checkpoint(spec.attempt.checkpoint)
+        if self.remote and self.topology.nodes > 1:
+            attempt.receiver = LogReceiver(
+                ControlPlane.of_attempt(spec.attempt, spec.blueprint.rendezvous_timeout_s),
+                range(1, self.topology.nodes),
+                {1: runner.saved_fds[0], 2: runner.saved_fds[1]},
+                tee=attempt.recorder.remote_tails).start()
+            running.callback(attempt.receiver.stop, REMOTE_DRAIN_TIMEOUT)
+        attempt.listener = listener
+        attempt.watch = self._watch(attempt, on_assembled)
+        if spec.blueprint.max_restarts and self.topology.nodes > 1:
+            # the other nodes wait for node 0's word after each round (Agent._next_round)
+            running.callback(_say_end, attempt)
+        running.callback(_abort_if_failed, attempt)
+
+    def _watch(self, attempt, on_assembled=None):
+        """The watch of the gang's round that starts (started)."""
+        spec, runner = attempt.spec, attempt.runner
+        in_task = runner.handback is None
+        return LeaderWatch(
+            runner.slots, attempt.control, self.topology,
+            watch_nodes=range(1, self.topology.nodes),
+            expected_joins=self._expected_joins(attempt),
+            join_timeout=spec.blueprint.rendezvous_timeout_s,
+            heartbeat_timeout=spec.blueprint.heartbeat_timeout_s,
+            leader_busy=self._body_running.is_set if in_task else None,
+            leader_slot=None if in_task else runner.slot_of(0),
+            finish_timeout=spec.blueprint.finish_timeout_s,
+            on_failure=self._on_failure,
+            on_assembled=on_assembled,
+            progress=stacks.NodeProgress(spec.work_dir, self.topology.ranks_of(0)),
+            hang_timeout=spec.blueprint.hang_timeout_s,
+            on_preempt=self._preempt_gang,
+            agents_stay=bool(spec.blueprint.max_restarts)).start()
+
+    def _settle(self, attempt):
+        """Once every process of the gang has stopped: what happened, and the card's record."""
+        if attempt.watch is not None and attempt.watch.failed():
+            attempt.outcome, attempt.member_exception = self._outcome(attempt)
+        self.record = self._collect(attempt)
+        ignored = (self.record or {}).get("ignored_messages")
+        if ignored:
+            from ..mf.card import ignored_note
+
+            print("@torch_distributed on step *%s*: %s" % (self.step_name, ignored_note(ignored)),
+                  file=sys.stderr, flush=True)
+
+    def _collect(self, attempt):
+        """The record of this gang attempt for its card, or None if it cannot be put together
+        (which never changes the step's result)."""
+        runner, control = attempt.runner, attempt.control
+        failures = attempt.watch.failures if attempt.watch is not None else []
+        try:
+            remote = {}
+            if self.remote and control is not None:
+                for node in range(1, self.topology.nodes):
+                    remote[node] = control.node_events(node)
+            record = attempt.recorder.collect(attempt.spec.work_dir, runner.slots,
+                                              runner.spawned, remote, failures,
+                                              root_cause(failures), list(runner.stopped))
+            if attempt.rounds:  # restarts in place: the rounds before the last
+                record["restarts"] = [{"round": n, "at": f.detected_at, "sentence": f.sentence()}
+                                      for n, f in enumerate(attempt.rounds)]
+                record["rounds"] = [r for r in attempt.round_records if r is not None]
+            return record
+        except Exception as ex:  # noqa: BLE001 - the card is a view; the step's result stands
+            print("@torch_distributed on step *%s*: could not record the gang for its card: %s"
+                  % (self.step_name, ex), file=sys.stderr, flush=True)
+            return None
+
+    def _bind(self):
+        """The store's listening socket, on the one address the gang's peers reach (locally
+        the loopback address; remotely node 0's own, MASTER_ADDR), never every interface."""
+        address, port = self.placed.master_addr, self.placed.master_port
+        try:
+            return bind_listener(address, port)
+        except OSError as ex:
+            if port and is_port_in_use(ex):
+                raise port_in_use_error(self.step_name, port)
+            raise bind_error(self.step_name, address, ex) from ex
+
+    def _expected_joins(self, attempt):
+        joins = {naming.node_join_id(n): Place(n) for n in range(1, self.topology.nodes)}
+        if attempt.spec.start_method == "exec":
+            for slot in attempt.runner.slots:
+                if slot.rank is not None:
+                    joins[naming.rank_join_id(slot.rank)] = Place(0, slot.rank, slot.local_rank)
+        return joins
+
+    def _run_rank0(self, attempt, step_func, args, on_body_start):
+        for key in foreign_launcher_vars(os.environ):
+            del os.environ[key]
+        os.environ.update(attempt.runner.env_of(0))
+        current_mod.install(rank_info(attempt.spec, self.topology, 0))
+        if on_body_start is not None:
+            on_body_start()
+        self._body_running.set()
+        try:
+            # The watch may have failed the gang before the body began, when _on_failure
+            # found no body to interrupt: then the body does not begin (the watch records
+            # its failure before it looks at _body_running, set above before this look).
+            if attempt.watch.failed():
+                raise aborted()
+            run_rank_body(attempt.spec, self.topology, 0, step_func, args, in_task=True)
+            attempt.body_finished = True
+        except BaseException as ex:
+            self._body_running.clear()
+            self._rank0_failed(attempt, ex)
+        finally:
+            self._body_running.clear()
+
+    def _rank0_failed(self, attempt, ex):
+        attempt.rank0_exception = ex
+        symptom = communication_error(ex)
+        if not isinstance(ex, TorchDistributedAborted):  # the gang's stop is no rank's error
+            # into rank 0's own lines, as every other rank's (procs.run_member_body)
+            report_exception(ex, symptom)
+        failure = Failure(0, 0, "exception", time.time(), local_rank=0,
+                          message="%s: %s" % (type(ex).__name__, ex),
+                          traceback=shown_traceback(_format_traceback(ex)), symptom=symptom)
+        # Let go of the body's locals now: a DataLoader's persistent workers live as long as
+        # its frames, and they hold this task's output pipe open, which the gang drains last.
+        traceback.clear_frames(ex.__traceback__)
+        # A symptom (a peer probably failed first) is held by the watch while it waits for the
+        # root cause.
+        attempt.watch.report(failure)
+
+    def _on_failure(self, failure):
+        """The first failure of the gang (called by the watch, which already holds it): stop
+        every process, then make rank 0 stop."""
+        attempt = self.attempt
+        attempt.recorder.phase("abort")
+        quietly(attempt.control.abort)
+        if threading.get_ident() == self._main_thread:
+            return  # rank 0 itself failed: run() stops the members on its way out
+        # with restarts in place the local nodes' agents stay, for the next round
+        attempt.runner.stop(ranks_only=bool(attempt.spec.blueprint.max_restarts))
+        if not self._body_running.is_set():
+            return
+        # without a free signal the watchdog alone ends the task after the abort grace
+        self.interruption.interrupt(self._main_thread)
+        threading.Thread(target=self._watchdog, args=(attempt,),
+                         name="torch-distributed-watchdog", daemon=True).start()
+
+    def _preempt_gang(self, origin, at=None):
+        """(The watch's thread.) A SIGTERM reached node `origin`: every rank of every node
+        gets one, and the watch holds every failure for the preemption's grace."""
+        attempt = self.attempt
+        preempt.PREEMPTED.set()
+        preempt.leave_mark(attempt.spec.work_dir)
+        attempt.watch.preempt(origin, attempt.spec.blueprint.preempt_grace_s, at)
+        quietly(attempt.control.preempt_gang)
+        preempt.forward([s.member for s in attempt.runner.slots])  # ranks, local agents
+        print("@torch_distributed on step *%s*: preempted (SIGTERM to node %d): every rank "
+              "gets SIGTERM and %ss to save" % (self.step_name, origin,
+                                                 attempt.spec.blueprint.preempt_grace_s),
+              file=sys.stderr, flush=True)
+        if origin != 0 and self._body_running.is_set() and \
+                signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None):
+            # rank 0's own handlers (the user's, a framework's) hear it too
+            signal.pthread_kill(self._main_thread, signal.SIGTERM)
+
+    def _watchdog(self, attempt):
+        deadline = time.monotonic() + self.abort_grace
+        while time.monotonic() < deadline:
+            if not self._body_running.is_set():
+                return
+            time.sleep(0.05)
+        # Rank 0 is stuck in native code (a collective or the rendezvous) and cannot be
+        # interrupted: end the task. The runtime sees a failed attempt (retry/catch apply).
+        failure = root_cause(attempt.watch.failures)
+        if attempt.receiver is not None:
+            attempt.receiver.stop(REMOTE_DRAIN_TIMEOUT)
+        attempt.runner.release()
+        print("@torch_distributed on step *%s*: gang failed.\n%s\nRank 0 did not stop within "
+              "%ss (blocked in native code); ending the task."
+              % (self.step_name, failure.describe(), self.abort_grace),
+              file=sys.stderr, flush=True)
+        # On remote backends the task's output reaches its stored log through Metaflow's tee
+        # processes, which the pod's shell does not wait for before it saves the log: give them
+        # the last lines (the root cause) before this process is gone (seen on the Kubernetes
+        # emulation under load: a node that never started left a log without its cause).
+        time.sleep(LOG_SETTLE_S)
+        os._exit(1)
+
+    def _outcome(self, attempt):
+        """(GangOutcome, the exception object of a member whose failure is the root cause)."""
+        runner = attempt.runner
+        exited = []
+        finished = [0] if attempt.body_finished else []
+        # the ranks of other nodes: their node agents said which had finished
+        finished += [r for r in range(self.topology.nproc_per_node, self.topology.world_size)
+                     if ask(attempt.control.rank_is_done, r)]
+        for slot in runner.slots:
+            if slot.rank is None:
+                continue
+            code = slot.member.poll()
+            if code == 0:
+                finished.append(slot.rank)
+            elif code is not None:
+                # It failed on its own if it ended, or recorded its exception, before the gang
+                # stopped it (the watch may have stopped watching by then), or if what it
+                # recorded is an error of its own: a stop ends a rank by a signal, never by an
+                # exception, so only a symptom (a peer went away) can be the stop's doing. Ranks
+                # that raise the same error a few ms apart (a framework's check) all raised it.
+                failure = from_exit(slot.rank, slot.node, slot.local_rank, code, time.time(),
+                                    slot.error_file)
+                if (slot.member.label not in runner.stopped
+                        or (failure.kind == "exception"
+                            and (failure.detected_at < runner.stop_started
+                                 or not failure.is_symptom()))):
+                    exited.append(failure)
+        outcome = gang_outcome(attempt.watch.failures, range(self.topology.world_size), exited,
+                               finished)
+        root = outcome.root_cause
+        member_exception = None
+        if root.kind == "exception" and root.rank is not None and (
+                root.rank != 0 or runner.handback is not None) and (
+                root.node == 0 or not self.remote):  # its error file is on this machine
+            member_exception = load_exception(runner.error_file(root.rank))
+        return outcome, member_exception
+
+    def _raise_failure(self, attempt):
+        outcome = attempt.outcome
+        failure = outcome.root_cause
+        own = attempt.rank0_exception if failure.rank == 0 and attempt.runner.handback is None \
+            else attempt.member_exception
+        rounds_said = " ".join(t for t in (attempt.no_restart,
+                                           rounds.rounds_note(attempt.rounds)) if t)
+        if failure.kind == "exception" and not failure.is_symptom() and own is not None:
+            # Raise the user's own exception, so @catch and the task's error show its type. A
+            # communication error (a peer went away or hung) is not the user's: the gang's
+            # report, which names the ranks, says more.
+            self.users_error = users_own(
+                own, "@torch_distributed on step *%s*: %s raised this error; its "
+                            "traceback is in its %s lines above. %s%s"
+                            % (self.step_name, failure.where(), naming.rank_label(failure.rank),
+                               outcome.others_note(), " " + rounds_said if rounds_said else ""))
+            raise self.users_error
+        cls = TorchDistributedRendezvousTimeout if failure.kind == "missing" \
+            else TorchDistributedGangFailed
+        raise cls(self.step_name, outcome, rounds_said)
+
+
+def users_own(ex, summary):
+    """The user's exception `ex`, made the step's error with the gang's `summary`: its
+    traceback, already printed in its rank's lines, is not printed again (Metaflow prints the
+    traceback of the task's own frames, then the exception, then the summary, its note).
+    Before Python 3.11 (no notes), and for a SystemExit (which Metaflow does not report), the
+    summary is printed here.
+    METAFLOW_TORCH_DISTRIBUTED_DEBUG keeps the exception's whole traceback."""
+    if not debug_enabled():
+        ex = ex.with_traceback(None)
+    # Metaflow reports an Exception with its notes; a SystemExit ends the task without a word
+    if not isinstance(ex, Exception) or not hasattr(ex, "add_note"):
+        print(summary, file=sys.stderr, flush=True)
+    elif summary not in getattr(ex, "__notes__", ()):
+        ex.add_note(summary)
+    return ex
+
+
+def _running_pid(slot):
+    """The pid of `slot`'s process while it runs, else None."""
+    return slot.member.pid if slot.member.returncode is None else None
+
+
+def _say_end(attempt):
+    """Tell the other nodes, waiting after their round, that no round follows: they leave
+    (local agents are given AGENTS_LEAVE_WAIT s to, before the members are stopped)."""
+    quietly(attempt.control.say_word, ROUND_END)
+    agents = [s.member for s in attempt.runner.slots if s.rank is None]
+    deadline = time.monotonic() + AGENTS_LEAVE_WAIT
+    while any(a.poll() is None for a in agents) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _abort_if_failed(attempt):
+    """Tell the other nodes to stop, when the gang failed (its first step of teardown)."""
+    if attempt.watch.failed():
+        quietly(attempt.control.abort)
+
+
+def _restore_environ(saved):
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _format_traceback(ex):
+    return "".join(traceback.format_exception(type(ex), ex, ex.__traceback__))

@@ -1,0 +1,121 @@
+"""One rank's body, in the process its node started: its events recorded, its probe and
+stack dumps set up, and on node 0's rank 0 its results handed back to the task."""
+
+import dataclasses
+import os
+import signal
+import sys
+
+from ..core import naming
+from ..core.errors import TorchDistributedAborted
+from ..mf import current as current_mod
+from ..mf import events, groupcheck
+from ..mf import handback as rank0_results
+from ..runtime import preempt, stacks
+from ..runtime.control import ControlPlane
+from ..runtime.procs import run_member_body
+
+
+def run_rank_body(spec, topology, local_rank, step_func, args, in_task=False):
+    """A rank's step body, its events recorded for the gang's card, its probe (stacks.py)
+    telling its node's watch where it stands while hang detection is on. `in_task`: rank 0's
+    body runs in the Metaflow task itself (start method exec), whose handlers are Leader.run's."""
+    rank = topology.rank(spec.node, local_rank)
+    if not in_task:
+        # node 0's rank 0 unwinds on the gang's stop (its finally blocks run, what @catch
+        # keeps is handed back); every other rank ends at once
+        preempt.install_rank_handler(spec.work_dir, on_stop=_raise_aborted
+                                     if (spec.node, local_rank) == (0, 0) else None)
+    probe = None
+    if spec.blueprint.hang_timeout_s:
+        probe = stacks.Probe(stacks.probe_file(spec.work_dir, rank),
+                             stacks.interval_for(spec.blueprint.hang_timeout_s), rank).start()
+    dumps = stacks.register_dump()  # stacks on demand (undone below: the task's, in_task)
+    try:
+        events.run_recorded(rank, events.rank_file(spec.work_dir, rank),
+                            lambda: groupcheck.run_body(
+                                step_func, args, spec.blueprint.step_name, topology,
+                                default_mode=spec.blueprint.group_check_default,
+                                on_join=events.note_join))
+    finally:
+        if dumps:
+            stacks.unregister_dump()
+        if probe is not None:
+            probe.stop()
+
+
+def run_handing_back(body, handback):
+    """Rank 0's body in its own process, then its results handed back to the task: after a
+    body that returned or left with sys.exit(0), and after a failed one whose exception @catch
+    takes (its artifacts are kept, as on any step)."""
+    sender = handback.sender()
+    try:
+        body()
+    except TorchDistributedAborted:  # the gang's stop (_raise_aborted): no error of rank 0's
+        if handback.keep_failed:
+            _send_quietly(sender)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # ended by the stop, as every other rank
+        raise
+    except SystemExit as ex:
+        if ex.code in (None, 0):
+            sender.send()
+        raise
+    except BaseException:
+        if handback.keep_failed:
+            _send_quietly(sender)
+        raise
+    sender.send()
+
+
+def _send_quietly(sender):
+    """Hand back a failed body's artifacts for @catch; the body's own failure is the step's."""
+    try:
+        sender.send()
+    except Exception as ex:  # noqa: BLE001 - the step fails with the body's error anyway
+        print("could not hand back the artifacts of the failed body: %s: %s"
+              % (type(ex).__name__, ex), file=sys.stderr, flush=True)
+
+
+def _raise_aborted():
+    raise aborted()
+
+
+@dataclasses.dataclass
+class HandBack:
+    """Where rank 0's process sends what its body produced (mf/handback.py): the task's flow
+    and its output datastore; `keep_failed` when @catch keeps a failed body's artifacts."""
+    flow: object
+    task_datastore: object
+    keep_failed: bool = False
+    path: str = None  # in the gang's work directory, set by Leader.run
+
+    def sender(self):
+        return rank0_results.Sender(self.flow, self.task_datastore, self.path)
+
+    def receive(self):
+        return rank0_results.receive(self.flow, self.task_datastore, self.path)
+
+
+def rank_info(spec, topology, local_rank):
+    """`current.torch_distributed` of the rank `local_rank` of the member `spec`'s node."""
+    attempt = spec.attempt
+    return current_mod.TorchDistributedInfo(topology, spec.node, local_rank, attempt.master_addr,
+                                            attempt.master_port, spec.accelerator,
+                                            attempt.gang_id, attempt.secret, spec.restart_count)
+
+
+def run_exec_rank(spec, topology, step_func, args):
+    """The body of an exec'd rank (start method exec): check in, run the step, exit status."""
+    rank = topology.rank(spec.node, spec.local_rank)
+    control = ControlPlane.of_attempt(spec.attempt, spec.blueprint.rendezvous_timeout_s)
+    control.join(naming.rank_join_id(rank))
+    current_mod.install(rank_info(spec, topology, spec.local_rank))
+    return run_member_body(lambda: run_rank_body(spec, topology, spec.local_rank, step_func, args),
+                           os.environ.get("TORCHELASTIC_ERROR_FILE"))
+
+
+def aborted():
+    return TorchDistributedAborted("another rank of the gang failed; stopping rank 0")
