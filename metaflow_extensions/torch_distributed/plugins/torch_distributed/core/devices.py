@@ -3,15 +3,18 @@ the step asked for and what the machine shows (no CUDA initialised, nothing writ
 
 import os
 import sys
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.envcontract import node_gpu_block, parse_visible_devices
 from ..core.errors import TorchDistributedEnvironmentError
+from ..core.topology import Topology
 
 # Decorators that may say how many GPUs each node has, in the order Metaflow honours them.
 GPU_DECORATORS = ("resources", "batch", "kubernetes")
 
 
-def visible_gpu_ids(environ=None, proc_root="/proc/driver/nvidia/gpus"):
+def visible_gpu_ids(environ: Optional[Mapping[str, str]] = None,
+                    proc_root: str = "/proc/driver/nvidia/gpus") -> List[str]:
     """GPU ids this process may use, found without initialising CUDA (so forking stays safe)."""
     environ = os.environ if environ is None else environ
     try:
@@ -23,10 +26,11 @@ def visible_gpu_ids(environ=None, proc_root="/proc/driver/nvidia/gpus"):
     return parse_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), count)
 
 
-def requested_gpus(decorators):
+def requested_gpus(decorators: Sequence[Any]) -> Tuple[Optional[int], Optional[str]]:
     """(GPUs per node, "@deco(gpu=N)") of the step's decorators that ask for the most GPUs,
     or (None, None)."""
-    best, source = None, None
+    best: Optional[int] = None
+    source: Optional[str] = None
     for deco in decorators:
         if deco.name in GPU_DECORATORS:
             value = deco.attributes.get("gpu")
@@ -37,7 +41,8 @@ def requested_gpus(decorators):
     return best, source
 
 
-def accelerator(step_name, topology, needed, where, visible, rehearsal, gpus_requested):
+def accelerator(step_name: str, topology: Topology, needed: int, where: str,
+                visible: Sequence[str], rehearsal: bool, gpus_requested: Optional[str]) -> str:
     """"cuda" when `where` shows a GPU for each of its `needed` ranks, else "cpu"; raises when
     GPUs were asked for (`gpus_requested`, e.g. "@resources(gpu=4)") but are not all there, or
     when some GPUs are visible but too few to give each rank its own. A CPU `rehearsal` of a
@@ -65,7 +70,8 @@ def accelerator(step_name, topology, needed, where, visible, rehearsal, gpus_req
     return "cpu"
 
 
-def local_devices(step_name, topology, visible, rehearsal, gpus_requested):
+def local_devices(step_name: str, topology: Topology, visible: Sequence[str], rehearsal: bool,
+                  gpus_requested: Optional[str]) -> Tuple[str, Dict[int, Optional[str]]]:
     """(accelerator, {node: CUDA_VISIBLE_DEVICES}) for a gang whose nodes share this host. A
     CPU gang on a GPU machine (a rehearsal) hides the GPUs, or torch would pick NCCL for
     init_process_group() with no backend."""
@@ -77,7 +83,8 @@ def local_devices(step_name, topology, visible, rehearsal, gpus_requested):
                     for n in range(topology.nodes)}
 
 
-def node_devices(step_name, topology, visible, rehearsal, gpus_requested):
+def node_devices(step_name: str, topology: Topology, visible: Sequence[str], rehearsal: bool,
+                 gpus_requested: Optional[str]) -> Tuple[str, bool]:
     """(accelerator, whether to hide this node's GPUs) for one node of a gang whose nodes are
     separate machines; hiding them is the caller's (as in local_devices)."""
     chosen = accelerator(step_name, topology, topology.nproc_per_node, "this node", visible,
@@ -85,7 +92,8 @@ def node_devices(step_name, topology, visible, rehearsal, gpus_requested):
     return chosen, chosen == "cpu" and bool(visible)
 
 
-def resolve_start_method(method, platform=None, modules=None):
+def resolve_start_method(method: str, platform: Optional[str] = None,
+                         modules: Optional[Mapping[str, Any]] = None) -> str:
     """The start method `auto` stands for here: fork on Linux while CUDA is untouched in this
     process (a forked child cannot use a CUDA context its parent created), else exec."""
     if method != "auto":
@@ -94,6 +102,6 @@ def resolve_start_method(method, platform=None, modules=None):
     if not platform.startswith("linux"):
         return "exec"
     torch = (sys.modules if modules is None else modules).get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    if torch is not None and bool(torch.cuda.is_initialized()):
         return "exec"
     return "fork"

@@ -113,19 +113,19 @@ class Failure:
         return "rank %d (node %d, local rank %d)" % (self.rank, self.node, self.local_rank)
 
     def what(self):
-        if self.kind == "signal":
+        if self.kind is FailureKind.SIGNAL:
             killed = "was killed by %s" % _signal_name(-self.exitcode)
             return "%s: %s" % (killed, self.message) if self.message else killed
-        if self.kind == "exit":
+        if self.kind is FailureKind.EXIT:
             return "exited with code %d" % self.exitcode
-        if self.kind == "exception":
+        if self.kind is FailureKind.EXCEPTION:
             return "raised %s" % _without_our_prefix(self.message)
         return self.message
 
     def brief(self):
         """`what()` in a few words, without a closing period: an exception by its type and its
         message's first line, cut at a word after BRIEF_CHARS characters."""
-        if self.kind != "exception":
+        if self.kind is not FailureKind.EXCEPTION:
             return self.what().rstrip(".")
         first = _without_our_prefix(self.message).split("\n", 1)[0]
         if len(first) > BRIEF_CHARS:
@@ -136,7 +136,7 @@ class Failure:
         """Who failed and how, in one sentence (no traceback)."""
         text = "%s %s" % (self.where(), self.what())
         text += "" if text.endswith(".") else "."
-        if self.kind == "exit" and self.message:
+        if self.kind is FailureKind.EXIT and self.message:
             text += " Its last error: %s" % self.message
         return text
 
@@ -342,7 +342,7 @@ class GangOutcome:
             # once preempted, ranks end as their code reacts to the SIGTERM (a framework's
             # SIGTERMException, an exit): what they did in the grace, not failures of their own
             lead = ("While the ranks had their grace to save: "
-                    if self.root_cause.kind == FailureKind.PREEMPTED
+                    if self.root_cause.kind is FailureKind.PREEMPTED
                     else "Also failed on their own, after it: ")
             notes.append("%s%s%s" % (lead, others, "" if others.endswith("...") else "."))
         if self.stopped:

@@ -3,6 +3,7 @@ labels."""
 
 import hashlib
 import secrets
+from typing import Optional, Union
 
 # Prefix of every key our control plane writes to the gang's TCPStore; torch's own keys
 # (written by init_process_group) live under other prefixes. Key names are public (anyone who
@@ -15,7 +16,7 @@ KEY_PREFIX = _KEY_PREFIX  # every key the package writes begins with it
 PUBLIC_GANG_KEY = _KEY_PREFIX + "gang"
 
 
-def gang_id(run_id, step_name, task_id, attempt):
+def gang_id(run_id: str, step_name: str, task_id: str, attempt: int) -> str:
     """Unique per task attempt: TORCHELASTIC_RUN_ID, and the guard against cross-gang joins."""
     return "%s-%s-%s-%s" % (run_id, step_name, task_id, attempt)
 
@@ -25,7 +26,7 @@ def gang_id(run_id, step_name, task_id, attempt):
 REMOTE_PORT_RANGE = (20000, 32767)
 
 
-def remote_port(run_id, step_name, task_id, attempt):
+def remote_port(run_id: str, step_name: str, task_id: str, attempt: int) -> int:
     """The store port of a gang whose nodes are separate machines (node 0 cannot bind port 0
     and tell the others): fixed by run, step, task and attempt, so a retry moves to another."""
     digest = hashlib.sha256(gang_id(run_id, step_name, task_id, attempt).encode()).digest()
@@ -33,7 +34,7 @@ def remote_port(run_id, step_name, task_id, attempt):
     return low + int.from_bytes(digest[:4], "big") % (high - low + 1)
 
 
-def new_secret():
+def new_secret() -> str:
     """A gang attempt's secret, drawn by node 0 when the attempt starts: every value the
     package reads from the gang's store is sealed under it (sealed.py), so a client that
     merely reaches node 0's port can neither steer the gang nor run code in it. Locally it
@@ -42,7 +43,8 @@ def new_secret():
     return secrets.token_hex(32)
 
 
-def hidden_task_id(task_id, node, local_rank=None):
+def hidden_task_id(task_id: str, node: Union[int, str],
+                   local_rank: Optional[int] = None) -> str:
     """The task id a member process runs under (never registered with the real metadata).
     `task_id` and `node` may be shell words the member's node expands (a remote node agent's
     command: its node index is known on its node only)."""
@@ -50,27 +52,27 @@ def hidden_task_id(task_id, node, local_rank=None):
     return hidden if local_rank is None else "%s-rank-%d" % (hidden, local_rank)
 
 
-def task_of_agent(hidden, node):
+def task_of_agent(hidden: str, node: int) -> Optional[str]:
     """The task id of the node agent of `node` whose hidden task id is `hidden`, or None when
     `hidden` is not one (hidden_task_id)."""
     suffix = "-node-%d" % node
     return hidden[:-len(suffix)] if hidden.endswith(suffix) else None
 
 
-def rank_label(rank):
+def rank_label(rank: int) -> str:
     return "[rank %d]" % rank
 
 
-def agent_label(node):
+def agent_label(node: int) -> str:
     return "[node %d agent]" % node
 
 
-def node_join_id(node):
+def node_join_id(node: int) -> str:
     """The control-plane check-in of a node agent."""
     return "node%d" % node
 
 
-def rank_join_id(rank):
+def rank_join_id(rank: int) -> str:
     """The control-plane check-in of an exec'd rank."""
     return "rank%d" % rank
 
@@ -85,86 +87,86 @@ class Keys:
 
     _prefix = _KEY_PREFIX
 
-    def __init__(self, round_=0):
+    def __init__(self, round_: int = 0) -> None:
         self.round = round_
         self._round = "" if not round_ else "round/%d/" % round_
 
     @property
-    def gang(self):
+    def gang(self) -> str:
         """node 0's claim of the store for its gang attempt (sealed: ControlPlane.connect)"""
         return self._prefix + "claim"
 
     @property
-    def abort(self):
+    def abort(self) -> str:
         return self._prefix + self._round + "abort"
 
     @property
-    def checkpoint(self):
+    def checkpoint(self) -> str:
         """node 0's @checkpoint, for the agents of remote nodes (checkpoints.gang_fields, JSON)"""
         return self._prefix + self._round + "checkpoint"
 
-    def joined(self, join_id):
+    def joined(self, join_id: str) -> str:
         return "%sjoined/%s" % (self._prefix + self._round, join_id)
 
-    def done(self, node):
+    def done(self, node: int) -> str:
         return "%snode/%d/done" % (self._prefix + self._round, node)
 
-    def failure(self, node):
+    def failure(self, node: int) -> str:
         return "%snode/%d/failure" % (self._prefix + self._round, node)
 
-    def running(self, node):
+    def running(self, node: int) -> str:
         """The ranks of node `node` still running when its agent reported a failure (JSON)."""
         return "%snode/%d/running" % (self._prefix + self._round, node)
 
-    def rank_done(self, rank):
+    def rank_done(self, rank: int) -> str:
         """Set when rank `rank` (a member on a node other than 0) finished its step body."""
         return "%srank/%d/done" % (self._prefix + self._round, rank)
 
-    def beat(self, node):
+    def beat(self, node: int) -> str:
         """How many heartbeats node `node` has sent while it is alive."""
         return "%snode/%d/beat" % (self._prefix, node)
 
     @property
-    def preempt(self):
+    def preempt(self) -> str:
         """Set by node 0 when the gang is preempted: every node forwards SIGTERM to its ranks."""
         return self._prefix + self._round + "preempt"
 
     @property
-    def stacks(self):
+    def stacks(self) -> str:
         """How many times node 0 asked for every rank's stacks (SIGUSR1 to the task): each
         node has its ranks dump theirs when the count grows (stacks.py, on demand)."""
         return self._prefix + "stacks"
 
-    def preempted(self, node):
+    def preempted(self, node: int) -> str:
         """Set by node `node`'s agent when a SIGTERM reached it (node 0 preempts the gang)."""
         return "%snode/%d/preempted" % (self._prefix + self._round, node)
 
-    def progress(self, node):
+    def progress(self, node: int) -> str:
         """Where node `node`'s ranks stand, for node 0's hang verdict (JSON, see stacks.py)."""
         return "%snode/%d/progress" % (self._prefix + self._round, node)
 
-    def log_chunk(self, node, seq):
+    def log_chunk(self, node: int, seq: int) -> str:
         """The `seq`-th (from 1) chunk of output node `node` shipped to node 0."""
         return "%snode/%d/log/%d" % (self._prefix, node, seq)
 
-    def log_end(self, node):
+    def log_end(self, node: int) -> str:
         """Set when node `node` has shipped its last log chunk."""
         return "%snode/%d/log/end" % (self._prefix, node)
 
-    def node_events(self, node):
+    def node_events(self, node: int) -> str:
         """Node `node`'s share of the gang's record for its card (JSON, see events.py)."""
         return "%snode/%d/events" % (self._prefix, node)
 
-    def stopped(self, node):
+    def stopped(self, node: int) -> str:
         """Set by node `node`'s agent once every rank of its round has stopped, as it waits
         for node 0's word on the next round (restarts in place)."""
         return "%snode/%d/stopped" % (self._prefix + self._round, node)
 
     @property
-    def word(self):
+    def word(self) -> str:
         """Node 0's word on what follows the round, for the nodes that wait for it (restarts
         in place): "restart" (the next round starts) or "end"."""
         return self._prefix + self._round + "word"
 
-    def gather(self, seq, rank):
+    def gather(self, seq: int, rank: int) -> str:
         return "%sgather/%d/%d" % (self._prefix + self._round, seq, rank)

@@ -6,7 +6,7 @@ before the start step, naming the step, the setting, the value and the fix.
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Mapping, NoReturn, Optional
 
 from ..core.errors import TorchDistributedConfigError
 
@@ -39,7 +39,8 @@ class GangSettings:
     max_restarts: int = 0
 
 
-def resolve(step_name, attributes, config):
+def resolve(step_name: str, attributes: Mapping[str, Any],
+            config: Mapping[str, Any]) -> GangSettings:
     """The GangSettings of `step_name` from its decorator `attributes` (None: not given) and
     `config`, the METAFLOW_TORCH_DISTRIBUTED_* values ({short name: value}). The finish timeout
     defaults to the step's rendezvous timeout."""
@@ -68,7 +69,7 @@ def resolve(step_name, attributes, config):
     )
 
 
-def _count(step_name, name, value, configured):
+def _count(step_name: str, name: str, value: Any, configured: Any) -> int:
     """`value` (the decorator attribute) or else `configured` (its METAFLOW_ setting) as a
     whole number, 0 or more."""
     raw = configured if value is None else value
@@ -86,7 +87,7 @@ _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
 
 
-def _switch(step_name, name, value, configured):
+def _switch(step_name: str, name: str, value: Any, configured: Any) -> bool:
     """`value` (the decorator attribute) or else `configured` (its METAFLOW_ setting) as a
     bool: True/False, or one of the words of _ON/_OFF."""
     raw = configured if value is None else value
@@ -102,7 +103,8 @@ def _switch(step_name, name, value, configured):
         else "METAFLOW_TORCH_DISTRIBUTED_%s=1 or 0" % name.upper()))
 
 
-def _seconds_or_off(step_name, name, value, configured):
+def _seconds_or_off(step_name: str, name: str, value: Any,
+                    configured: Any) -> Optional[float]:
     """As _seconds, where 0 turns the check off (None)."""
     raw = configured if value is None else value
     try:
@@ -118,7 +120,7 @@ def _seconds_or_off(step_name, name, value, configured):
             step_name, "%s Or 0 to turn it off." % str(ex).split(": ", 1)[-1].rstrip()) from None
 
 
-def _seconds(step_name, name, value, configured):
+def _seconds(step_name: str, name: str, value: Any, configured: Any) -> float:
     """`value` (the decorator attribute) or else `configured` (its METAFLOW_ setting) as a
     positive, finite number of seconds."""
     raw = configured if value is None else value
@@ -132,19 +134,19 @@ def _seconds(step_name, name, value, configured):
         _setting(name, value, raw), _setting(name, value, 300, quote=False)))
 
 
-def _setting(name, value, shown, quote=True):
+def _setting(name: str, value: Any, shown: Any, quote: bool = True) -> str:
     """`name=shown` as the user wrote it: the decorator's attribute when one was given
     (`value` not None), else its METAFLOW_TORCH_DISTRIBUTED_ variable."""
     key = name if value is not None else "METAFLOW_TORCH_DISTRIBUTED_%s" % name.upper()
     return ("%s=%r" if quote else "%s=%s") % (key, shown)
 
 
-def _start_method(step_name, value, configured):
+def _start_method(step_name: str, value: Any, configured: Any) -> str:
     method = configured if value is None else value
     if method not in START_METHODS:
         _bad(step_name, "start_method=%r is not one of %s." % (method, ", ".join(START_METHODS)))
-    return method
+    return str(method)
 
 
-def _bad(step_name, message):
+def _bad(step_name: str, message: str) -> NoReturn:
     raise TorchDistributedConfigError(step_name, message)

@@ -26,6 +26,7 @@ from ..core.errors import (
 )
 from ..core.failures import (
     Failure,
+    FailureKind,
     communication_error,
     debug_enabled,
     from_exit,
@@ -440,7 +441,7 @@ class Leader:
         if not isinstance(ex, TorchDistributedAborted):  # the gang's stop is no rank's error
             # into rank 0's own lines, as every other rank's (procs.run_member_body)
             report_exception(ex, symptom)
-        failure = Failure(0, 0, "exception", time.time(), local_rank=0,
+        failure = Failure(0, 0, FailureKind.EXCEPTION, time.time(), local_rank=0,
                           message="%s: %s" % (type(ex).__name__, ex),
                           traceback=shown_traceback(_format_traceback(ex)), symptom=symptom)
         # Let go of the body's locals now: a DataLoader's persistent workers live as long as
@@ -531,7 +532,7 @@ class Leader:
                 failure = from_exit(slot.rank, slot.node, slot.local_rank, code, time.time(),
                                     slot.error_file)
                 if (slot.member.label not in runner.stopped
-                        or (failure.kind == "exception"
+                        or (failure.kind is FailureKind.EXCEPTION
                             and (failure.detected_at < runner.stop_started
                                  or not failure.is_symptom()))):
                     exited.append(failure)
@@ -539,7 +540,7 @@ class Leader:
                                finished)
         root = outcome.root_cause
         member_exception = None
-        if root.kind == "exception" and root.rank is not None and (
+        if root.kind is FailureKind.EXCEPTION and root.rank is not None and (
                 root.rank != 0 or runner.handback is not None) and (
                 root.node == 0 or not self.remote):  # its error file is on this machine
             member_exception = load_exception(runner.error_file(root.rank))
@@ -552,7 +553,7 @@ class Leader:
             else attempt.member_exception
         rounds_said = " ".join(t for t in (attempt.no_restart,
                                            rounds.rounds_note(attempt.rounds)) if t)
-        if failure.kind == "exception" and not failure.is_symptom() and own is not None:
+        if failure.kind is FailureKind.EXCEPTION and not failure.is_symptom() and own is not None:
             # Raise the user's own exception, so @catch and the task's error show its type. A
             # communication error (a peer went away or hung) is not the user's: the gang's
             # report, which names the ranks, says more.
@@ -562,7 +563,7 @@ class Leader:
                             % (self.step_name, failure.where(), naming.rank_label(failure.rank),
                                outcome.others_note(), " " + rounds_said if rounds_said else ""))
             raise self.users_error
-        cls = TorchDistributedRendezvousTimeout if failure.kind == "missing" \
+        cls = TorchDistributedRendezvousTimeout if failure.kind is FailureKind.MISSING \
             else TorchDistributedGangFailed
         raise cls(self.step_name, outcome, rounds_said)
 

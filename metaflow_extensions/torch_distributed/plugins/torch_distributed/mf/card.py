@@ -174,7 +174,7 @@ def _outcome(record, ranks, root):
 
 
 def _error_name(failure):
-    if failure.kind == "exception":
+    if failure.kind is FailureKind.EXCEPTION:
         return failure.message.split(":", 1)[0]
     return failure.kind
 

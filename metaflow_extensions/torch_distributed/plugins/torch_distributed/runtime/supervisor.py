@@ -171,7 +171,7 @@ class Watch:
     def preemption_failure(self):
         node, at = self.preempted
         return F.Failure(
-            None, node, "preempted", at,
+            None, node, F.FailureKind.PREEMPTED, at,
             message="was preempted (SIGTERM to node %d): every rank of every node was sent "
             "SIGTERM and given %ss (preempt_grace) to save before what still ran was stopped. "
             "A checkpoint saved meanwhile is the one the next attempt (@retry) loads"
@@ -206,15 +206,15 @@ class Watch:
             while not self.poll_once():
                 time.sleep(POLL_INTERVAL)
         except GangAborted:
-            self._fail(F.Failure(None, -1, "aborted", time.time(), message="gang aborted by node 0"),
+            self._fail(F.Failure(None, -1, F.FailureKind.ABORTED, time.time(), message="gang aborted by node 0"),
                        phase=Phase.ABORTED)
         except _INTERNAL_ERRORS as ex:  # a bug of ours: never reported as the network's
-            self._fail(F.Failure(None, -1, "control", time.time(), message=(
+            self._fail(F.Failure(None, -1, F.FailureKind.CONTROL, time.time(), message=(
                 "stopped watching the gang on an error of the package's own (please report it "
                 "with this traceback): %s: %s\n%s" % (type(ex).__name__, ex,
                                                        traceback.format_exc().rstrip()))))
         except Exception as ex:  # the store is gone: node 0 died or the network broke
-            self._fail(F.Failure(None, -1, "control", time.time(),
+            self._fail(F.Failure(None, -1, F.FailureKind.CONTROL, time.time(),
                                  message="lost the gang's control plane: %s" % ex))
         finally:
             with self._lock:
@@ -284,7 +284,7 @@ class Watch:
                 self._seen_nodes.add(slot.node)
                 reported = self.control.failure(slot.node)
                 return reported or F.Failure(
-                    None, slot.node, "agent", now, code,
+                    None, slot.node, F.FailureKind.AGENT, now, code,
                     message="node agent exited with code %d before reporting a cause" % code)
             failure = F.from_exit(slot.rank, slot.node, slot.local_rank, code, now,
                                   slot.error_file)
@@ -381,7 +381,7 @@ class Watch:
             return None
         rank, node, local_rank = running[0]
         return F.Failure(
-            rank, node, "hung", time.time(), local_rank=local_rank,
+            rank, node, F.FailureKind.HUNG, time.time(), local_rank=local_rank,
             message="hung: it neither failed nor finished while the other ranks timed out "
             "waiting for it (%s). Its [rank %d] lines show where it was; see the debugging "
             "guide to dump its stack next time" % (symptoms[0].where(), rank))
@@ -473,7 +473,7 @@ class LeaderWatch(Watch):
         places = places or [Place(0)]
         first = places[0]
         return F.Failure(
-            first.rank, first.node, "unfinished", time.time(), local_rank=first.local_rank,
+            first.rank, first.node, F.FailureKind.UNFINISHED, time.time(), local_rank=first.local_rank,
             message="did not finish its step body within %ss after rank 0 finished its own "
             "(still running: %s). A rank that hangs (e.g. in a collective the others never "
             "join, or in code only some ranks run) is stopped; raise finish_timeout if "
@@ -537,7 +537,7 @@ class LeaderWatch(Watch):
             return None
         rank, text = found
         node, local_rank = self.topology.locate(rank)
-        return F.Failure(rank, node, "hung", now, local_rank=local_rank, message=text)
+        return F.Failure(rank, node, F.FailureKind.HUNG, now, local_rank=local_rank, message=text)
 
     def _all_done(self):
         """Every process and node finished, but rank 0's process (leader_slot), which may still
@@ -558,7 +558,7 @@ class LeaderWatch(Watch):
         if self.clock() - self._others_done_at < self.finish_timeout:
             return None
         return F.Failure(
-            0, 0, "unfinished", time.time(), local_rank=0,
+            0, 0, F.FailureKind.UNFINISHED, time.time(), local_rank=0,
             message="did not finish its step body within %ss after every other rank finished "
             "its own. A rank 0 that hangs (e.g. in a collective the others never join, or in "
             "code only rank 0 runs) is stopped; raise finish_timeout if it legitimately runs "
@@ -580,7 +580,7 @@ class LeaderWatch(Watch):
         first = missing[0]
         names = "; ".join(_member_name(s, self.topology) for s in missing)
         return F.Failure(
-            first.rank, first.node, "missing", now, local_rank=first.local_rank,
+            first.rank, first.node, F.FailureKind.MISSING, now, local_rank=first.local_rank,
             message="did not join the gang within the rendezvous timeout of %ss. Missing: %s. "
             "Check that every node can start (image, capacity) and reach node 0, or raise "
             "rendezvous_timeout." % (self.join_timeout, names))
@@ -602,7 +602,7 @@ class LeaderWatch(Watch):
         if self.clock() - seen[1] < self.heartbeat_timeout:
             return None  # still beating
         return F.Failure(
-            None, node, "lost", now,
+            None, node, F.FailureKind.LOST, now,
             message="stopped sending heartbeats %ss ago: %s or its container died, hangs, or "
             "cannot reach node 0 any more. Its own log (and the instance's) tells why."
             % (self.heartbeat_timeout, _member_name(Place(node), self.topology)))
