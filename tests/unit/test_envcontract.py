@@ -122,11 +122,10 @@ def test_cuda_visible_devices_untouched_unless_given():
     assert "CUDA_VISIBLE_DEVICES" not in rank_env(Topology(1, 2), 0, 0, RDZV, accelerator="cuda")
 
 
-def test_agent_store_flag_only_when_the_launcher_hosts_the_store():
-    hosted = rank_env(Topology(1, 2), 0, 0, Rendezvous("h", 1, "g", agent_store=True))
-    alone = rank_env(Topology(1, 2), 0, 0, Rendezvous("h", 1, "g", agent_store=False))
-    assert hosted["TORCHELASTIC_USE_AGENT_STORE"] == "True"
-    assert "TORCHELASTIC_USE_AGENT_STORE" not in alone
+def test_every_rank_is_a_client_of_the_store_node_0_hosts():
+    for local_rank in (0, 1):
+        env = rank_env(Topology(1, 2), 0, local_rank, Rendezvous("h", 1, "g"))
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
 
 
 def test_error_file_only_when_given():

@@ -6,7 +6,9 @@ shared/reference/torch_env.md ("Recommendation"); docs/environment.md documents 
 """
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from .topology import Topology
 
 # Variables a launcher of another kind may have leaked into our environment; left in place they
 # make Lightning or Accelerate detect SLURM, MPI or LSF instead of us.
@@ -24,12 +26,13 @@ class Rendezvous:
     gang_id: str
     restart_count: int = 0
     max_restarts: int = 0
-    # True when the launcher hosts the TCPStore (every rank is then a client of it).
-    agent_store: bool = True
 
 
-def rank_env(topology, node, local_rank, rendezvous, accelerator="cpu", error_file=None,
-             cuda_visible_devices=None, base_env=None, cpu_count=1, loopback_interface=None):
+def rank_env(topology: Topology, node: int, local_rank: int, rendezvous: Rendezvous,
+             accelerator: str = "cpu", error_file: Optional[str] = None,
+             cuda_visible_devices: Optional[str] = None,
+             base_env: Optional[Mapping[str, str]] = None, cpu_count: int = 1,
+             loopback_interface: Optional[str] = None) -> Dict[str, str]:
     """The variables to set for (node, local_rank); `base_env` is the environment they go into,
     read only to honour what the user set there already. `loopback_interface` (the name of
     this host's loopback interface) is given when every node runs on this host: gloo then
@@ -61,8 +64,8 @@ def rank_env(topology, node, local_rank, rendezvous, accelerator="cpu", error_fi
         "LT_DEVICES": str(nproc),
     }
     trainer = {"NUM_NODES": str(nodes), "DEVICES": str(nproc)}
-    if rendezvous.agent_store:
-        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    # node 0's supervisor hosts the TCPStore: every rank, rank 0 included, is a client of it
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     if error_file:
         env["TORCHELASTIC_ERROR_FILE"] = error_file
     if accelerator == "cpu":
@@ -87,7 +90,7 @@ def rank_env(topology, node, local_rank, rendezvous, accelerator="cpu", error_fi
     return env
 
 
-def lightning_cli_env(trainer_args):
+def lightning_cli_env(trainer_args: Mapping[str, str]) -> Dict[str, str]:
     """LightningCLI's names for Trainer arguments: PL_TRAINER__<ARG> for LightningCLI(run=False)
     and PL_<SUBCOMMAND>__TRAINER__<ARG> for each subcommand. They are defaults: a config file
     or a --trainer.* argument still wins."""
@@ -95,12 +98,13 @@ def lightning_cli_env(trainer_args):
             for prefix in LIGHTNING_CLI_PREFIXES for arg, value in trainer_args.items()}
 
 
-def foreign_launcher_vars(base_env):
+def foreign_launcher_vars(base_env: Mapping[str, str]) -> List[str]:
     """Names of leaked launcher variables to remove from a rank's environment."""
     return sorted(k for k in base_env if k.startswith(FOREIGN_LAUNCHER_PREFIXES))
 
 
-def node_gpu_block(node, nproc_per_node, visible_ids, nodes_on_host):
+def node_gpu_block(node: int, nproc_per_node: int, visible_ids: Sequence[str],
+                   nodes_on_host: int) -> Optional[str]:
     """CUDA_VISIBLE_DEVICES for an emulated node sharing a host with other nodes.
 
     Every rank of a node sees all of its node's GPUs (Lightning and torch.cuda.set_device index
@@ -118,7 +122,7 @@ def node_gpu_block(node, nproc_per_node, visible_ids, nodes_on_host):
     return ",".join(block)
 
 
-def parse_visible_devices(value: Optional[str], device_count):
+def parse_visible_devices(value: Optional[str], device_count: int) -> List[str]:
     """The list of GPU ids visible to a process, from CUDA_VISIBLE_DEVICES and the device count."""
     if value is None:
         return [str(i) for i in range(device_count)]

@@ -1,12 +1,17 @@
 """Every error @torch_distributed raises. Each names the step and the value and says how to fix it."""
 
+from typing import TYPE_CHECKING, Sequence
+
 from metaflow.exception import MetaflowException
 
+if TYPE_CHECKING:
+    from .failures import GangOutcome
 
-class TorchDistributedException(MetaflowException):
+
+class TorchDistributedException(MetaflowException):  # type: ignore[misc]  # untyped base
     headline = "@torch_distributed error"
 
-    def __init__(self, step_name, msg):
+    def __init__(self, step_name: str, msg: str) -> None:
         self.step_name = step_name
         super().__init__("@torch_distributed on step *%s*: %s" % (step_name, msg))
 
@@ -36,7 +41,7 @@ class TorchDistributedGangFailed(TorchDistributedException):
 
     headline = "@torch_distributed gang failed"
 
-    def __init__(self, step_name, outcome, note=""):
+    def __init__(self, step_name: str, outcome: "GangOutcome", note: str = "") -> None:
         self.outcome = outcome
         self.failure = outcome.root_cause
         msg = "%s\n%s" % (self.failure.describe(), outcome.others_note())
@@ -59,10 +64,10 @@ class TorchDistributedAborted(Exception):
     """
 
 
-class NotInTorchDistributedStep(MetaflowException):
+class NotInTorchDistributedStep(MetaflowException):  # type: ignore[misc]  # untyped base
     headline = "current.torch_distributed is not available"
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(
             "current.torch_distributed exists only inside a step decorated with "
             "@torch_distributed, while that step runs. Decorate the step with "
@@ -77,13 +82,13 @@ class TorchDistributedFrameworkError(TorchDistributedException):
     headline = "@torch_distributed: the ranks did not train as one gang"
 
 
-class TorchDistributedPreflightFailed(MetaflowException):
+class TorchDistributedPreflightFailed(MetaflowException):  # type: ignore[misc]
     """`torch-distributed preflight` found what would stop a gang step on its backend (or
     nothing to check); each failed check was printed with its fix."""
 
     headline = "@torch_distributed preflight failed"
 
-    def __init__(self, steps, msg):
+    def __init__(self, steps: Sequence[str], msg: str) -> None:
         self.steps = list(steps)
         where = "on step%s %s: " % ("" if len(steps) == 1 else "s",
                                     ", ".join("*%s*" % s for s in steps)) if steps else ""
@@ -95,7 +100,7 @@ class TorchDistributedScriptFailed(TorchDistributedException):
 
     headline = "@torch_distributed: the step's script failed"
 
-    def __init__(self, step_name, rank, argv, code):
+    def __init__(self, step_name: str, rank: int, argv: Sequence[str], code: int) -> None:
         self.code = code
         super().__init__(step_name, (
             "rank %d ran `%s` (current.torch_distributed.run_script), which exited with code "

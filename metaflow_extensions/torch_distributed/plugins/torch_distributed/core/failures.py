@@ -8,7 +8,7 @@ import signal
 import sys
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import List, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from ..core.naming import rank_label
 
@@ -25,22 +25,25 @@ PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEBUG_ENV = "METAFLOW_TORCH_DISTRIBUTED_DEBUG"
 
 
-def debug_enabled(environ=None):
+def debug_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     """Whether METAFLOW_TORCH_DISTRIBUTED_DEBUG (or Metaflow's configuration) asks for
     tracebacks with this package's own frames."""
     environ = os.environ if environ is None else environ
-    raw = environ.get(DEBUG_ENV)
+    raw: Any = environ.get(DEBUG_ENV)
     if raw is None:
-        from metaflow.metaflow_config import TORCH_DISTRIBUTED_DEBUG as raw
+        from metaflow.metaflow_config import TORCH_DISTRIBUTED_DEBUG
+
+        raw = TORCH_DISTRIBUTED_DEBUG
     return str(raw).strip().lower() in ("1", "true", "yes", "on")
 
 
-def user_traceback(text, package_dir=None):
+def user_traceback(text: str, package_dir: Optional[str] = None) -> str:
     """A formatted traceback without the frames of code under `package_dir` (this package's:
     the gang's own calls between the task and the step's body), so that it starts at the
     user's code. Pure."""
     prefix = '  File "%s' % os.path.join(package_dir or PACKAGE_DIR, "")
-    kept, skipping = [], False
+    kept: List[str] = []
+    skipping = False
     for line in text.splitlines(keepends=True):
         if line.startswith("  File "):
             skipping = line.startswith(prefix)
@@ -51,7 +54,7 @@ def user_traceback(text, package_dir=None):
     return "".join(kept)
 
 
-def shown_traceback(text):
+def shown_traceback(text: str) -> str:
     """`text` as a failure shows it: without this package's frames unless debugging."""
     return text if debug_enabled() else user_traceback(text)
 
@@ -63,7 +66,7 @@ BRIEF_CHARS = 100
 _OUR_PREFIX = re.compile(r"^(\w+: )@torch_distributed on step \*?[\w-]+\*?: ")
 
 
-def _without_our_prefix(message):
+def _without_our_prefix(message: str) -> str:
     """`message` ("Type: text") without the step prefix this package's own errors carry."""
     return _OUR_PREFIX.sub(r"\1", message, count=1)
 
@@ -84,7 +87,7 @@ class FailureKind(str, Enum):
     CONTROL = "control"  # (an agent's view) node 0's store could no longer be reached
     PREEMPTED = "preempted"  # a SIGTERM to a node preempted the gang (preempt.py)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.value
 
 
@@ -104,25 +107,27 @@ class Failure:
     local_rank: Optional[int] = None
     symptom: Optional[bool] = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.kind = FailureKind(self.kind)  # a kind read back from JSON, or a wrong one: raise
 
-    def where(self):
+    def where(self) -> str:
         if self.rank is None:
             return "node %d" % self.node
+        if self.local_rank is None:  # a failure read back from a record that lacks it
+            return "rank %d (node %d)" % (self.rank, self.node)
         return "rank %d (node %d, local rank %d)" % (self.rank, self.node, self.local_rank)
 
-    def what(self):
+    def what(self) -> str:
         if self.kind is FailureKind.SIGNAL:
-            killed = "was killed by %s" % _signal_name(-self.exitcode)
+            killed = "was killed by %s" % _signal_name(-(self.exitcode or 0))
             return "%s: %s" % (killed, self.message) if self.message else killed
         if self.kind is FailureKind.EXIT:
-            return "exited with code %d" % self.exitcode
+            return "exited with code %s" % self.exitcode
         if self.kind is FailureKind.EXCEPTION:
             return "raised %s" % _without_our_prefix(self.message)
         return self.message
 
-    def brief(self):
+    def brief(self) -> str:
         """`what()` in a few words, without a closing period: an exception by its type and its
         message's first line, cut at a word after BRIEF_CHARS characters."""
         if self.kind is not FailureKind.EXCEPTION:
@@ -132,7 +137,7 @@ class Failure:
             return "raised %s ..." % first[:BRIEF_CHARS].rsplit(" ", 1)[0]
         return "raised %s" % first.rstrip(".: ")  # an exception without a message
 
-    def sentence(self):
+    def sentence(self) -> str:
         """Who failed and how, in one sentence (no traceback)."""
         text = "%s %s" % (self.where(), self.what())
         text += "" if text.endswith(".") else "."
@@ -140,22 +145,22 @@ class Failure:
             text += " Its last error: %s" % self.message
         return text
 
-    def describe(self):
+    def describe(self) -> str:
         """The sentence, then where to read its traceback or the traceback itself."""
         text = self.sentence()
         if self.traceback and self.printed_its_traceback():
-            text += " Its traceback is in its %s lines above." % rank_label(self.rank)
+            text += " Its traceback is in its %s lines above." % rank_label(self.rank or 0)
         elif self.traceback:
             text += "\n\n%s traceback:\n%s" % (self.where(), self.traceback.rstrip())
         return text
 
-    def printed_its_traceback(self):
+    def printed_its_traceback(self) -> bool:
         """True when the rank printed this failure's whole traceback in its own lines
         (report_exception: a symptom says one line, unless debugging)."""
         return (self.kind is FailureKind.EXCEPTION and self.rank is not None
                 and not self.is_symptom())
 
-    def is_symptom(self):
+    def is_symptom(self) -> bool:
         """True when this rank most likely failed because a peer died first: what the exception
         was and where it came from decided it (communication_error); for a failure known by its
         message only, the type the message names. Never the words of the message."""
@@ -165,19 +170,20 @@ class Failure:
             return self.symptom
         return self.message.split(":", 1)[0] in _COMMUNICATION_ERRORS
 
-    def to_json(self):
+    def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text):
+    def from_json(cls, text: str) -> "Failure":
         return cls(**json.loads(text))
 
 
-def from_exit(rank, node, local_rank, returncode, detected_at, error_file=None):
+def from_exit(rank: Optional[int], node: int, local_rank: Optional[int], returncode: int,
+              detected_at: float, error_file: Optional[str] = None) -> Failure:
     """The failure of a process that ended with `returncode` (negative: killed by a signal).
     An exception's time is when it was raised (see save_exception), not when the exit was seen."""
     recorded = read_error_file(error_file) if error_file else None
-    if recorded is not None:
+    if recorded is not None and error_file:
         message, tb = recorded
         saved = _saved(error_file)
         if saved is not None:
@@ -189,20 +195,21 @@ def from_exit(rank, node, local_rank, returncode, detected_at, error_file=None):
     return Failure(rank, node, kind, detected_at, returncode, local_rank=local_rank)
 
 
-def raised(rank, node, local_rank, error_file):
+def raised(rank: int, node: int, local_rank: int,
+           error_file: Optional[str]) -> Optional[Failure]:
     """The failure of a process that raised an uncaught exception and may still be running
     (tearing down, e.g. its DataLoader workers), or None while it has not: a member's exception
     counts once it is recorded, not once its process is gone. Its exit code is not known yet."""
     saved = _saved(error_file) if error_file and os.path.exists(error_file + ".pickle") else None
-    recorded = read_error_file(error_file) if saved is not None else None
-    if recorded is None:
+    recorded = read_error_file(error_file) if saved is not None and error_file else None
+    if saved is None or recorded is None:
         return None
     message, tb = recorded
     return Failure(rank, node, FailureKind.EXCEPTION, saved[0], None, message,
                    shown_traceback(tb), local_rank, symptom=saved[2])
 
 
-def communication_error(ex):
+def communication_error(ex: BaseException) -> bool:
     """True when `ex` is how a rank learns that a peer went away, judged by its type and where
     it was raised, never by its words: a torch.distributed error (DistError and its subclasses),
     the gang's own TorchDistributedAborted, or a RuntimeError raised inside torch.distributed's
@@ -221,7 +228,7 @@ def communication_error(ex):
     if isinstance(ex, dist.DistError):
         return True
     # exactly RuntimeError: its subclasses (NotImplementedError, ...) report misuse, a cause
-    if type(ex) is not RuntimeError:
+    if type(ex) is not RuntimeError or not dist.__file__:
         return False
     if _raised_in(ex, os.path.dirname(dist.__file__)):
         return True
@@ -233,13 +240,13 @@ def communication_error(ex):
 _NATIVE_ORIGIN = re.compile(r"\[([^\]\s]+):\d+\]")
 
 
-def _native_origin_is_collective(ex):
+def _native_origin_is_collective(ex: BaseException) -> bool:
     """True when the native code that raised `ex` is gloo's or torch's c10d (collectives)."""
     found = _NATIVE_ORIGIN.match(str(ex))
-    return bool(found) and any(part in found.group(1) for part in ("/gloo/", "/c10d/"))
+    return found is not None and any(part in found.group(1) for part in ("/gloo/", "/c10d/"))
 
 
-def _raised_in(ex, directory):
+def _raised_in(ex: BaseException, directory: str) -> bool:
     """True when the innermost frame of `ex`'s traceback is code under `directory`."""
     tb = ex.__traceback__
     if tb is None:
@@ -250,7 +257,7 @@ def _raised_in(ex, directory):
     return path.startswith(os.path.join(os.path.abspath(directory), ""))
 
 
-def read_error_file(path):
+def read_error_file(path: str) -> Optional[Tuple[str, str]]:
     """(message, traceback) from a torchelastic error file, or None if there is none."""
     try:
         with open(path) as f:
@@ -262,10 +269,12 @@ def read_error_file(path):
     message = data.get("message", {})
     if isinstance(message, str):
         return message, ""
-    return message.get("message", ""), message.get("extraInfo", {}).get("py_callstack", "")
+    return (str(message.get("message", "")),
+            str(message.get("extraInfo", {}).get("py_callstack", "")))
 
 
-def report_exception(ex, symptom, file=None):
+def report_exception(ex: BaseException, symptom: bool,
+                     file: Optional[TextIO] = None) -> None:
     """Print a rank's uncaught exception `ex` to its stderr (`file`), as the interpreter would
     but from the user's code on; an exception that tells of a peer's failure (`symptom`) in
     one line, since the gang's error names the root cause (METAFLOW_TORCH_DISTRIBUTED_DEBUG:
@@ -285,7 +294,7 @@ def report_exception(ex, symptom, file=None):
               end="", file=file)
 
 
-def save_exception(ex, raised_at, error_file):
+def save_exception(ex: BaseException, raised_at: float, error_file: str) -> None:
     """Keep, beside `error_file` (write it first), when the exception was raised and the
     exception object itself: node 0 orders failures by that time and raises the user's own
     exception (type and message) when this rank's failure is the gang's error. Whether it is a
@@ -302,7 +311,8 @@ def save_exception(ex, raised_at, error_file):
     os.replace(partial, error_file + ".pickle")
 
 
-def _saved(error_file):
+def _saved(error_file: str) -> Optional[
+        Tuple[float, Optional[BaseException], Optional[bool]]]:
     """(raised_at, exception or None, symptom) that save_exception kept for `error_file`, or
     None."""
     try:
@@ -310,10 +320,11 @@ def _saved(error_file):
             raised_at, ex, symptom = pickle.load(f)
     except Exception:  # noqa: BLE001 - missing, or a class that cannot be rebuilt here
         return None
-    return raised_at, (ex if isinstance(ex, BaseException) else None), symptom
+    return (float(raised_at), ex if isinstance(ex, BaseException) else None,
+            None if symptom is None else bool(symptom))
 
 
-def load_exception(error_file):
+def load_exception(error_file: str) -> Optional[BaseException]:
     """The exception save_exception kept for `error_file`, or None."""
     saved = _saved(error_file)
     return saved[1] if saved else None
@@ -331,10 +342,10 @@ class GangOutcome:
     finished: List[int] = field(default_factory=list)
 
     @property
-    def root_cause(self):
+    def root_cause(self) -> Failure:
         return self.failed[0]
 
-    def others_note(self):
+    def others_note(self) -> str:
         """What happened to the other ranks, one sentence each."""
         notes = []
         if len(self.failed) > 1:
@@ -356,13 +367,17 @@ class GangOutcome:
         return " ".join(notes)
 
 
-def gang_outcome(failures, ranks, exited=None, finished=()):
+def gang_outcome(failures: Iterable[Failure], ranks: Iterable[int],
+                 exited: Optional[Iterable[Failure]] = None,
+                 finished: Iterable[int] = ()) -> GangOutcome:
     """The GangOutcome of a failed gang of `ranks`, from the supervisor's `failures`, the
     failures of ranks found exited after it stopped watching (`exited`), and the ranks known to
     have finished. The root cause is the earliest failure that is not a symptom."""
     everything = list(failures) + list(exited or ())
     first = root_cause(everything)
-    own = {}
+    if first is None:
+        raise ValueError("a gang's outcome needs at least one failure")
+    own: Dict[object, Failure] = {}
     for failure in sorted(everything, key=lambda f: f.detected_at):
         key = failure.rank if failure.rank is not None else ("node", failure.node)
         if not failure.is_symptom() and key not in own:
@@ -370,12 +385,13 @@ def gang_outcome(failures, ranks, exited=None, finished=()):
     failed = [first] + [f for f in own.values() if f is not first and (
         first.rank is None or f.rank != first.rank)]
     failed_ranks = {f.rank for f in failed if f.rank is not None}
-    done = [r for r in ranks if r in set(finished) and r not in failed_ranks]
+    ranks, finished = list(ranks), set(finished)
+    done = [r for r in ranks if r in finished and r not in failed_ranks]
     stopped = [r for r in ranks if r not in failed_ranks and r not in done]
     return GangOutcome(failed, stopped, done)
 
 
-def root_cause(failures):
+def root_cause(failures: Sequence[Failure]) -> Optional[Failure]:
     """The failure to report: the earliest that is not a symptom of a peer's death."""
     if not failures:
         return None
@@ -384,7 +400,7 @@ def root_cause(failures):
     return (causes or ordered)[0]
 
 
-def _signal_name(signum):
+def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
     except ValueError:

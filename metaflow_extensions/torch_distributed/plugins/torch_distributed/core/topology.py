@@ -6,6 +6,7 @@ what the step asks for into a Topology, or raises ValueError with the arithmetic
 """
 
 from dataclasses import dataclass
+from typing import Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -14,20 +15,20 @@ class Topology:
     nproc_per_node: int
 
     @property
-    def world_size(self):
+    def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
 
-    def rank(self, node, local_rank):
+    def rank(self, node: int, local_rank: int) -> int:
         return node * self.nproc_per_node + local_rank
 
-    def ranks_of(self, node):
+    def ranks_of(self, node: int) -> range:
         return range(node * self.nproc_per_node, (node + 1) * self.nproc_per_node)
 
-    def locate(self, rank):
+    def locate(self, rank: int) -> Tuple[int, int]:
         """(node, local_rank) of a global rank."""
         return divmod(rank, self.nproc_per_node)
 
-    def describe(self):
+    def describe(self) -> str:
         return "%d node%s x %d process%s per node = world size %d" % (
             self.nodes,
             "" if self.nodes == 1 else "s",
@@ -42,7 +43,8 @@ ATTRIBUTES = ("world_size", "nodes", "nproc_per_node")
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 
 
-def plan_line(step_name, topology, accelerator, emulated=False):
+def plan_line(step_name: str, topology: Topology, accelerator: str,
+              emulated: bool = False) -> str:
     """What a gang prints when it starts, e.g. `train: 1 node x 4 processes = world size 4
     (CPU, gloo)`; `emulated` says that its several nodes all run on this machine."""
     where = "%s, %s" % (accelerator.upper(), BACKENDS[accelerator])
@@ -59,7 +61,7 @@ def plan_line(step_name, topology, accelerator, emulated=False):
     )
 
 
-def _check_count(name, value):
+def _check_count(name: str, value: object) -> Optional[int]:
     if value is None:
         return None
     # bool is an int in Python; True processes is a mistake, not 1.
@@ -76,7 +78,8 @@ def _check_count(name, value):
     return value
 
 
-def plan_topology(world_size=None, nodes=None, nproc_per_node=None, gpus=None, gpu_source=None):
+def plan_topology(world_size: object = None, nodes: object = None, nproc_per_node: object = None,
+                  gpus: Optional[int] = None, gpu_source: Optional[str] = None) -> Topology:
     """The Topology of a gang.
 
     `gpus` is the GPU count per node that the step asks for (from @resources, @batch or
