@@ -582,3 +582,10 @@ def test_ranks_that_ended_in_a_preemptions_grace_are_not_said_to_have_failed_on_
     assert note.startswith("While the ranks had their grace to save: rank 0 (node 0, local "
                            "rank 0) raised SIGTERMException. "), note
     assert "on their own" not in note
+
+
+def test_a_failure_read_back_without_its_local_rank_still_says_where_it_is():
+    # the card rebuilds failures from a record's rows, which carry no local rank
+    failure = Failure(3, 1, "exception", 0.0, message="ValueError: x")
+    assert failure.where() == "rank 3 (node 1)"
+    assert failure.sentence() == "rank 3 (node 1) raised ValueError: x."
