@@ -10,9 +10,11 @@ change the run's artifacts (docs/security.md).
 """
 
 import time
+from typing import Any, Callable
 
 from ..mf import internals
 from ..core.errors import TorchDistributedEnvironmentError
+from ..core.gangspec import TaskIdentity
 
 # The file's name in the task's datastore directory: `<attempt>.torch_distributed_gang` (JSON).
 NAME = "torch_distributed_gang"
@@ -20,15 +22,17 @@ NAME = "torch_distributed_gang"
 POLL_S = 0.5
 
 
-def publish(flow_datastore, identity, step_name, gang_id, secret):
+def publish(flow_datastore: Any, identity: TaskIdentity, step_name: str, gang_id: str,
+            secret: str) -> None:
     """On node 0, before anything of the gang starts."""
     internals.save_attempt_file(flow_datastore, identity.run_id, step_name, identity.task_id,
                                 identity.retry_count, NAME, {"gang_id": gang_id,
                                                              "secret": secret})
 
 
-def fetch(flow_name, identity, step_name, gang_id, timeout_s, clock=time.monotonic,
-          sleep=time.sleep):
+def fetch(flow_name: str, identity: TaskIdentity, step_name: str, gang_id: str,
+          timeout_s: float, clock: Callable[[], float] = time.monotonic,
+          sleep: Callable[[float], None] = time.sleep) -> str:
     """On a node agent: the secret node 0 published for the attempt `gang_id` of the task
     `identity` (TaskIdentity; its datastore is `identity.orig_datastore`). Waits up to
     `timeout_s` for node 0 to start."""

@@ -13,11 +13,17 @@ shape (directory, is_loaded, info, save, load). Saves from any rank go to the ta
 as with @checkpoint under @parallel.
 """
 
+import importlib
 import json
 import os
 import tempfile
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional
 
 from ..core.errors import TorchDistributedConfigError
+from ..core.gangspec import GangSpec
+
+if TYPE_CHECKING:
+    from ..mf.current import TorchDistributedInfo
 
 # The one file of a sharded save's checkpoint: the references of every rank's shard.
 MANIFEST = "torch_distributed_shards.json"
@@ -28,7 +34,8 @@ _IDENTITY_ENV = ("METAFLOW_CHECKPOINT_UID", "METAFLOW_CHECKPOINT_TASK_IDENTIFIER
                  "METAFLOW_CHECKPOINT_ARTIFACT_STORE_CONFIG")
 
 
-def gang_fields(current, environ, restore=True):
+def gang_fields(current: Any, environ: Mapping[str, str],
+                restore: bool = True) -> Optional[Dict[str, Any]]:
     """What members need of this task's @checkpoint (a GangSpec field), None without one.
     A sharded checkpoint @checkpoint loaded is completed on node 0 first (every rank's shard),
     unless `restore` is False (reload_latest did it)."""
@@ -42,7 +49,7 @@ def gang_fields(current, environ, restore=True):
             "loaded": loaded, "directory": checkpointer.directory, "node": 0}
 
 
-def reload_latest(load_policy):
+def reload_latest(load_policy: Optional[str]) -> Optional[str]:
     """(Node 0's task, between two rounds of a gang restarted in place.) Load the task's
     latest checkpoint, a save of the round that failed included, into a fresh
     current.checkpoint.directory with @checkpoint's `load_policy`, sharded ones whole; the
@@ -62,7 +69,7 @@ def reload_latest(load_policy):
     return getattr(loaded, "key", None) or str(loaded)
 
 
-def load_policy(decorators):
+def load_policy(decorators: Iterable[Any]) -> Optional[str]:
     """The load policy of the step's @checkpoint (None without one)."""
     for deco in decorators:
         if deco.name == "checkpoint":
@@ -70,7 +77,7 @@ def load_policy(decorators):
     return None
 
 
-def from_leader(spec):
+def from_leader(spec: GangSpec) -> Optional[Dict[str, Any]]:
     """What node 0 published of its @checkpoint, for the agent of a remote node; None when node
     0 cannot be reached (the agent then reports that the usual way)."""
     from ..runtime.control import ControlPlane, GangMismatch
@@ -82,14 +89,14 @@ def from_leader(spec):
         return None
 
 
-def node_directory(spec):
+def node_directory(spec: GangSpec) -> str:
     """Where a node other than 0 keeps the checkpoint its ranks load, one per round of the
     gang (a restart in place loads the latest again)."""
     return os.path.join(spec.work_dir, "checkpoint-node-%d%s" % (
         spec.node, "-round-%d" % spec.restart_count if spec.restart_count else ""))
 
 
-def install_member(spec):
+def install_member(spec: GangSpec) -> GangSpec:
     """Give this member process (agent or exec'd rank) `current.checkpoint`; the GangSpec its
     own members inherit (the checkpoint's files are then on this node)."""
     from ..mf import internals
@@ -109,7 +116,7 @@ def install_member(spec):
     return spec.with_attempt(checkpoint=fields)
 
 
-def save_sharded(info, path, options):
+def save_sharded(info: "TorchDistributedInfo", path: str, options: Dict[str, Any]) -> Any:
     """current.torch_distributed.save_sharded: every rank stores its shard (the files in `path`)
     as a checkpoint of the task that is never the latest; once all are stored, rank 0 saves the
     list of them as the task's latest checkpoint. A save cut short never becomes the latest."""
@@ -131,7 +138,7 @@ def save_sharded(info, path, options):
         return checkpointer.save(path=manifest_dir, **options)
 
 
-def restore_shards(directory):
+def restore_shards(directory: str) -> None:
     """Load every shard a sharded checkpoint in `directory` lists, next to it."""
     manifest = os.path.join(directory, MANIFEST)
     if not os.path.exists(manifest):
@@ -142,7 +149,7 @@ def restore_shards(directory):
         _api().load(shard, directory)
 
 
-def _api():
+def _api() -> Any:
     from metaflow import Checkpoint  # metaflow-checkpoint's public API
 
     return Checkpoint()
@@ -156,40 +163,40 @@ class GangCheckpoint:
     loads when it is the latest).
     """
 
-    def __init__(self, directory, loaded):
+    def __init__(self, directory: str, loaded: Optional[Dict[str, Any]]) -> None:
         self._directory = directory
         self._loaded = loaded
         # One writer for the life of the rank: metaflow-checkpoint numbers the saves of a name
         # per writer, and a fresh writer per save would store every save under the same key.
-        self._writer = None
+        self._writer: Any = None
 
     @property
-    def directory(self):
+    def directory(self) -> str:
         """Where the loaded checkpoint's files are, and what `save()` saves by default."""
         return self._directory
 
     @property
-    def is_loaded(self):
+    def is_loaded(self) -> bool:
         """True when the task started from a checkpoint (a retry of a task that saved one)."""
         return self._loaded is not None
 
     @property
-    def info(self):
+    def info(self) -> Any:
         """The loaded checkpoint (metaflow-checkpoint's CheckpointArtifact), else None."""
         if self._loaded is None:
             return None
-        from metaflow_extensions.obcheckpoint.plugins.machine_learning_utilities.datastructures \
-            import CheckpointArtifact
+        # metaflow-checkpoint's module, which ships no type information (its names are Any)
+        datastructures = importlib.import_module(
+            "metaflow_extensions.obcheckpoint.plugins.machine_learning_utilities.datastructures")
+        return datastructures.CheckpointArtifact.hydrate(self._loaded)
 
-        return CheckpointArtifact.hydrate(self._loaded)
-
-    def save(self, path=None, **options):
+    def save(self, path: Optional[str] = None, **options: Any) -> Any:
         """Save `path` (default: `directory`) as a checkpoint of the task and return its
         reference; `options` (name, metadata, latest, storage_format) as @checkpoint's."""
         if self._writer is None:
             self._writer = _api()
         return self._writer.save(path=self._directory if path is None else path, **options)
 
-    def load(self, reference, path=None):
+    def load(self, reference: Any, path: Optional[str] = None) -> Any:
         """Load the checkpoint `reference` into `path` (default: `directory`)."""
         return _api().load(reference, path=self._directory if path is None else path)

@@ -1,8 +1,17 @@
 """`current.torch_distributed`: where this process sits in the gang, and `gather`."""
 
+import threading
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
 
 from ..core.errors import NotInTorchDistributedStep, TorchDistributedConfigError
+from ..core.topology import Topology
+
+if TYPE_CHECKING:  # imported where they are used: a rank pays for them only if it calls them
+    import torch
+
+    from ..mf.scripts import ScriptArgs, ScriptPath
+    from ..runtime.control import ControlPlane
 
 # How long rank 0 waits in gather() for the slowest rank. A rank that dies instead is seen by
 # the supervisor, which stops the gang long before this.
@@ -18,8 +27,9 @@ class TorchDistributedInfo:
     the rank's environment (RANK, LOCAL_RANK, WORLD_SIZE, ...), so code that reads either agrees.
     """
 
-    def __init__(self, topology, node, local_rank, master_addr, master_port, accelerator,
-                 gang_id, secret, restart_count=0):
+    def __init__(self, topology: Topology, node: int, local_rank: int, master_addr: str,
+                 master_port: int, accelerator: str, gang_id: str, secret: str,
+                 restart_count: int = 0) -> None:
         self._topology = topology
         self._node = node
         self._local_rank = local_rank
@@ -29,56 +39,56 @@ class TorchDistributedInfo:
         self._gang_id = gang_id
         self._secret = secret  # gather's values are sealed under the attempt's secret
         self._restart_count = restart_count
-        self._control = None
+        self._control: Optional["ControlPlane"] = None
         self._gather_seq = 0
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         """Global rank: node_rank * local_world_size + local_rank (RANK)."""
         return self._topology.rank(self._node, self._local_rank)
 
     @property
-    def local_rank(self):
+    def local_rank(self) -> int:
         """Rank within this node, 0 .. local_world_size - 1 (LOCAL_RANK)."""
         return self._local_rank
 
     @property
-    def world_size(self):
+    def world_size(self) -> int:
         """Processes in the gang: num_nodes * local_world_size (WORLD_SIZE)."""
         return self._topology.world_size
 
     @property
-    def local_world_size(self):
+    def local_world_size(self) -> int:
         """Processes on each node (LOCAL_WORLD_SIZE)."""
         return self._topology.nproc_per_node
 
     @property
-    def node_rank(self):
+    def node_rank(self) -> int:
         """Index of this node, 0 .. num_nodes - 1 (NODE_RANK and GROUP_RANK)."""
         return self._node
 
     @property
-    def num_nodes(self):
+    def num_nodes(self) -> int:
         """Nodes in the gang (GROUP_WORLD_SIZE)."""
         return self._topology.nodes
 
     @property
-    def master_addr(self):
+    def master_addr(self) -> str:
         """Address of node 0, which hosts the rendezvous store (MASTER_ADDR)."""
         return self._master_addr
 
     @property
-    def master_port(self):
+    def master_port(self) -> int:
         """Port of the rendezvous store, unique per gang attempt (MASTER_PORT)."""
         return self._master_port
 
     @property
-    def is_main(self):
+    def is_main(self) -> bool:
         """True on rank 0, the process whose `self.x` become the step's artifacts."""
         return self.rank == 0
 
     @property
-    def device(self):
+    def device(self) -> "torch.device":
         """torch.device this rank should use: cuda:LOCAL_RANK on GPU nodes, else cpu."""
         import torch
 
@@ -87,14 +97,14 @@ class TorchDistributedInfo:
         return torch.device("cpu")
 
     @property
-    def restart_count(self):
+    def restart_count(self) -> int:
         """How many times the gang was restarted in place within this attempt before this
         round (0 in the first; TORCHELASTIC_RESTART_COUNT): with @checkpoint, the latest
         checkpoint is in current.checkpoint.directory whenever it is above 0."""
         return self._restart_count
 
     @property
-    def preempted(self):
+    def preempted(self) -> threading.Event:
         """A threading.Event set once the gang is preempted (a SIGTERM to any of its nodes):
         save what must survive and return; the attempt fails as preempted after the step's
         preempt_grace, and the next attempt (@retry) starts from what was saved."""
@@ -102,7 +112,7 @@ class TorchDistributedInfo:
 
         return PREEMPTED
 
-    def gather(self, obj):
+    def gather(self, obj: object) -> Optional[List[Any]]:
         """Collect a small picklable `obj` from every rank onto rank 0.
 
         Every rank must call it, the same number of times, in the same order. Rank 0 gets the
@@ -117,7 +127,8 @@ class TorchDistributedInfo:
             return None
         return control.take_gathered(seq, range(self.world_size), GATHER_TIMEOUT, GATHER_POLL)
 
-    def run_script(self, path, args=None, python=None):
+    def run_script(self, path: "ScriptPath", args: "ScriptArgs" = None,
+                   python: Optional[str] = None) -> None:
         """Run an existing torchrun-style script in this rank, e.g.
         run_script("train.py", {"epochs": 2}) or run_script("train.py", ["--epochs", "2"]).
 
@@ -131,7 +142,7 @@ class TorchDistributedInfo:
 
         run_script(current.step_name, self.rank, self.world_size, path, args, python)
 
-    def save_sharded(self, path, **options):
+    def save_sharded(self, path: str, **options: Any) -> Any:
         """Save a sharded checkpoint: every rank must call it, each with the directory its
         shard was written to (e.g. by torch.distributed.checkpoint). Needs @checkpoint on the
         step. The shards of all ranks become one checkpoint, the task's latest once every shard
@@ -141,7 +152,7 @@ class TorchDistributedInfo:
 
         return save_sharded(self, path, options)
 
-    def record(self, name, value):
+    def record(self, name: str, value: float) -> None:
         """Record a number for the gang's card, e.g. record("samples_per_s", 1234.5).
 
         Any rank may call it, as often as it likes (the last 1000 values of each name are
@@ -163,7 +174,7 @@ class TorchDistributedInfo:
         if log is not None:
             log.record(name, value)
 
-    def _connect(self):
+    def _connect(self) -> "ControlPlane":
         if self._control is None:
             from ..runtime.control import ControlPlane
 
@@ -172,7 +183,7 @@ class TorchDistributedInfo:
                                                 self._restart_count)
         return self._control
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "TorchDistributedInfo(rank=%d, local_rank=%d, world_size=%d, node_rank=%d)" % (
             self.rank, self.local_rank, self.world_size, self.node_rank)
 
@@ -180,17 +191,17 @@ class TorchDistributedInfo:
 class _Unavailable:
     """Stands in for current.torch_distributed outside a decorated step."""
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> NoReturn:
         raise NotInTorchDistributedStep()
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return False
 
 
 UNAVAILABLE = _Unavailable()
 
 
-def install(info):
+def install(info: TorchDistributedInfo) -> None:
     """Make `info` visible as current.torch_distributed in this process."""
     from ..mf import internals
 

@@ -19,11 +19,19 @@ import importlib
 import os
 import re
 import sys
+from types import ModuleType
+from typing import (Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional, Sequence,
+                    Tuple)
 
 from ..core.errors import TorchDistributedConfigError, TorchDistributedFrameworkError
+from ..core.topology import Topology
 
 CHECK_ENV = "METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK"
 CHECK_MODES = ("error", "warn", "off")
+
+# A rendezvous handler of torch (torch.distributed.rendezvous): for a URL, the (store, rank,
+# world size) it forms.
+_Handler = Callable[..., Iterator[Tuple[Any, int, int]]]
 
 # Modules whose presence in a rank says that the step used Lightning (Trainer or Fabric).
 _LIGHTNING = ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric")
@@ -34,12 +42,14 @@ _LIGHTNING_MISMATCH = re.compile(
     r"but the product .* does not match the world size \((?P<world>\d+)\)")
 
 
-def check_mode(step_name, environ, default_mode="error"):
+def check_mode(step_name: str, environ: Mapping[str, str], default_mode: str = "error") -> str:
     """The group check's mode from METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK, else `default_mode`:
     "error" where the user wrote the decorator, "warn" where --with put it on the step."""
-    raw = environ.get(CHECK_ENV)
+    raw: Optional[str] = environ.get(CHECK_ENV)
     if raw is None:  # Metaflow's configuration (a config profile), else the default
-        from metaflow.metaflow_config import TORCH_DISTRIBUTED_GROUP_CHECK as raw
+        from metaflow import metaflow_config
+
+        raw = metaflow_config.TORCH_DISTRIBUTED_GROUP_CHECK
     mode = str(raw if raw is not None else "").strip().lower() or default_mode
     if mode not in CHECK_MODES:
         raise TorchDistributedConfigError(
@@ -49,13 +59,16 @@ def check_mode(step_name, environ, default_mode="error"):
     return mode
 
 
-def run_body(step_func, args, step_name, topology, environ=None, default_mode="error",
-             on_join=None):
+def run_body(step_func: Callable[..., object], args: Sequence[object], step_name: str,
+             topology: Topology, environ: Optional[Mapping[str, str]] = None,
+             default_mode: str = "error",
+             on_join: Optional[Callable[[int], None]] = None) -> None:
     """Run one rank's step body `step_func(*args)` and check that it joined the gang.
     `on_join(world_size)` is called as the rank enters the rendezvous of a process group."""
     environ = os.environ if environ is None else environ
     if topology.world_size == 1:
-        return step_func(*args)
+        step_func(*args)
+        return None
     mode = check_mode(step_name, environ, default_mode)
     with GroupWatch(enabled=mode != "off" or on_join is not None, on_join=on_join) as watch, \
             LauncherGuard(step_name, topology):
@@ -91,14 +104,16 @@ class GroupWatch:
     `store=` skips the rendezvous and is seen only while it is still initialised at the end.
     """
 
-    def __init__(self, enabled=True, on_join=None):
+    def __init__(self, enabled: bool = True,
+                 on_join: Optional[Callable[[int], None]] = None) -> None:
         self.enabled = enabled
         self.on_join = on_join
-        self.joined = []
-        self._handlers = None
-        self._originals = {}
+        self.joined: List[int] = []
+        # torch's handlers by URL scheme, and the ones found there before the watch
+        self._handlers: Optional[Dict[str, _Handler]] = None
+        self._originals: Dict[str, _Handler] = {}
 
-    def __enter__(self):
+    def __enter__(self) -> "GroupWatch":
         global _active_watch
         _active_watch = self
         if not self.enabled or not _distributed_available():
@@ -111,28 +126,28 @@ class GroupWatch:
             self._handlers[scheme] = self._watching(handler)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         global _active_watch
         _active_watch = None
         if self._handlers is not None:
             self._handlers.update(self._originals)
         return False
 
-    def note_join(self, world_size):
+    def note_join(self, world_size: int) -> None:
         """A group of `world_size` processes was joined (here, or by a child: joined_in_child)."""
         if self.on_join is not None:
             self.on_join(world_size)
         self.joined.append(world_size)
 
-    def _watching(self, handler):
-        def watched(url, **kwargs):
+    def _watching(self, handler: _Handler) -> _Handler:
+        def watched(url: str, **kwargs: Any) -> Iterator[Tuple[Any, int, int]]:
             for store, rank, world_size in handler(url, **kwargs):
                 self.note_join(world_size)
                 yield store, rank, world_size
 
         return watched
 
-    def group_sizes(self):
+    def group_sizes(self) -> List[int]:
         """World sizes of the groups joined, and of the default group still initialised."""
         sizes = list(self.joined)
         if _distributed_available():
@@ -155,34 +170,37 @@ class LauncherGuard:
     user's own torch.multiprocessing.spawn included) goes through unchanged.
     """
 
-    def __init__(self, step_name, topology):
+    def __init__(self, step_name: str, topology: Topology) -> None:
         self.step_name = step_name
         self.topology = topology
-        self._module = None
-        self._original = None
+        self._module: Optional[ModuleType] = None
+        self._original: Optional[Callable[..., Any]] = None
 
-    def __enter__(self):
+    def __enter__(self) -> "LauncherGuard":
         if not _distributed_available():
             return self
         self._module = importlib.import_module("torch.multiprocessing")
         self._original = self._module.start_processes
-        self._module.start_processes = self._guarded
+        setattr(self._module, "start_processes", self._guarded)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         if self._module is not None:
-            self._module.start_processes = self._original
+            setattr(self._module, "start_processes", self._original)
         return False
 
-    def _guarded(self, fn, *args, **kwargs):
+    def _guarded(self, fn: Callable[..., object], *args: Any, **kwargs: Any) -> Any:
         launcher = getattr(fn, "__self__", None)
         if _is_lightning_launcher(launcher):
+            # Lightning passes both; without one, torch's start_processes would spawn
             raise TorchDistributedFrameworkError(self.step_name, spawn_message(
-                kwargs.get("start_method"), kwargs.get("nprocs"), self.topology))
-        return self._original(fn, *args, **kwargs)
+                kwargs.get("start_method", "spawn"), kwargs.get("nprocs"), self.topology))
+        original = self._original
+        assert original is not None  # installed by __enter__, which keeps the original
+        return original(fn, *args, **kwargs)
 
 
-def _is_lightning_launcher(obj):
+def _is_lightning_launcher(obj: object) -> bool:
     cls = type(obj)
     return cls.__name__ == "_MultiProcessingLauncher" and cls.__module__.split(".")[0] in (
         "lightning", "pytorch_lightning", "lightning_fabric")
@@ -192,7 +210,7 @@ def _is_lightning_launcher(obj):
 _SPAWN_STRATEGIES = {"spawn": '"ddp_spawn"', "fork": '"ddp_fork" or "ddp_notebook"'}
 
 
-def spawn_message(start_method, nprocs, topology):
+def spawn_message(start_method: str, nprocs: Optional[int], topology: Topology) -> str:
     """What to do about Lightning starting processes of its own in a rank. Pure."""
     named = _SPAWN_STRATEGIES.get(start_method)
     strategy = ("strategy=%s" % named if named
@@ -208,17 +226,17 @@ def spawn_message(start_method, nprocs, topology):
 
 
 # The GroupWatch of the rank body running in this process, if any.
-_active_watch = None
+_active_watch: Optional[GroupWatch] = None
 
 
-def joined_in_child(world_size):
+def joined_in_child(world_size: int) -> None:
     """A child of this rank (a script run with run_script) joined a group of `world_size`
     processes and ended well: the rank counts as having joined it."""
     if _active_watch is not None:
         _active_watch.note_join(world_size)
 
 
-def _distributed_available():
+def _distributed_available() -> bool:
     try:
         import torch.distributed as dist
     except ImportError:
@@ -226,7 +244,7 @@ def _distributed_available():
     return dist.is_available()
 
 
-def loaded_frameworks(modules):
+def loaded_frameworks(modules: Mapping[str, ModuleType]) -> List[str]:
     """Which of Lightning, Accelerate (the HF Trainer included) and fastai this process used,
     judged from `modules` (sys.modules). Lightning imports parts of transformers, so Accelerate
     counts only once it has set up its state (Accelerator(), TrainingArguments)."""
@@ -241,7 +259,7 @@ def loaded_frameworks(modules):
     return found
 
 
-def accelerate_processes(modules):
+def accelerate_processes(modules: Mapping[str, ModuleType]) -> Optional[int]:
     """The number of processes Accelerate's state says it trains with, or None before any
     Accelerator() or TrainingArguments was built. It can be 1 in a group of the gang's size:
     with LOCAL_RANK set and ACCELERATE_USE_CPU off, Accelerate initialises the default group on
@@ -251,7 +269,7 @@ def accelerate_processes(modules):
     return shared.get("num_processes") if shared else None
 
 
-def lightning_trainer_subclasses(modules):
+def lightning_trainer_subclasses(modules: Mapping[str, ModuleType]) -> List[str]:
     """Names of the subclasses of Lightning's Trainer defined in this process, sorted."""
     names = set()
     for module_name in ("lightning.pytorch", "pytorch_lightning"):
@@ -267,8 +285,9 @@ def lightning_trainer_subclasses(modules):
     return sorted(names)
 
 
-def diagnose(rank, topology, group_sizes, frameworks=(), trainer_subclasses=(),
-             accelerate_processes=None):
+def diagnose(rank: int, topology: Topology, group_sizes: Sequence[int],
+             frameworks: Sequence[str] = (), trainer_subclasses: Sequence[str] = (),
+             accelerate_processes: Optional[int] = None) -> Optional[str]:
     """What is wrong with a rank of `topology` that joined groups of `group_sizes`, or None.
 
     Pure. A rank is fine when it joined a group of the gang's world size, unless Accelerate
@@ -296,7 +315,8 @@ def diagnose(rank, topology, group_sizes, frameworks=(), trainer_subclasses=(),
     return "\n".join(lines)
 
 
-def _hints(topology, frameworks, trainer_subclasses):
+def _hints(topology: Topology, frameworks: Sequence[str],
+           trainer_subclasses: Sequence[str]) -> List[str]:
     nodes, nproc = topology.nodes, topology.nproc_per_node
     hints = []
     if "lightning" in frameworks:
@@ -328,26 +348,26 @@ def _hints(topology, frameworks, trainer_subclasses):
     return hints
 
 
-def _opt_out():
+def _opt_out() -> str:
     return ("\nIf the ranks are meant to work without a process group (for example each "
             "handles its own shard and only uses current.torch_distributed.gather), set "
             "%s=warn (or off) in the step's environment, e.g. with "
             "@environment(vars={'%s': 'warn'})." % (CHECK_ENV, CHECK_ENV))
 
 
-def explain_error(message, topology):
+def explain_error(message: str, topology: Topology) -> Optional[str]:
     """The fix for a framework's own error about the gang's shape, or None. Pure."""
     match = _LIGHTNING_MISMATCH.search(message)
     if match is None:
         return None
     devices, num_nodes = match.group("devices"), match.group("num_nodes")
     nodes, nproc = topology.nodes, topology.nproc_per_node
-    given = []
+    wrong = []
     if devices != str(nproc):
-        given.append("devices=%s" % devices)
+        wrong.append("devices=%s" % devices)
     if num_nodes != str(nodes):
-        given.append("num_nodes=%s" % num_nodes)
-    given = " and ".join(given) or "devices=%s, num_nodes=%s" % (devices, num_nodes)
+        wrong.append("num_nodes=%s" % num_nodes)
+    given = " and ".join(wrong) or "devices=%s, num_nodes=%s" % (devices, num_nodes)
     return (
         "Lightning's Trainer was given %s, which contradicts the gang's %s (Lightning found "
         "devices=%s and num_nodes=%s for a world size of %s). "

@@ -19,26 +19,27 @@ says why. An exception's own hand-back is for @catch, which keeps a failed body'
 
 import os
 import pickle
+from typing import Any, Dict, List
 
 from . import internals
 
 FILE = "rank0-handback.pickle"
 
 
-def path_in(work_dir):
+def path_in(work_dir: str) -> str:
     return os.path.join(work_dir, FILE)
 
 
 class Sender:
     """In rank 0's process: what the flow held when the body began, then the hand-back."""
 
-    def __init__(self, flow, task_datastore, path):
+    def __init__(self, flow: Any, task_datastore: Any, path: str) -> None:
         self.flow = flow
         self.task_datastore = task_datastore
         self.path = path
         self.before = internals.flow_attributes(flow)
 
-    def send(self):
+    def send(self) -> None:
         """Save the body's artifacts into the task's datastore and write the hand-back."""
         now = internals.flow_attributes(self.flow)
         names = handed_names(now, self.before)
@@ -53,7 +54,7 @@ class Sender:
         os.rename(tmp, self.path)
 
 
-def handed_names(now, before):
+def handed_names(now: Dict[str, object], before: Dict[str, object]) -> List[str]:
     """The names whose stored artifacts rank 0's body decides: every public attribute the flow
     holds after the body (one changed in place looks unchanged), and every private one it set;
     not Metaflow's own state, which travels as values or is the task's to set."""
@@ -63,7 +64,7 @@ def handed_names(now, before):
                                            or name not in before or before[name] is not value))
 
 
-def receive(flow, task_datastore, path):
+def receive(flow: Any, task_datastore: Any, path: str) -> bool:
     """In the task, after the gang: take rank 0's hand-back (False when there is none)."""
     try:
         with open(path, "rb") as f:

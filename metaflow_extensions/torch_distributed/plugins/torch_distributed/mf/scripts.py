@@ -7,14 +7,21 @@ non-zero exit fails the rank, and so the gang; the group check counts the script
 rank's (groupcheck.joined_in_child).
 """
 
+import os
 import subprocess
 import sys
+from typing import Dict, List, Optional, Sequence, Union
 
 from ..mf import groupcheck
 from ..core.errors import TorchDistributedScriptFailed
 
+# What run_script takes: the script's path, and its arguments (argv words, or {flag: value}).
+ScriptPath = Union[str, "os.PathLike[str]"]
+ScriptArgs = Union[Sequence[object], Dict[str, object], None]
 
-def script_argv(path, args=None, python=None):
+
+def script_argv(path: ScriptPath, args: ScriptArgs = None,
+                python: Optional[str] = None) -> List[str]:
     """The command line of `path` with `args`: a list (each item as a string) or a dict
     ({"epochs": 2, "fast": True} -> --epochs 2 --fast; False and None leave a flag out), as
     metaflow-torchrun's entrypoint_args. Pure."""
@@ -30,7 +37,8 @@ def script_argv(path, args=None, python=None):
     return argv
 
 
-def run_script(step_name, rank, world_size, path, args=None, python=None):
+def run_script(step_name: str, rank: int, world_size: int, path: ScriptPath,
+               args: ScriptArgs = None, python: Optional[str] = None) -> None:
     argv = script_argv(path, args, python)
     sys.stdout.flush()
     sys.stderr.flush()

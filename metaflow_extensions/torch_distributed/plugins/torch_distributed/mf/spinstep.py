@@ -6,21 +6,22 @@ from the environment), and leaves no trace in the run's metadata or datastore
 (reference/metaflow_internals.md, section 5, option D).
 """
 
+import dataclasses
 import json
 import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..core.gangspec import TaskIdentity
+from ..core.gangspec import AgentOrder, GangSpec, TaskIdentity
 from ..mf import internals
 
 # Words that read the same in every shell context: left as they are.
 _PLAIN_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
 
-def nested_word(word):
+def nested_word(word: str) -> str:
     """`word` written so that it reaches the remote process unchanged through Metaflow's pod and
     job commands, which embed a command's text in `bash -c "..."` and split that with shlex
     first (a double-quoted string, where only \\ and \" are escapes): quoted for bash with
@@ -56,15 +57,14 @@ class SpinOptions:
     def of_task(cls, identity: TaskIdentity, hidden_task_id: str, **words: str) -> "SpinOptions":
         """The options of a member of the task `identity`; `words` replace some of its values
         (Shell words the node expands, e.g. the input paths a remote node reads)."""
-        values = dict(
+        options = cls(
             run_id=identity.run_id, task_id=hidden_task_id, input_paths=identity.input_paths,
             retry_count=str(identity.retry_count),
             max_user_code_retries=str(identity.max_user_code_retries),
             orig_datastore=identity.orig_datastore,
             split_index=None if identity.split_index is None else str(identity.split_index),
             namespace=identity.namespace)
-        values.update(words)
-        return cls(**values)
+        return dataclasses.replace(options, **words)
 
     def words(self, step_name: str) -> List[str]:
         words = [step_name,
@@ -93,7 +93,8 @@ def spin_step_words(step_name: str, options: SpinOptions) -> List[str]:
     return ["spin-step", *options.words(step_name)]
 
 
-def member_command(spec, hidden_task_id, decorator_name, base_env):
+def member_command(spec: GangSpec, hidden_task_id: str, decorator_name: str,
+                   base_env: Mapping[str, str]) -> Tuple[List[str], Dict[str, str]]:
     """(argv, env) of an exec'd member (agent or rank) described by `spec`."""
     argv = [interpreter(), "-u", script_path(), *spec.attempt.top_args,
             *spin_step_words(spec.blueprint.step_name,
@@ -102,7 +103,8 @@ def member_command(spec, hidden_task_id, decorator_name, base_env):
     return argv, env
 
 
-def spin_env(base_env, spec, decorator_name, spin_root):
+def spin_env(base_env: Mapping[str, str], spec: GangSpec, decorator_name: str,
+             spin_root: str) -> Dict[str, str]:
     """The environment of a spin-step member: the task's own, plus what spin-step needs to run
     our decorator and to keep its bookkeeping out of the user's directories."""
     env = dict(base_env)
@@ -111,7 +113,8 @@ def spin_env(base_env, spec, decorator_name, spin_root):
     return env
 
 
-def spin_env_additions(base_env, spec, decorator_name):
+def spin_env_additions(base_env: Mapping[str, str], spec: Union[GangSpec, AgentOrder],
+                       decorator_name: str) -> Dict[str, str]:
     """The variables a spin-step member needs on top of `base_env`: its GangSpec (or, for a
     node agent on another machine, its AgentOrder), and the spin-step decorator allow-list
     extended by our decorator."""
@@ -123,10 +126,10 @@ def spin_env_additions(base_env, spec, decorator_name):
     return {**spec.to_env(), internals.SPIN_ALLOWED_ENV: json.dumps(allowed)}
 
 
-def interpreter():
+def interpreter() -> str:
     # Not environment.executable(): it returns "python", which a non-activated venv lacks.
     return sys.executable
 
 
-def script_path():
+def script_path() -> str:
     return os.path.abspath(sys.argv[0])

@@ -29,24 +29,30 @@ timer (POSIX).
 import os
 import signal
 import threading
+from types import FrameType
+from typing import Callable, Iterable, Literal, Optional, Set, Tuple
+
+# A Python handler of a signal, as signal.signal takes it.
+Handler = Callable[[int, Optional[FrameType]], object]
 
 
 class PausedTimer:
     """Pause ITIMER_REAL from `pause()` until `resume()` (or the end of a `with` block).
     `resume` may be called from any thread, and more than once: the first call re-arms."""
 
-    def __init__(self):
-        self._left = None  # (seconds left, interval) while paused with an armed timer
+    def __init__(self) -> None:
+        # (seconds left, interval) while paused with an armed timer
+        self._left: Optional[Tuple[float, float]] = None
         self._lock = threading.Lock()
 
-    def pause(self):
+    def pause(self) -> "PausedTimer":
         with self._lock:
             if self._left is None:
                 left, interval = signal.setitimer(signal.ITIMER_REAL, 0)
                 self._left = (left, interval) if left > 0 else (0.0, 0.0)
         return self
 
-    def resume(self):
+    def resume(self) -> None:
         # setitimer is a plain system call: any thread may re-arm the process's timer, and
         # SIGALRM's handler (Metaflow's) still runs in the main thread.
         with self._lock:
@@ -57,10 +63,10 @@ class PausedTimer:
             if left > 0:
                 signal.setitimer(signal.ITIMER_REAL, left, interval)
 
-    def __enter__(self):
+    def __enter__(self) -> "PausedTimer":
         return self.pause()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.resume()
         return False
 
@@ -68,13 +74,13 @@ class PausedTimer:
 class WhenAll:
     """Call `action` once, as soon as every one of `names` has `arrive`d (from any thread)."""
 
-    def __init__(self, action, names):
+    def __init__(self, action: Callable[[], object], names: Iterable[str]) -> None:
         self._action = action
-        self._waiting = set(names)
+        self._waiting: Set[str] = set(names)
         self._done = False
         self._lock = threading.Lock()
 
-    def arrive(self, name):
+    def arrive(self, name: str) -> bool:
         """Mark `name` as arrived; True if this call ran the action."""
         with self._lock:
             self._waiting.discard(name)
@@ -97,30 +103,32 @@ class AlarmForwarder:
     `rank0_pid()` is rank 0's pid while its process runs, else None. Without a handler from
     Python on SIGALRM (no @timeout), nothing is installed."""
 
-    def __init__(self, rank0_pid, backstop):
+    def __init__(self, rank0_pid: Callable[[], Optional[int]], backstop: float) -> None:
         self.rank0_pid = rank0_pid
         self.backstop = backstop
-        self._theirs = None
+        self._theirs: Optional[Handler] = None
         self._forwarded = False
 
-    def __enter__(self):
+    def __enter__(self) -> "AlarmForwarder":
         theirs = signal.getsignal(signal.SIGALRM)
         if callable(theirs):
             self._theirs = theirs
             signal.signal(signal.SIGALRM, self._on_alarm)
         return self
 
-    def _on_alarm(self, signum, frame):
+    def _on_alarm(self, signum: int, frame: Optional[FrameType]) -> None:
         pid = None if self._forwarded else self.rank0_pid()
         if pid is None:
-            signal.signal(signal.SIGALRM, self._theirs)
-            self._theirs(signum, frame)
+            theirs = self._theirs
+            assert theirs is not None  # this handler is installed only over one of theirs
+            signal.signal(signal.SIGALRM, theirs)
+            theirs(signum, frame)
             return
         self._forwarded = True
         os.kill(pid, signal.SIGALRM)
         signal.setitimer(signal.ITIMER_REAL, self.backstop)
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         if self._theirs is not None and signal.getsignal(signal.SIGALRM) == self._on_alarm:
             signal.signal(signal.SIGALRM, self._theirs)
         if self._forwarded:  # the backstop is not wanted once rank 0 has ended
@@ -128,6 +136,6 @@ class AlarmForwarder:
         return False
 
 
-def disarm():
+def disarm() -> None:
     """Stop this process's ITIMER_REAL for good (a gang member: rank 0's timeout governs)."""
     signal.setitimer(signal.ITIMER_REAL, 0)

@@ -6,33 +6,35 @@ The package does not depend on a Metaflow distribution (setup.py): Metaflow come
 `metaflow` or as Outerbounds' `ob-metaflow` (2.19.39.1 is Metaflow 2.19.39 with Outerbounds'
 changes), and this check, not pip, keeps the version in range."""
 
+from typing import List, Tuple
+
 from ..mf import internals
 from ..core.errors import TorchDistributedCompileError, TorchDistributedEnvironmentError
 
 # Keep in step with the `metaflow` extra in setup.py. Metaflow 2.18 has no spin-step.
-TESTED_METAFLOW = ((2, 19, 0), (2, 20, 0))
+TESTED_METAFLOW: Tuple[Tuple[int, ...], Tuple[int, ...]] = ((2, 19, 0), (2, 20, 0))
 
 
-def _parse(version):
+def _parse(version: str) -> Tuple[int, ...]:
     # get_version() appends the extensions after a "+": 2.19.39+obcheckpoint(0.2.14)
-    parts = []
+    parts: List[int] = []
     for piece in version.split("+")[0].split(".")[:3]:
         digits = "".join(ch for ch in piece if ch.isdigit())
         parts.append(int(digits or 0))
     return tuple(parts + [0] * (3 - len(parts)))
 
 
-def metaflow_version_supported(version):
+def metaflow_version_supported(version: str) -> bool:
     low, high = TESTED_METAFLOW
     return low <= _parse(version) < high
 
 
-def tested_range():
+def tested_range() -> str:
     low, high = TESTED_METAFLOW
     return ">=%s,<%s" % (".".join(map(str, low)), ".".join(map(str, high[:2])))
 
 
-def check_metaflow_version(step_name):
+def check_metaflow_version(step_name: str) -> None:
     installed = internals.metaflow_distributions()
     if len(installed) > 1:
         raise TorchDistributedEnvironmentError(
@@ -52,7 +54,7 @@ def check_metaflow_version(step_name):
                 name, found, tested_range(), name, tested_range()))
 
 
-def compile_error(step_name, found):
+def compile_error(step_name: str, found: str) -> TorchDistributedCompileError:
     """The error for a step whose Metaflow-built command, job or workflow is not the shape this
     release knows (`found` says what was not): Metaflow's internals moved."""
     return TorchDistributedCompileError(
