@@ -47,9 +47,9 @@ def check_mode(step_name: str, environ: Mapping[str, str], default_mode: str = "
     "error" where the user wrote the decorator, "warn" where --with put it on the step."""
     raw: Optional[str] = environ.get(CHECK_ENV)
     if raw is None:  # Metaflow's configuration (a config profile), else the default
-        from metaflow import metaflow_config
+        from metaflow.metaflow_config import TORCH_DISTRIBUTED_GROUP_CHECK
 
-        raw = metaflow_config.TORCH_DISTRIBUTED_GROUP_CHECK
+        raw = TORCH_DISTRIBUTED_GROUP_CHECK
     mode = str(raw if raw is not None else "").strip().lower() or default_mode
     if mode not in CHECK_MODES:
         raise TorchDistributedConfigError(

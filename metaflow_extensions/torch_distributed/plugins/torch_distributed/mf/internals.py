@@ -14,6 +14,11 @@ import inspect
 import os
 import re
 import sys
+from types import ModuleType
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+# Metaflow ships no type information: its objects (flows, datastores, decorators, graphs, the
+# click context, the compilers and their jobs) are Any here.
 
 # Metaflow's settings of the hidden spin-step command, read from these variables
 # (metaflow_config.py: from_conf("SPIN_ALLOWED_DECORATORS"), DATASTORE_SYSROOT_SPIN).
@@ -23,7 +28,7 @@ SPIN_SYSROOT_ENV = "METAFLOW_DATASTORE_SYSROOT_SPIN"
 
 # -- current -------------------------------------------------------------------------------------
 
-def set_current(name, value):
+def set_current(name: str, value: object) -> None:
     """current.<name> = value. Why: Metaflow has no public way for a decorator to add to
     `current`; its own decorators (@card, @parallel, @checkpoint) call current._update_env."""
     from metaflow import current
@@ -31,7 +36,7 @@ def set_current(name, value):
     current._update_env({name: value})
 
 
-def install_current_parallel(environ):
+def install_current_parallel(environ: Mapping[str, str]) -> None:
     """current.parallel, as @parallel defines it, read from `environ` when used. Why: @batch's
     task_pre_step reads current.parallel on every node of a multi-node job (and sets the
     MF_PARALLEL_* variables), and only @parallel's step_init defines it."""
@@ -50,7 +55,7 @@ def install_current_parallel(environ):
 
 # -- the flow's graph and the task's role ----------------------------------------------------
 
-def num_parallel_parents(graph, step_name):
+def num_parallel_parents(graph: Any, step_name: str) -> List[Tuple[str, Any]]:
     """[(parent, N)] for the parents of `step_name` that reach it with
     self.next(..., num_parallel=N). Why: the graph records that only in the undocumented node
     fields parallel_foreach and num_parallel, and @torch_distributed must refuse such a step."""
@@ -59,7 +64,7 @@ def num_parallel_parents(graph, step_name):
             if getattr(graph[parent], "parallel_foreach", False)]
 
 
-def check_graph_before_parallel_lint(check):
+def check_graph_before_parallel_lint(check: Callable[[Any], None]) -> None:
     """Run `check(graph)` in Metaflow's graph validation, just before its own check that a step
     reached with num_parallel has @parallel. Why: that check (lint.py,
     check_parallel_step_after_next) runs before any decorator's step_init and asks for
@@ -70,14 +75,16 @@ def check_graph_before_parallel_lint(check):
     checks = lint.linter._checks
     if check in checks:
         return
-    check.attrs = ["require_static_graph"]  # a setting FlowLinter.run_checks always has on
+    # the linter's settings a check needs, read from the function's `attrs`: one that
+    # FlowLinter.run_checks always has on
+    setattr(check, "attrs", ["require_static_graph"])
     names = [getattr(c, "__name__", "") for c in checks]
     at = names.index("check_parallel_step_after_next") \
         if "check_parallel_step_after_next" in names else 0
     checks.insert(at, check)
 
 
-def is_ubf_control(ubf_context):
+def is_ubf_control(ubf_context: Any) -> bool:
     """True in an unbounded foreach's control task. Why: task_decorate is told the task's role
     by this undocumented constant (metaflow/unbounded_foreach.py)."""
     from metaflow.unbounded_foreach import UBF_CONTROL
@@ -87,7 +94,7 @@ def is_ubf_control(ubf_context):
 
 # -- the command line of the running process -----------------------------------------------------
 
-def step_kwargs():
+def step_kwargs() -> Dict[str, Any]:
     """The options of this process's `step` command (run_id, task_id, input_paths, split_index,
     ...). Why: a decorator is not given its task's inputs and split, which gang members need."""
     from metaflow.cli_args import cli_args
@@ -95,7 +102,7 @@ def step_kwargs():
     return dict(cli_args.step_kwargs)
 
 
-def top_level_args():
+def top_level_args() -> List[str]:
     """This task's own top-level options as argv words (--with, --datastore, --metadata, configs).
     Why: a member's spin-step must load the flow exactly as the task did; cli_args._options is
     how Metaflow itself turns them back into words."""
@@ -104,7 +111,7 @@ def top_level_args():
     return list(cli_args._options(cli_args.top_kwargs))
 
 
-def command_params():
+def command_params() -> Dict[str, Any]:
     """The options of the command this process runs, from its click context. Why: spin-step
     keeps its options (run_id, task_id, input_paths, ...) there only, not in cli_args."""
     from metaflow._vendor import click
@@ -112,7 +119,7 @@ def command_params():
     return dict(click.get_current_context().params)
 
 
-def command_words():
+def command_words() -> List[str]:
     """The words after the flow's top-level options (`step-functions create --only-json`), or []
     outside Metaflow's CLI. Why: step_init is not told which command runs; Metaflow's top-level
     click group keeps them as `saved_args` on its context (cli.py::start)."""
@@ -124,7 +131,7 @@ def command_words():
     return list(getattr(ctx.find_root(), "saved_args", None) or [])
 
 
-def deployer_commands():
+def deployer_commands() -> List[str]:
     """The commands of the installed deployers (`argo-workflows`, `step-functions`, and any an
     extension adds). Why: the Deployer API runs `<command> create`, which must refuse a gang it
     cannot run, and the list of deployers is only in plugins.DEPLOYER_IMPL_PROVIDERS."""
@@ -133,7 +140,7 @@ def deployer_commands():
     return [provider.TYPE for provider in DEPLOYER_IMPL_PROVIDERS if provider.TYPE]
 
 
-def spin_allowed_decorators():
+def spin_allowed_decorators() -> List[str]:
     """The decorators spin-step runs (Metaflow's configuration, its config file included). Why:
     spin-step skips every decorator not listed, ours too, so members extend the list."""
     from metaflow.metaflow_config import SPIN_ALLOWED_DECORATORS
@@ -143,20 +150,21 @@ def spin_allowed_decorators():
 
 # -- datastore and artifacts ---------------------------------------------------------------------
 
-def orig_datastore(flow_datastore):
+def orig_datastore(flow_datastore: Any) -> str:
     """"<type>@<root>" of a flow datastore, as spin-step's --orig-flow-datastore takes it. Why:
     the FlowDataStore's TYPE and datastore_root are undocumented attributes."""
     return "%s@%s" % (flow_datastore.TYPE, flow_datastore.datastore_root)
 
 
-def attempt_datastore(flow_datastore, run_id, step_name, task_id, attempt):
+def attempt_datastore(flow_datastore: Any, run_id: str, step_name: str, task_id: str,
+                      attempt: int) -> Any:
     """The datastore of one attempt of a task, readable even if the attempt failed. Why: the
     client shows only a task's latest attempt; the gang's card shows the earlier ones too."""
     return flow_datastore.get_task_datastore(run_id, step_name, task_id, attempt=attempt,
                                              mode="r", allow_not_done=True)
 
 
-def flow_datastore_at(flow_name, orig_datastore):
+def flow_datastore_at(flow_name: str, orig_datastore: str) -> Any:
     """The FlowDataStore of flow `flow_name` at `orig_datastore` ("<type>@<root>", as
     orig_datastore gives it), built as spin-step builds its --orig-flow-datastore. Why: a node
     agent is a spin-step, whose own datastore is not the run's."""
@@ -168,7 +176,8 @@ def flow_datastore_at(flow_name, orig_datastore):
     return FlowDataStore(flow_name, environment=None, storage_impl=impl, ds_root=ds_root)
 
 
-def save_attempt_file(flow_datastore, run_id, step_name, task_id, attempt, name, value):
+def save_attempt_file(flow_datastore: Any, run_id: str, step_name: str, task_id: str,
+                      attempt: int, name: str, value: object) -> None:
     """Write the JSON-able `value` as the file `<attempt>.<name>` in the task's datastore
     directory, beside Metaflow's own files of the attempt. Why: TaskDataStore.save_metadata
     is the one writer of a task's per-attempt files; the client reads only the names it
@@ -178,7 +187,8 @@ def save_attempt_file(flow_datastore, run_id, step_name, task_id, attempt, name,
     ds.save_metadata({name: value})
 
 
-def load_attempt_file(flow_datastore, run_id, step_name, task_id, attempt, name):
+def load_attempt_file(flow_datastore: Any, run_id: str, step_name: str, task_id: str,
+                      attempt: int, name: str) -> Any:
     """The value save_attempt_file wrote, or None while there is none. Why: the same
     TaskDataStore files, read for an attempt that is still running (allow_not_done)."""
     ds = attempt_datastore(flow_datastore, run_id, step_name, task_id, attempt)
@@ -187,19 +197,19 @@ def load_attempt_file(flow_datastore, run_id, step_name, task_id, attempt, name)
     return ds.load_metadata([name])[name]
 
 
-def artifact_names(flow):
+def artifact_names(flow: Any) -> Set[str]:
     """Names the flow instance holds now. Why: Metaflow persists every non-ephemeral
     attribute of the flow (TaskDataStore.persist walks dir(flow)), a failed attempt's too."""
     return set(vars(flow))
 
 
-def flow_attributes(flow):
+def flow_attributes(flow: Any) -> Dict[str, Any]:
     """{name: value} of what the flow instance holds now (a copy). Why: as artifact_names;
     rank 0's hand-back tells what its body set from these (mf/handback.py)."""
     return dict(vars(flow))
 
 
-def drop_artifacts(flow, names):
+def drop_artifacts(flow: Any, names: Iterable[str]) -> None:
     """Remove `names` (those not private) from the flow instance. Why: Metaflow persists a failed
     attempt's attributes too (TaskDataStore.persist), and a failed gang keeps none of its body's."""
     for name in names:
@@ -220,7 +230,7 @@ NEXT_STATE = ("_transition", "_foreach_var", "_foreach_num_splits", "_foreach_va
 AFTER_STEP = ("_task_ok", "_success", "_exception", "_transition")
 
 
-def persist_artifacts(task_datastore, flow):
+def persist_artifacts(task_datastore: Any, flow: Any) -> Dict[str, Tuple[str, Any]]:
     """Save the flow's artifacts into the task's datastore and return {name: (key, info)} of
     what it holds. Why: TaskDataStore.persist is how Metaflow writes a task's artifacts (its
     blobs, once, content-addressed) and keeps their keys only in its private _objects and
@@ -230,7 +240,7 @@ def persist_artifacts(task_datastore, flow):
             for name, key in task_datastore._objects.items()}
 
 
-def adopt_artifacts(task_datastore, keys):
+def adopt_artifacts(task_datastore: Any, keys: Mapping[str, Tuple[str, Any]]) -> None:
     """Make the task's own persist end with `keys` ({name: (key, info)}, as persist_artifacts
     returned them in rank 0's process) as the attempt's artifacts of those names: their blobs
     are stored already and are not written again. Why: Metaflow's task calls persist(flow) on
@@ -239,7 +249,7 @@ def adopt_artifacts(task_datastore, keys):
     after both."""
     persist = task_datastore.persist
 
-    def persist_then_adopt(flow):
+    def persist_then_adopt(flow: Any) -> None:
         persist(flow)
         for name, (key, info) in keys.items():
             task_datastore._objects[name] = key
@@ -249,14 +259,14 @@ def adopt_artifacts(task_datastore, keys):
     task_datastore.persist = persist_then_adopt
 
 
-def card_state():
+def card_state() -> Dict[str, Tuple[List[Any], Any]]:
     """{card uuid: (its components rendered, the data of its last refresh)} of this process's
     `current.card`, or {} without @card. Why: @card renders a task's cards in task_finished
     from current.card's private store of components (CardComponentCollector:
     _card_component_store, _serialize_components; CardComponentManager._latest_user_data)."""
     from metaflow import current
 
-    collector = getattr(current, "card", None)
+    collector: Any = getattr(current, "card", None)
     store = getattr(collector, "_card_component_store", None)
     if not store:
         return {}
@@ -265,20 +275,20 @@ def card_state():
             for uuid, manager in store.items()}
 
 
-def restore_card_state(state):
+def restore_card_state(state: Mapping[str, Tuple[Sequence[Any], Any]]) -> None:
     """Give this process's `current.card` the cards `state` (from card_state, in rank 0's
     process) describes, so that @card's task_finished renders them. Why: see card_state; the
     components travel rendered (their render() output, what @card's renderer is given), not as
     objects, which need not pickle."""
     from metaflow import current
 
-    collector = getattr(current, "card", None)
+    collector: Any = getattr(current, "card", None)
     store = getattr(collector, "_card_component_store", None)
     if not state or store is None:
         return
     serialize = collector._serialize_components
 
-    def serialize_handed_back(uuid):
+    def serialize_handed_back(uuid: str) -> List[Any]:
         return list(state[uuid][0]) if uuid in state else serialize(uuid)
 
     collector._serialize_components = serialize_handed_back
@@ -289,7 +299,7 @@ def restore_card_state(state):
 
 # -- @card -------------------------------------------------------------------------------------
 
-def metadata_type():
+def metadata_type() -> str:
     """The metadata provider this process uses ("local", "service", ...). Why: a step
     decorator's step_init is not given the metadata provider; Metaflow's top-level --metadata
     option is in cli_args.top_kwargs, else METAFLOW_DEFAULT_METADATA."""
@@ -299,7 +309,7 @@ def metadata_type():
     return (getattr(cli_args, "top_kwargs", None) or {}).get("metadata") or DEFAULT_METADATA
 
 
-def card_base():
+def card_base() -> Any:
     """Metaflow's MetaflowCard, for the gang's card type (plugins/cards). Why: Metaflow loads
     an extension's card types while it imports `metaflow.cards` (card_modules/__init__.py:
     _load_external_cards), so `from metaflow.cards import MetaflowCard` there is a circular
@@ -309,7 +319,8 @@ def card_base():
     return MetaflowCard
 
 
-def add_card(step_name, decorators, attributes, step_init_args):
+def add_card(step_name: str, decorators: List[Any], attributes: Dict[str, Any],
+             step_init_args: Sequence[Any]) -> Any:
     """Put a @card with `attributes` on step `step_name`, from a step decorator's step_init
     (`decorators`: the step's list; `step_init_args`: what step_init was given after the step
     name), and return it. Why: Metaflow has no public way for a decorator to add a decorator
@@ -330,7 +341,7 @@ def add_card(step_name, decorators, attributes, step_init_args):
     return deco
 
 
-def render_failed_card(deco):
+def render_failed_card(deco: Any) -> bool:
     """Render the cards of one @card decorator of this failed attempt. Why: @card renders only
     in task_finished of an attempt that succeeded, and keeps what rendering needs in private
     attributes (plugins/cards/card_decorator.py); False when that @card made no card."""
@@ -346,14 +357,17 @@ def render_failed_card(deco):
 
 # -- AWS Batch: the `batch step` trampoline and the Step Functions compiler ------------------------
 
+# How a step's Batch job is built (wrap_batch_create_job): build(create, batch, arguments).
+BatchJobBuild = Callable[[Callable[..., Any], Any, Dict[str, Any]], Any]
 # What each step's wrap asked for, by step name: a process that compiles a flow
 # (`step-functions create`) wraps once per gang step, and each step's job is its own.
-_BATCH_JOB_BUILDS = {}
-_CHILD_NODES = {}
+_BATCH_JOB_BUILDS: Dict[str, BatchJobBuild] = {}
+_CHILD_NODES: Dict[str, int] = {}
 _WRAPPED = "_torch_distributed_wrap"  # marks a method replaced by this module
 
 
-def _wrap_once(owner, name, make):
+def _wrap_once(owner: type, name: str,
+               make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
     """Replace `owner.name` by `make(original)` unless this module replaced it already (a
     second gang step of the same flow registers its own part, which the one wrapper finds)."""
     original = getattr(owner, name)
@@ -364,7 +378,7 @@ def _wrap_once(owner, name, make):
     setattr(owner, name, wrapper)
 
 
-def wrap_batch_create_job(step_name, build):
+def wrap_batch_create_job(step_name: str, build: BatchJobBuild) -> None:
     """In this process, Batch.create_job for `step_name` returns `build(create, batch, args)`:
     `create(**overrides)` is Metaflow's own create_job with `args` (its arguments by name)
     changed by `overrides`; every step has its own `build`. Why: only Metaflow's create_job
@@ -374,10 +388,10 @@ def wrap_batch_create_job(step_name, build):
 
     _BATCH_JOB_BUILDS[step_name] = build
 
-    def make(original):
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(original)
 
-        def create_job(self, *args, **kwargs):
+        def create_job(self: Any, *args: Any, **kwargs: Any) -> Any:
             call = signature.bind(self, *args, **kwargs)
             call.apply_defaults()
             arguments = {k: v for k, v in call.arguments.items() if k != "self"}
@@ -391,7 +405,7 @@ def wrap_batch_create_job(step_name, build):
     _wrap_once(Batch, "create_job", make)
 
 
-def show_child_nodes(step_name, nodes):
+def show_child_nodes(step_name: str, nodes: int) -> None:
     """Make Batch.wait of `step_name`'s job print the state of its `nodes` - 1 child nodes.
     Why: wait() does that only when the Batch object's num_parallel says so, and launch_job sets
     it from the CLI's --num-parallel, which our job has no use for."""
@@ -399,10 +413,10 @@ def show_child_nodes(step_name, nodes):
 
     _CHILD_NODES[step_name] = nodes
 
-    def make(original):
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(original)
 
-        def launch_job(self, *args, **kwargs):
+        def launch_job(self: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(self, *args, **kwargs)
             call = signature.bind(self, *args, **kwargs)
             step_nodes = _CHILD_NODES.get(call.arguments["step_name"])
@@ -414,7 +428,7 @@ def show_child_nodes(step_name, nodes):
     _wrap_once(Batch, "launch_job", make)
 
 
-def is_fargate_refusal(ex):
+def is_fargate_refusal(ex: BaseException) -> bool:
     """True for Metaflow's refusal of a multi-node job on a Fargate queue. Why: it is a plain
     BatchJobException told apart by its text only (batch_client.py)."""
     from metaflow.plugins.aws.batch.batch_client import BatchJobException
@@ -422,7 +436,8 @@ def is_fargate_refusal(ex):
     return isinstance(ex, BatchJobException) and "Fargate" in str(ex)
 
 
-def batch_command(batch, create_args, step_name, shell_command, task_spec):
+def batch_command(batch: Any, create_args: Mapping[str, Any], step_name: str, shell_command: str,
+                  task_spec: Mapping[str, Any]) -> List[str]:
     """The container command (argv) that runs `shell_command` for `step_name` the way
     Metaflow's Batch jobs run a step: code package download, mflog capture and log upload.
     Why: only the private Batch._command builds it."""
@@ -431,19 +446,19 @@ def batch_command(batch, create_args, step_name, shell_command, task_spec):
                           task_spec, create_args.get("offload_command_to_s3", False))
 
 
-def batch_orig_datastore(batch):
+def batch_orig_datastore(batch: Any) -> str:
     """"<type>@<root>" of the flow datastore a Batch object submits for. Why: an undocumented
     attribute, set by the Batch object's creator (batch_cli or the Step Functions compiler)."""
     return orig_datastore(batch.flow_datastore)
 
 
-def job_payload(job):
+def job_payload(job: Any) -> Dict[str, Any]:
     """A BatchJob's SubmitJob payload, the defaultdict tree where its builder methods write (a
     missing key read from it is created). Why: BatchJob has no accessor for it."""
     return job.payload
 
 
-def submit_as_built(job, payload):
+def submit_as_built(job: Any, payload: Mapping[str, Any]) -> None:
     """Make BatchJob.execute submit `payload` as it is. Why: execute() rewrites the commands of
     a job whose num_parallel is set (for @parallel's nodes), which would undo ours."""
     job.payload.clear()
@@ -456,7 +471,7 @@ class TrampolineCli:
     CLI. Why: Metaflow passes it to its own batch_cli.step and kubernetes_cli.step only,
     through click's context."""
 
-    def __init__(self, step_name):
+    def __init__(self, step_name: str) -> None:
         from metaflow import util
         from metaflow._vendor import click
 
@@ -472,7 +487,8 @@ class TrampolineCli:
 
 # -- Kubernetes: the JobSet of a gang --------------------------------------------------------------
 
-def wrap_kubernetes_jobset(step_name, nodes, build):
+def wrap_kubernetes_jobset(step_name: str, nodes: int,
+                           build: Callable[[Any, Any, Dict[str, Any]], None]) -> None:
     """In this process (`kubernetes step`), Metaflow builds the task of `step_name` as the
     JobSet of its @parallel with `nodes` pods (replicated jobs control x 1, worker x N-1), and
     `build(kube, jobset, create_args)` makes it the gang's before it is submitted. Why:
@@ -484,12 +500,12 @@ def wrap_kubernetes_jobset(step_name, nodes, build):
     launch_job = Kubernetes.launch_job
     create_jobset = Kubernetes.create_jobset
 
-    def gang_launch_job(self, **kwargs):
+    def gang_launch_job(self: Any, **kwargs: Any) -> Any:
         if kwargs.get("step_name") == step_name:
             kwargs["num_parallel"] = nodes
         return launch_job(self, **kwargs)
 
-    def gang_create_jobset(self, **kwargs):
+    def gang_create_jobset(self: Any, **kwargs: Any) -> Any:
         jobset = create_jobset(self, **kwargs)
         if kwargs.get("step_name") == step_name:
             build(self, jobset, kwargs)
@@ -499,7 +515,8 @@ def wrap_kubernetes_jobset(step_name, nodes, build):
     Kubernetes.create_jobset = gang_create_jobset
 
 
-def kubernetes_command(kube, create_args, task_id, step_cmds):
+def kubernetes_command(kube: Any, create_args: Mapping[str, Any], task_id: str,
+                       step_cmds: Sequence[str]) -> List[str]:
     """Metaflow's pod command (code package download, log capture) around `step_cmds`, for
     the task `task_id` of the task `create_args` (Kubernetes.create_jobset's) describe. Why:
     Kubernetes._command is private; it is how every Metaflow pod starts."""
@@ -510,7 +527,8 @@ def kubernetes_command(kube, create_args, task_id, step_cmds):
         code_package_url=create_args["code_package_url"], step_cmds=step_cmds)
 
 
-def jobset_pods(jobset, worker_command, worker_env, control_env):
+def jobset_pods(jobset: Any, worker_command: Sequence[str], worker_env: Mapping[str, str],
+                control_env: Mapping[str, str]) -> None:
     """Give the JobSet's worker pods `worker_command` and `worker_env`, and its control pod
     `control_env`. Why: KubernetesJobSet.worker and .control (JobSetSpec) are the only handles
     on the replicated jobs' pod specs before the JobSet is submitted."""
@@ -521,19 +539,19 @@ def jobset_pods(jobset, worker_command, worker_env, control_env):
         jobset.control.environment_variable(name, value)
 
 
-def jobset_control_command(jobset):
+def jobset_control_command(jobset: Any) -> List[str]:
     """The command Metaflow gave the JobSet's control pod: the task's own. Why: JobSetSpec has
     a setter for it (command) and no getter."""
     return list(jobset.control._kwargs["command"])
 
 
-def jobset_stop_grace(jobset, seconds):
+def jobset_stop_grace(jobset: Any, seconds: int) -> None:
     """Make every pod of the JobSet get `seconds` between its SIGTERM and its SIGKILL
     (terminationGracePeriodSeconds). Why: JobSetSpec.dump writes 0 there as a literal, with
     no setter, and KubernetesJobSet.execute submits what its dump() returns."""
     dump = jobset.dump
 
-    def dump_with_grace():
+    def dump_with_grace() -> Any:
         manifest = dump()
         for replicated in manifest["spec"]["replicatedJobs"]:
             pod = replicated["template"]["spec"]["template"]["spec"]
@@ -543,7 +561,8 @@ def jobset_stop_grace(jobset, seconds):
     jobset.dump = dump_with_grace
 
 
-def wrap_state_machine_job(node_overrides):
+def wrap_state_machine_job(
+        node_overrides: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]) -> None:
     """In this process (`step-functions create`), a Batch job's state submits
     `node_overrides(job payload)` (in PascalCase) instead of its ContainerOverrides whenever that
     returns a value (once per process: it is the same for every gang step). Why: State.batch
@@ -552,8 +571,8 @@ def wrap_state_machine_job(node_overrides):
     from metaflow.plugins.aws.step_functions.step_functions import State
     from metaflow.util import to_pascalcase
 
-    def make(original):
-        def batch(self, job):
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def batch(self: Any, job: Any) -> Any:
             state = original(self, job)
             overrides = node_overrides(job.payload)
             if overrides is not None:
@@ -566,9 +585,9 @@ def wrap_state_machine_job(node_overrides):
     _wrap_once(State, "batch", make)
 
 
-# -- Argo Workflows: the `argo-workflows create` compiler -------------------------------------------
+# -- Argo Workflows: the `argo-workflows create` compiler ----------------------------------------
 
-def wrap_argo_workflow(build):
+def wrap_argo_workflow(build: Callable[[Any, Dict[str, Any]], None]) -> None:
     """In this process (`argo-workflows create`), every WorkflowTemplate Metaflow compiles is
     passed to `build(argo, workflow)` before it is printed or deployed: `argo` is the compiler
     (ArgoWorkflows), `workflow` the template's JSON tree, which `build` may change. Why:
@@ -578,7 +597,7 @@ def wrap_argo_workflow(build):
 
     original = ArgoWorkflows._compile_workflow_template
 
-    def compile_workflow_template(self):
+    def compile_workflow_template(self: Any) -> Any:
         compiled = original(self)
         build(self, compiled.payload)
         return compiled
@@ -586,7 +605,7 @@ def wrap_argo_workflow(build):
     ArgoWorkflows._compile_workflow_template = compile_workflow_template
 
 
-def argo_template_name(step_name):
+def argo_template_name(step_name: str) -> str:
     """The name of a step's template in the compiled workflow. Why: ArgoWorkflows._sanitize is
     private."""
     from metaflow.plugins.argo.argo_workflows import ArgoWorkflows
@@ -594,7 +613,7 @@ def argo_template_name(step_name):
     return ArgoWorkflows._sanitize(step_name)
 
 
-def argo_step_words(argo, step_name):
+def argo_step_words(argo: Any, step_name: str) -> Tuple[List[str], List[str]]:
     """(entrypoint, top-level options) of the step command in the step's container, as words,
     exactly as the compiler `argo` writes them (`<python> <flow file>`, `--with ...`, `--quiet`,
     `--datastore=...`). Why: ArgoWorkflows builds them inside _container_templates and keeps
@@ -624,19 +643,20 @@ def argo_step_words(argo, step_name):
     return entrypoint, top_level
 
 
-def argo_orig_datastore(argo):
+def argo_orig_datastore(argo: Any) -> str:
     """"<type>@<root>" of the flow datastore the compiler `argo` compiles for. Why: an
     undocumented attribute of ArgoWorkflows."""
     return orig_datastore(argo.flow_datastore)
 
 
-def argo_namespace(argo):
+def argo_namespace(argo: Any) -> Optional[str]:
     """The Metaflow namespace the compiled steps run in (`--namespace`), or None. Why: an
     undocumented attribute of ArgoWorkflows."""
     return argo.namespace
 
 
-def argo_pod_command(argo, step_name, run_id, task_id, attempt, step_cmds):
+def argo_pod_command(argo: Any, step_name: str, run_id: str, task_id: str, attempt: str,
+                     step_cmds: Sequence[str]) -> List[str]:
     """Metaflow's pod command (code package download, log capture) around `step_cmds`, for
     the code package the compiler `argo` uploaded. Why: Kubernetes._command is private, and it
     is how every Metaflow pod starts; ArgoWorkflows builds its own inline."""
@@ -655,7 +675,7 @@ _ARGO_TASK_ID_EXPORT = re.compile(
     r"export METAFLOW_TASK_ID=\(t-\$\(echo [^|]* \| md5sum \| cut -d ' ' -f 1 \| tail -c 9\)\)")
 
 
-def argo_with_task_id(command, task_id, step_name):
+def argo_with_task_id(command: str, task_id: str, step_name: str) -> str:
     """A step container's shell command (the text `bash -c` runs) with its task id set to
     `task_id` (shell text) instead of the one it computes. Why: the container derives its
     task id in the shell (an md5 Argo cannot compute), and tells the next step through a file
@@ -671,7 +691,7 @@ def argo_with_task_id(command, task_id, step_name):
 
 # -- the preflight command (preflight_cli.py) ------------------------------------------------------
 
-def cli_click():
+def cli_click() -> ModuleType:
     """The click module of Metaflow's CLI. Why: Metaflow merges the command groups of an
     extension's CLIS_DESC into its own CLI only if they are built with its vendored click."""
     from metaflow._vendor import click
@@ -679,7 +699,7 @@ def cli_click():
     return click
 
 
-def cli_flow_steps(obj):
+def cli_flow_steps(obj: Any) -> Tuple[List[Tuple[str, List[Any]]], str, str]:
     """[(step name, its decorators)] of the flow a command of Metaflow's CLI runs for, and the
     root of its datastore. `obj` is the CLI's click context object. Why: the CLI keeps the
     flow's graph (decorators initialised by step_init, --with included) and its datastore only
@@ -688,7 +708,7 @@ def cli_flow_steps(obj):
     return steps, obj.flow_datastore.TYPE, obj.flow_datastore.datastore_root
 
 
-def aws_client(service, region=None):
+def aws_client(service: str, region: Optional[str] = None) -> Any:
     """A boto3 client for `service` (in `region`, else the configured one) with the
     credentials Metaflow's own AWS calls use. Why: get_aws_client (plugins/aws/aws_client.py)
     applies METAFLOW_DEFAULT_AWS_CLIENT_PROVIDER and Metaflow's client settings, which a plain
@@ -698,7 +718,7 @@ def aws_client(service, region=None):
     return get_aws_client(service, client_params={"region_name": region} if region else None)
 
 
-def kubernetes_client():
+def kubernetes_client() -> Any:
     """The `kubernetes.client` module, configured the way Metaflow's own Kubernetes calls are
     (KUBECONFIG, in-cluster, or ~/.kube/config). Why: only Metaflow's KubernetesClient
     (plugins/kubernetes/kubernetes_client.py) chooses that configuration."""
@@ -709,7 +729,8 @@ def kubernetes_client():
 
 # -- task metadata ---------------------------------------------------------------------------------
 
-def register_task_metadata(metadata, run_id, step_name, task_id, attempt, field, value):
+def register_task_metadata(metadata: Any, run_id: str, step_name: str, task_id: str,
+                           attempt: int, field: str, value: str) -> None:
     """Record `field` = `value` (a string) in the metadata of attempt `attempt` of the task, as
     Metaflow's own decorators do (the client's Task.metadata_dict then shows it). Why:
     MetaDatum lives in metaflow.metadata_provider, which is not the documented API."""
@@ -721,7 +742,7 @@ def register_task_metadata(metadata, run_id, step_name, task_id, attempt, field,
 
 # -- metaflow-checkpoint ---------------------------------------------------------------------------
 
-def reload_task_checkpoint(checkpointer, load_policy):
+def reload_task_checkpoint(checkpointer: Any, load_policy: str) -> Any:
     """Load the latest checkpoint again into a fresh `checkpointer.directory`, as @checkpoint's
     task_pre_step did when the task started (load policy "fresh" or "eager"); return what it
     loaded (its CheckpointArtifact) or None. `checkpointer` is @checkpoint's
@@ -736,7 +757,7 @@ def reload_task_checkpoint(checkpointer, load_policy):
 
 # -- the installed release -----------------------------------------------------------------------
 
-def metaflow_version():
+def metaflow_version() -> str:
     """The installed Metaflow's version. Why: without package metadata (a code package on a
     remote node) only metaflow_version.get_version knows it."""
     installed = metaflow_distributions()
@@ -751,7 +772,7 @@ def metaflow_version():
 METAFLOW_DISTRIBUTIONS = ("metaflow", "ob-metaflow")
 
 
-def metaflow_distributions():
+def metaflow_distributions() -> List[Tuple[str, str]]:
     """[(distribution, version)] of what installed the imported `metaflow` package: one of
     ("metaflow", "2.19.39") or ("ob-metaflow", "2.19.39.1"), both where both wrote the same
     files (pip installed metaflow over ob-metaflow), none where the package has no metadata (a
@@ -769,6 +790,6 @@ def metaflow_distributions():
             dist = distribution(name)
         except PackageNotFoundError:
             continue
-        if os.path.realpath(dist.locate_file("metaflow/__init__.py")) == here:
+        if os.path.realpath(str(dist.locate_file("metaflow/__init__.py"))) == here:
             found.append((name, dist.version))
     return found
