@@ -2,7 +2,7 @@
 
 import threading
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, List, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, List, NoReturn, Optional, Union
 
 from ..core.errors import NotInTorchDistributedStep, TorchDistributedConfigError
 from ..core.topology import Topology
@@ -201,8 +201,8 @@ class _Unavailable:
 UNAVAILABLE = _Unavailable()
 
 
-def install(info: TorchDistributedInfo) -> None:
-    """Make `info` visible as current.torch_distributed in this process."""
+def install(info: Union[TorchDistributedInfo, _Unavailable]) -> None:
+    """Make `info` visible as current.torch_distributed in this process (UNAVAILABLE: none)."""
     from ..mf import internals
 
     internals.set_current("torch_distributed", info)
