@@ -12,11 +12,17 @@ import pickle
 import socket
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ..core import naming, sealed
 from ..core.errors import TorchDistributedEnvironmentError
 from ..core.failures import Failure
+from ..core.gangspec import Attempt
 from ..core.naming import PUBLIC_GANG_KEY, Keys
+from ..runtime.stacks import Report
+
+if TYPE_CHECKING:  # torch is imported where a store is made, not with this module
+    from torch.distributed import Store
 
 # Seconds a joining node waits for its gang's key once the store's public gang key is there
 # (node 0 writes its gang's key first: a wait only when someone else wrote the public key).
@@ -27,7 +33,7 @@ ROUND_RESTART = "restart"
 ROUND_END = "end"
 
 
-def bind_listener(host, port=0):
+def bind_listener(host: str, port: int = 0) -> socket.socket:
     """A listening socket for the store on the address `host` only (the one its peers reach:
     the loopback address when every node is on this host). Port 0 lets the kernel choose a
     free port, so two gangs on one host never race for one; a fixed port that is taken raises
@@ -43,13 +49,13 @@ def bind_listener(host, port=0):
     return sock
 
 
-def loopback_interface():
+def loopback_interface() -> Optional[str]:
     """The name of this host's loopback interface ("lo" on Linux, "lo0" on macOS), or None."""
     names = {name for _, name in socket.if_nameindex()}
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
-def port_in_use_error(step_name, port):
+def port_in_use_error(step_name: str, port: int) -> TorchDistributedEnvironmentError:
     return TorchDistributedEnvironmentError(
         step_name, "port %d on node 0, where the gang's rendezvous store listens, is taken by "
         "another process on this instance. The port is derived from the run, step, task and "
@@ -57,14 +63,14 @@ def port_in_use_error(step_name, port):
         "ports %d-%d free for gangs." % ((port,) + naming.REMOTE_PORT_RANGE))
 
 
-def bind_error(step_name, address, ex):
+def bind_error(step_name: str, address: str, ex: OSError) -> TorchDistributedEnvironmentError:
     return TorchDistributedEnvironmentError(
         step_name, "node 0 cannot listen for the gang's rendezvous store on %s, the address "
         "its other nodes are given (MASTER_ADDR): %s. The address must be one of this "
         "machine's own." % (address, ex))
 
 
-def is_port_in_use(ex):
+def is_port_in_use(ex: BaseException) -> bool:
     """True when binding failed because the port is taken."""
     return isinstance(ex, OSError) and ex.errno == errno.EADDRINUSE
 
@@ -78,18 +84,20 @@ class ControlPlane:
     still delete or overwrite values, delaying the gang until a timeout names what is missing
     (docs/security.md)."""
 
-    def __init__(self, store, gang_id, secret, round_=0, beats_sent=0):
+    def __init__(self, store: "Store", gang_id: str, secret: str, round_: int = 0,
+                 beats_sent: int = 0) -> None:
         self._store = store
         self._keys = Keys(round_)
         self.gang_id = gang_id
         self._secret = secret
         self._beats_sent = beats_sent  # heartbeats count on across rounds (beat)
         self._logs_shipped = 0
-        self._beats_seen = {}  # node -> the last heartbeat count that opened
+        self._beats_seen: Dict[int, int] = {}  # node -> the last heartbeat count that opened
         self._progress_sent = 0
-        self._progress_seen = {}  # node -> (number, reports) of its latest progress
+        # node -> (number, reports) of its latest progress
+        self._progress_seen: Dict[int, Tuple[int, Dict[int, Report]]] = {}
 
-    def forget_rendezvous(self):
+    def forget_rendezvous(self) -> None:
         """Delete every key of the store that is not the package's: what torch's process
         groups of a stopped round wrote (their peers' addresses, barriers' counters). Under
         torchrun a restart gets a new store; with the agent's store (TORCHELASTIC_USE_AGENT_STORE)
@@ -100,16 +108,17 @@ class ControlPlane:
                 self._store.delete_key(key)
 
     @property
-    def round(self):
+    def round(self) -> int:
         """The gang's round this client speaks for (0 until a restart in place)."""
         return self._keys.round
 
-    def for_round(self, round_):
+    def for_round(self, round_: int) -> "ControlPlane":
         """The same store and client, speaking for the gang's round `round_` (Keys)."""
         return ControlPlane(self._store, self.gang_id, self._secret, round_, self._beats_sent)
 
     @classmethod
-    def host(cls, listener, gang_id, secret, timeout):
+    def host(cls, listener: socket.socket, gang_id: str, secret: str,
+             timeout: float) -> "ControlPlane":
         """Serve the store on `listener` (bound before any member was forked)."""
         from torch.distributed import TCPStore
 
@@ -127,14 +136,15 @@ class ControlPlane:
         control.claim()
         return control
 
-    def claim(self):
+    def claim(self) -> None:
         """Mark the store as this gang's: sealed, and in the open for the message of a node
         that reaches another gang's store (GangMismatch)."""
         self._set(self._keys.gang, self.gang_id.encode())
         self._store.set(PUBLIC_GANG_KEY, self.gang_id)
 
     @classmethod
-    def connect(cls, addr, port, gang_id, secret, timeout):
+    def connect(cls, addr: str, port: int, gang_id: str, secret: str,
+                timeout: float) -> "ControlPlane":
         """Join node 0's store. Raises GangMismatch if the store does not hold this gang's
         sealed claim (another gang's store, reached at the same address and port)."""
         from torch.distributed import TCPStore
@@ -147,12 +157,12 @@ class ControlPlane:
         return control
 
     @classmethod
-    def of_attempt(cls, attempt, timeout):
+    def of_attempt(cls, attempt: Attempt, timeout: float) -> "ControlPlane":
         """Join the store of the gang attempt `attempt` (gangspec.Attempt): connect()."""
         return cls.connect(attempt.master_addr, attempt.master_port, attempt.gang_id,
                            attempt.secret, timeout)
 
-    def holds_gang(self, wait):
+    def holds_gang(self, wait: float) -> bool:
         """True once the store holds this gang's claim, sealed under its secret (within
         `wait` s)."""
         deadline = time.monotonic() + wait
@@ -163,7 +173,8 @@ class ControlPlane:
         return True
 
     @classmethod
-    def client(cls, addr, port, gang_id, secret, timeout, round_=0):
+    def client(cls, addr: str, port: int, gang_id: str, secret: str, timeout: timedelta,
+               round_: int = 0) -> "ControlPlane":
         """A client of node 0's store for a rank's own use (current.torch_distributed): a rank
         runs inside its gang, so the store is up and is its gang's. `timeout` a timedelta;
         `round_` the gang's round the rank belongs to."""
@@ -173,43 +184,46 @@ class ControlPlane:
 
     # -- sealing: the one place values are written and read -------------------------------------
 
-    def _put(self, key, payload):
-        self._store.set(key, sealed.seal(self._secret, self.gang_id, key, payload))
+    def _put(self, key: str, payload: bytes) -> None:
+        # torch's stub says str; the store takes bytes as well (and keeps them as they are)
+        self._store.set(key, sealed.seal(  # type: ignore[arg-type]
+            self._secret, self.gang_id, key, payload))
 
-    def _set(self, key, payload):
+    def _set(self, key: str, payload: bytes) -> None:
         """_put, then wait for the server: TCPStore's set does not wait, the check after it
         does (requests of one connection are served in order), so whoever looks next sees the
         value."""
         self._put(key, payload)
         self._store.check([key])
 
-    def _read(self, key, kind):
+    def _read(self, key: str, kind: str) -> Optional[bytes]:
         """The payload under `key` if it is there and opens under this attempt's secret; None
         otherwise (a value that does not open is counted in sealed.IGNORED as `kind`)."""
         if not self._store.check([key]):
             return None
         return self._open(key, self._store.get(key), kind)
 
-    def _open(self, key, value, kind):
+    def _open(self, key: str, value: bytes, kind: str) -> Optional[bytes]:
         payload = sealed.unseal(self._secret, self.gang_id, key, value)
         if payload is None:
             sealed.IGNORED.note(kind, key, value)
         return payload
 
-    def _flag(self, key, kind):
+    def _flag(self, key: str, kind: str) -> bool:
         return self._read(key, kind) == b"1"
 
-    def _json(self, key, kind):
+    def _json(self, key: str, kind: str) -> Any:
         payload = self._read(key, kind)
         return None if payload is None else json.loads(payload.decode())
 
     # -- the gang's messages ----------------------------------------------------------------------
 
-    def put_gathered(self, seq, rank, obj):
+    def put_gathered(self, seq: int, rank: int, obj: object) -> None:
         """Rank `rank`'s value for the `seq`-th gather (current.torch_distributed.gather)."""
         self._put(self._keys.gather(seq, rank), pickle.dumps(obj))
 
-    def take_gathered(self, seq, ranks, timeout, poll_s):
+    def take_gathered(self, seq: int, ranks: Iterable[int], timeout: timedelta,
+                      poll_s: float) -> List[Any]:
         """Every rank's value of the `seq`-th gather, in rank order, once all are there and
         open; the keys are deleted. A value is unpickled only after its seal opened. Waits by
         polling in Python (store.wait would block in C++, and log a warning each time a shorter
@@ -218,7 +232,7 @@ class ControlPlane:
         from torch.distributed import DistStoreError
 
         keys = {r: self._keys.gather(seq, r) for r in ranks}
-        payloads = {}
+        payloads: Dict[int, bytes] = {}
         deadline = time.monotonic() + timeout.total_seconds()
         while True:
             for r, key in keys.items():
@@ -237,60 +251,60 @@ class ControlPlane:
             self._store.delete_key(key)
         return [pickle.loads(payloads[r]) for r in keys]
 
-    def join(self, join_id):
+    def join(self, join_id: str) -> None:
         self._set(self._keys.joined(join_id), b"1")
 
-    def joined(self, join_id):
+    def joined(self, join_id: str) -> bool:
         return self._flag(self._keys.joined(join_id), "joined")
 
-    def finish(self, node):
+    def finish(self, node: int) -> None:
         self._set(self._keys.done(node), b"1")
 
-    def finished(self, node):
+    def finished(self, node: int) -> bool:
         return self._flag(self._keys.done(node), "done")
 
-    def report_running(self, node, ranks):
+    def report_running(self, node: int, ranks: Iterable[int]) -> None:
         self._set(self._keys.running(node), json.dumps(list(ranks)).encode())
 
-    def running(self, node):
+    def running(self, node: int) -> List[int]:
         """Ranks node `node` said were still running when it reported its failure."""
         return self._json(self._keys.running(node), "running") or []
 
-    def report_failure(self, node, failure):
+    def report_failure(self, node: int, failure: Failure) -> None:
         self._set(self._keys.failure(node), failure.to_json().encode())
 
-    def failure(self, node):
+    def failure(self, node: int) -> Optional[Failure]:
         """The failure node `node` reported, or None."""
         payload = self._read(self._keys.failure(node), "failure")
         return None if payload is None else Failure.from_json(payload.decode())
 
-    def rank_finished(self, rank):
+    def rank_finished(self, rank: int) -> None:
         self._set(self._keys.rank_done(rank), b"1")
 
-    def rank_is_done(self, rank):
+    def rank_is_done(self, rank: int) -> bool:
         return self._flag(self._keys.rank_done(rank), "rank done")
 
-    def beat(self, node):
+    def beat(self, node: int) -> None:
         """Tell node 0 that node `node` is alive (see LeaderWatch._check_heartbeat): the count
         of beats this client sent, so that a value replayed from earlier does not look new."""
         self._beats_sent += 1
         self._put(self._keys.beat(node), str(self._beats_sent).encode())
 
-    def beats(self, node):
+    def beats(self, node: int) -> int:
         """How many heartbeats node `node` has sent (the highest count that opened)."""
         payload = self._read(self._keys.beat(node), "heartbeat")
         count = int(payload.decode()) if payload is not None else 0
         self._beats_seen[node] = max(count, self._beats_seen.get(node, 0))
         return self._beats_seen[node]
 
-    def send_progress(self, node, reports):
+    def send_progress(self, node: int, reports: Mapping[int, Report]) -> None:
         """Where node `node`'s ranks stand ({rank: stacks report}), numbered by this client so
         that a value replayed from earlier is not taken for news (see progress)."""
         self._progress_sent += 1
         self._put(self._keys.progress(node),
                   json.dumps({"n": self._progress_sent, "ranks": reports}).encode())
 
-    def progress(self, node):
+    def progress(self, node: int) -> Dict[int, Report]:
         """{rank: report} node `node` last sent, or {}: the latest by its number."""
         value = self._json(self._keys.progress(node), "progress")
         if value is not None and value.get("n", 0) > self._progress_seen.get(node, (0, {}))[0]:
@@ -298,22 +312,22 @@ class ControlPlane:
                                                        for r, rep in value["ranks"].items()})
         return self._progress_seen.get(node, (0, {}))[1]
 
-    def ship_log(self, node, target_fd, data):
+    def ship_log(self, node: int, target_fd: int, data: bytes) -> None:
         """Queue output of node `node` (complete lines, for fd 1 or 2) for node 0's task log.
         One client ships a node's output (remote_logs.LogShipper): it numbers the chunks."""
         self._logs_shipped += 1
         stream = 1 if target_fd == 1 else 2
         self._put(self._keys.log_chunk(node, self._logs_shipped), bytes([stream]) + data)
 
-    def end_log(self, node):
+    def end_log(self, node: int) -> None:
         self._set(self._keys.log_end(node), b"1")
 
-    def take_logs(self, node, after):
+    def take_logs(self, node: int, after: int) -> Tuple[List[Tuple[int, bytes]], int]:
         """([(target fd, data)], last seq taken) of the chunks node `node` shipped after `after`,
         in order; each chunk is deleted from the store once taken. A chunk that does not open
         is left where it is (the node's own chunk of that number overwrites it) and stops the
         take there, so no line is taken out of order."""
-        chunks = []
+        chunks: List[Tuple[int, bytes]] = []
         while True:
             key = self._keys.log_chunk(node, after + 1)
             payload = self._read(key, "log")
@@ -323,13 +337,13 @@ class ControlPlane:
             chunks.append((payload[0], payload[1:]))
             after += 1
 
-    def log_ended(self, node):
+    def log_ended(self, node: int) -> bool:
         return self._flag(self._keys.log_end(node), "log end")
 
-    def publish_checkpoint(self, fields):
+    def publish_checkpoint(self, fields: Optional[Mapping[str, Any]]) -> None:
         self._set(self._keys.checkpoint, json.dumps(fields).encode())
 
-    def checkpoint(self, timeout_s):
+    def checkpoint(self, timeout_s: float) -> Optional[Dict[str, Any]]:
         """What node 0 published with publish_checkpoint (waits up to `timeout_s` for it;
         None if nothing that opens came by then)."""
         deadline = time.monotonic() + timeout_s
@@ -341,58 +355,58 @@ class ControlPlane:
                 return None
             time.sleep(0.05)
 
-    def send_node_events(self, node, record):
+    def send_node_events(self, node: int, record: Mapping[str, Any]) -> None:
         self._set(self._keys.node_events(node), json.dumps(record).encode())
 
-    def node_events(self, node):
+    def node_events(self, node: int) -> Optional[Dict[str, Any]]:
         """What node `node` sent of the gang's record, or None."""
         return self._json(self._keys.node_events(node), "node record")
 
-    def abort(self):
+    def abort(self) -> None:
         self._set(self._keys.abort, b"1")
 
-    def preempt_gang(self):
+    def preempt_gang(self) -> None:
         self._set(self._keys.preempt, b"1")
 
-    def gang_preempted(self):
+    def gang_preempted(self) -> bool:
         return self._flag(self._keys.preempt, "preempt")
 
-    def request_stacks(self, count):
+    def request_stacks(self, count: int) -> None:
         """Ask every node for its ranks' stacks, the `count`-th time (stacks.py)."""
         self._set(self._keys.stacks, str(count).encode())
 
-    def stacks_requested(self):
+    def stacks_requested(self) -> int:
         """How many times node 0 asked for stacks so far (0: never, or nothing that opens)."""
         payload = self._read(self._keys.stacks, "stacks")
         return int(payload.decode()) if payload is not None else 0
 
-    def report_preempted(self, node):
+    def report_preempted(self, node: int) -> None:
         self._set(self._keys.preempted(node), b"1")
 
-    def node_preempted(self, node):
+    def node_preempted(self, node: int) -> bool:
         return self._flag(self._keys.preempted(node), "preempted")
 
-    def aborted(self):
+    def aborted(self) -> bool:
         return self._flag(self._keys.abort, "abort")
 
-    def report_stopped(self, node):
+    def report_stopped(self, node: int) -> None:
         self._set(self._keys.stopped(node), b"1")
 
-    def node_stopped(self, node):
+    def node_stopped(self, node: int) -> bool:
         return self._flag(self._keys.stopped(node), "stopped")
 
-    def say_word(self, word):
+    def say_word(self, word: str) -> None:
         """Node 0's word on what follows this round: ROUND_RESTART or ROUND_END."""
         self._set(self._keys.word, word.encode())
 
-    def word(self):
+    def word(self) -> Optional[str]:
         """Node 0's word on what follows this round, or None while it has said none."""
         payload = self._read(self._keys.word, "word")
         return None if payload is None else payload.decode()
 
 
 class GangMismatch(Exception):
-    def __init__(self, found, expected):
+    def __init__(self, found: str, expected: str) -> None:
         super().__init__(
             "the rendezvous store belongs to gang %s, not to this gang (%s): another job uses "
             "the same address and port" % (found, expected)

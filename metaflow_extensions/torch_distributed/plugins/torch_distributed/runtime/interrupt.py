@@ -17,9 +17,11 @@ grace, as for a body stuck in native code (docs/reliability.md, "Where the inter
 
 import os
 import signal
+from types import FrameType
+from typing import Callable, Literal, Optional
 
 
-def free_signal():
+def free_signal() -> Optional[int]:
     """A real-time signal no one in this process uses, or None."""
     low, high = getattr(signal, "SIGRTMIN", None), getattr(signal, "SIGRTMAX", None)
     if low is None or high is None:
@@ -36,29 +38,30 @@ class BodyInterrupt:
     """While the `with` block runs, `interrupt(thread_id)` makes that thread (the main one)
     raise `make_error()` at its next Python bytecode, as long as `active()` is true then."""
 
-    def __init__(self, make_error, active):
+    def __init__(self, make_error: Callable[[], BaseException],
+                 active: Callable[[], bool]) -> None:
         self.make_error = make_error
         self.active = active
-        self.signum = None
+        self.signum: Optional[int] = None
 
-    def _handler(self, signum, frame):
+    def _handler(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.active():
             raise self.make_error()
 
-    def __enter__(self):
+    def __enter__(self) -> "BodyInterrupt":
         self.signum = free_signal()
         if self.signum is not None:
             signal.signal(self.signum, self._handler)
         return self
 
-    def interrupt(self, thread_id):
+    def interrupt(self, thread_id: int) -> bool:
         """Send the signal; False where there is none (the caller's watchdog is the fallback)."""
         if self.signum is None:
             return False
         signal.pthread_kill(thread_id, self.signum)
         return True
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         # Restore only our own: a handler the body installed on this signal stays. Through
         # SIG_IGN first: it discards an abort still pending (sent while the signal was
         # blocked), which SIG_DFL, a real-time signal's "terminate", would let kill the task.
@@ -77,13 +80,13 @@ class BodyInterrupt:
 # it writes the note of a task that died without a word (gang._orphan_note).
 
 
-def interrupted_mark(runtime_pid):
+def interrupted_mark(runtime_pid: int) -> str:
     import tempfile
 
     return os.path.join(tempfile.gettempdir(), "torch-distributed-interrupted-%d" % runtime_pid)
 
 
-def mark_interrupts():
+def mark_interrupts() -> Optional[str]:
     """In Metaflow's runtime process: on SIGINT, leave the mark, then do what was done before
     (Python's default raises KeyboardInterrupt). Installed once; returns the mark's path, or
     None where SIGINT is ignored or handled outside Python (left as it is)."""
@@ -94,7 +97,7 @@ def mark_interrupts():
     if previous in (signal.SIG_IGN, None):  # ignored (a background job), or C's own handler
         return None
 
-    def on_interrupt(signum, frame):
+    def on_interrupt(signum: int, frame: Optional[FrameType]) -> object:
         with open(mark, "w"):
             pass
         if callable(previous):
@@ -103,17 +106,18 @@ def mark_interrupts():
         os.kill(os.getpid(), signum)
         return None
 
-    on_interrupt.torch_distributed_mark = mark
+    # an attribute of the function (mypy knows none): the check above reads it
+    on_interrupt.torch_distributed_mark = mark  # type: ignore[attr-defined]
     signal.signal(signal.SIGINT, on_interrupt)
     return mark
 
 
-def was_interrupted(runtime_pid):
+def was_interrupted(runtime_pid: int) -> bool:
     """True when the runtime of pid `runtime_pid` was interrupted (mark_interrupts)."""
     return os.path.exists(interrupted_mark(runtime_pid))
 
 
-def forget_interrupt(runtime_pid):
+def forget_interrupt(runtime_pid: int) -> None:
     try:
         os.unlink(interrupted_mark(runtime_pid))
     except FileNotFoundError:

@@ -9,11 +9,13 @@ so. Where the count cannot be read (no cgroup, macOS), nothing is claimed.
 """
 
 import os
+from typing import Optional
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-def memory_cgroup(proc_cgroup="/proc/self/cgroup", root=CGROUP_ROOT):
+def memory_cgroup(proc_cgroup: str = "/proc/self/cgroup",
+                  root: str = CGROUP_ROOT) -> Optional[str]:
     """The directory of this process's memory cgroup, or None."""
     try:
         with open(proc_cgroup) as f:
@@ -31,7 +33,7 @@ def memory_cgroup(proc_cgroup="/proc/self/cgroup", root=CGROUP_ROOT):
     return None
 
 
-def _existing(mount, path):
+def _existing(mount: str, path: str) -> Optional[str]:
     # inside a cgroup namespace the path may be shown from the namespace's root: then the
     # mount point itself is this process's cgroup
     for candidate in (os.path.join(mount, path.lstrip("/")), mount):
@@ -41,7 +43,7 @@ def _existing(mount, path):
     return None
 
 
-def oom_kills(cgroup):
+def oom_kills(cgroup: Optional[str]) -> Optional[int]:
     """The cgroup's count of OOM kills, or None when it cannot be read."""
     if cgroup is None:
         return None
@@ -60,11 +62,11 @@ def oom_kills(cgroup):
 class OomWatch:
     """The OOM kills of this node's cgroup since the watch began."""
 
-    def __init__(self, cgroup=None):
+    def __init__(self, cgroup: Optional[str] = None) -> None:
         self.cgroup = memory_cgroup() if cgroup is None else cgroup
         self.baseline = oom_kills(self.cgroup)
 
-    def evidence(self):
+    def evidence(self) -> Optional[str]:
         """A sentence when the kernel's OOM killer ended a process of this cgroup since the
         start (the count went up), else None."""
         now = oom_kills(self.cgroup)

@@ -27,6 +27,10 @@ import os
 import signal
 import socket
 import threading
+from types import FrameType
+from typing import Callable, Iterable, List, Literal, Mapping, Optional, Tuple
+
+from ..runtime.procs import Member
 
 # What a user sends the task to have every rank print its stacks (stacks.py: on demand).
 ASK_SIGNAL = signal.SIGUSR1
@@ -61,17 +65,17 @@ FORWARDING = (
 STOP_MARGIN_S = 15
 
 
-def scheduler_grace(preempt_grace_s):
+def scheduler_grace(preempt_grace_s: float) -> int:
     """The stop grace (whole seconds) to ask a scheduler for, for a gang's `preempt_grace`."""
     return int(math.ceil(preempt_grace_s)) + STOP_MARGIN_S
 
 
-def forwarding(argv):
+def forwarding(argv: Iterable[str]) -> List[str]:
     """A container's command `argv`, run under FORWARDING as its main process."""
     return ["bash", "-c", FORWARDING, "metaflow-torch-distributed", *argv]
 
 
-def announce(environ=os.environ):
+def announce(environ: Mapping[str, str] = os.environ) -> bool:
     """Make this process (a node's supervisor) the one this container's PID 1 forwards a
     SIGTERM to. True when a SIGTERM came before: the caller acts on it as on its own."""
     path = environ.get(FORWARD_ENV)
@@ -87,16 +91,18 @@ def announce(environ=os.environ):
     return os.path.exists(path + ".term")
 
 
-def withdraw(environ=os.environ):
+def withdraw(environ: Mapping[str, str] = os.environ) -> None:
     """The supervisor is done: a later SIGTERM goes nowhere (as without FORWARDING), so that the
     task's end (its artifacts, its logs) runs on to the scheduler's SIGKILL."""
     path = environ.get(FORWARD_ENV)
+    if path is None:
+        return
     try:
         with open(path) as f:
             if f.read().strip() != str(os.getpid()):
                 return
         os.remove(path)
-    except (OSError, TypeError):
+    except OSError:
         pass
 
 
@@ -104,11 +110,11 @@ def withdraw(environ=os.environ):
 PREEMPTED = threading.Event()
 
 
-def mark_file(work_dir):
+def mark_file(work_dir: str) -> str:
     return os.path.join(work_dir, "preempted")
 
 
-def leave_mark(work_dir):
+def leave_mark(work_dir: str) -> None:
     try:
         with open(mark_file(work_dir), "w"):
             pass
@@ -116,7 +122,8 @@ def leave_mark(work_dir):
         pass
 
 
-def install_rank_handler(work_dir, on_stop=None):
+def install_rank_handler(work_dir: str, on_stop: Optional[Callable[[], object]] = None
+                         ) -> Optional[Callable[[int, Optional[FrameType]], None]]:
     """In a rank's process, from its main thread: a SIGTERM with the mark sets PREEMPTED; one
     without is the gang's stop, which ends the rank, or calls `on_stop()` (rank 0's: it raises
     in the body, whose results are handed back). None if SIGTERM already has a handler of
@@ -124,7 +131,7 @@ def install_rank_handler(work_dir, on_stop=None):
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return None
 
-    def on_sigterm(signum, frame):
+    def on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
         if os.path.exists(mark_file(work_dir)):
             PREEMPTED.set()
             return
@@ -150,23 +157,26 @@ class SupervisorHandler:
     handler writes it as the signal arrives), which a thread of ours reads and acts on at once.
     Only a wakeup fd nobody else set is taken, and it is given back as found."""
 
-    def __init__(self, on_preempt, on_stacks=None):
+    def __init__(self, on_preempt: Callable[[], object],
+                 on_stacks: Optional[Callable[[], object]] = None) -> None:
         self.on_preempt = on_preempt
         # called on ASK_SIGNAL (SIGUSR1): every rank prints its stacks (stacks.OnDemand)
         self.on_stacks = on_stacks
         self.installed = False
         self.asking = False  # ours is ASK_SIGNAL's handler
-        self._wakeup = None  # (read end, write end, reader thread) while ours is the wakeup fd
+        # (read end, write end, reader thread) while ours is the wakeup fd
+        self._wakeup: Optional[Tuple[socket.socket, socket.socket, threading.Thread]] = None
 
-    def _handler(self, signum, frame):
+    def _handler(self, signum: int, frame: Optional[FrameType]) -> None:
         PREEMPTED.set()  # rank 0's body may look at once; the watch's thread does the rest
         self.on_preempt()
 
-    def _ask_handler(self, signum, frame):
-        if not self._wakeup_is_ours():  # else the reader thread acted on it as it came
+    def _ask_handler(self, signum: int, frame: Optional[FrameType]) -> None:
+        # (with the wakeup fd ours, the reader thread acted on it as it came)
+        if not self._wakeup_is_ours() and self.on_stacks is not None:
             self.on_stacks()
 
-    def _wakeup_is_ours(self):
+    def _wakeup_is_ours(self) -> bool:
         """(Main thread.) Whether the wakeup fd is still ours: rank 0's code may have set its
         own meanwhile (asyncio), and then only the Python handler hears the signal."""
         if self._wakeup is None:
@@ -177,7 +187,7 @@ class SupervisorHandler:
             signal.set_wakeup_fd(current)
         return current == ours
 
-    def __enter__(self):
+    def __enter__(self) -> "SupervisorHandler":
         if threading.current_thread() is not threading.main_thread():
             return self
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -192,7 +202,7 @@ class SupervisorHandler:
             os.kill(os.getpid(), signal.SIGTERM)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         if self.installed:
             withdraw()
         self._give_back_wakeup_fd()
@@ -202,7 +212,7 @@ class SupervisorHandler:
             signal.signal(ASK_SIGNAL, signal.SIG_DFL)
         return False
 
-    def _take_wakeup_fd(self):
+    def _take_wakeup_fd(self) -> None:
         read_end, write_end = socket.socketpair()
         write_end.setblocking(False)
         try:
@@ -220,7 +230,7 @@ class SupervisorHandler:
         self._wakeup = (read_end, write_end, reader)
         reader.start()
 
-    def _read_wakeups(self, read_end):
+    def _read_wakeups(self, read_end: socket.socket) -> None:
         while True:
             try:
                 signums = read_end.recv(64)
@@ -231,10 +241,10 @@ class SupervisorHandler:
             if signal.SIGTERM in signums and self.installed:
                 PREEMPTED.set()
                 self.on_preempt()
-            if ASK_SIGNAL in signums and self.asking:
+            if ASK_SIGNAL in signums and self.asking and self.on_stacks is not None:
                 self.on_stacks()
 
-    def _give_back_wakeup_fd(self):
+    def _give_back_wakeup_fd(self) -> None:
         if self._wakeup is None:
             return
         read_end, write_end, reader = self._wakeup
@@ -251,7 +261,7 @@ class SupervisorHandler:
         write_end.close()
 
 
-def forward(members):
+def forward(members: Iterable[Member]) -> None:
     """SIGTERM to each running member's process (not its group: a rank's own children, e.g.
     DataLoader workers, are its business)."""
     for member in members:

@@ -15,6 +15,8 @@ import signal
 import subprocess
 import sys
 import time
+from typing import (Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple,
+                    Union)
 
 from ..core.failures import communication_error, report_exception, save_exception
 
@@ -25,7 +27,7 @@ _PR_SET_PDEATHSIG = 1
 PROGRESS_INTERVAL = 5.0
 
 
-def die_with_parent(parent_pid):
+def die_with_parent(parent_pid: int) -> None:
     """Linux: ask the kernel to SIGKILL this process when the thread that started it exits, so
     a crashed or killed task never leaves members behind. If the parent already died between
     the fork and this call, leave at once."""
@@ -40,18 +42,21 @@ def die_with_parent(parent_pid):
 class Member:
     """A process of the gang started by this process, in a process group of its own."""
 
-    def __init__(self, label, pid, stdout_fd, stderr_fd, popen=None, exit_file=None):
+    def __init__(self, label: str, pid: int, stdout_fd: Optional[int], stderr_fd: Optional[int],
+                 popen: Optional["subprocess.Popen[bytes]"] = None,
+                 exit_file: Optional[str] = None) -> None:
         self.label = label
         self.pid = pid
+        # its output's read ends; None when it writes to pipes of its caller's (fork_member)
         self.stdout_fd = stdout_fd
         self.stderr_fd = stderr_fd
-        self.returncode = None
+        self.returncode: Optional[int] = None
         self._popen = popen
         # where a rank writes its exit status as it leaves (run_member_body): read when the
         # kernel or someone else reaped it first
         self.exit_file = exit_file
 
-    def poll(self):
+    def poll(self) -> Optional[int]:
         if self.returncode is not None:
             return self.returncode
         try:
@@ -69,14 +74,14 @@ class Member:
             self._popen.returncode = self.returncode  # Popen must not wait for it again
         return self.returncode
 
-    def signal_group(self, signum):
+    def signal_group(self, signum: int) -> None:
         try:
             os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
 
 
-def _reaped(pid):
+def _reaped(pid: int) -> bool:
     """True once child `pid` has exited (reaped here, or already: SIGCHLD ignored)."""
     try:
         return bool(os.waitpid(pid, os.WNOHANG)[0])
@@ -84,23 +89,30 @@ def _reaped(pid):
         return True
 
 
-def exit_file_of(error_file):
+def exit_file_of(error_file: Optional[str]) -> Optional[str]:
     return None if not error_file else error_file + ".exit"
 
 
-def _written_exit(path):
+def _written_exit(path: Optional[str]) -> int:
+    if path is None:
+        return -signal.SIGKILL
     try:
         with open(path) as f:
             return int(f.read())
-    except (TypeError, OSError, ValueError):
+    except (OSError, ValueError):
         return -signal.SIGKILL
 
 
-def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=(), pipes=None):
+def fork_member(label: str, body: Callable[[], object], env: Mapping[str, str],
+                remove_env: Iterable[str] = (), error_file: Optional[str] = None,
+                close_fds: Iterable[int] = (), pipes: Optional[Tuple[int, int]] = None) -> Member:
     """Fork this process; the child sets `env`, runs `body()` and exits with its status.
     Its output goes to new pipes, or to `pipes` (the write ends of its stdout and stderr, kept
     open by the caller for the next process of the same place: a restart in place), whose fds
     the caller lists in `close_fds` with every other fd the child must not keep."""
+    out_r: Optional[int]
+    err_r: Optional[int]
+    own: Tuple[int, ...]
     if pipes is None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -137,7 +149,7 @@ def fork_member(label, body, env, remove_env=(), error_file=None, close_fds=(), 
     return Member(label, pid, out_r, err_r, exit_file=exit_file_of(error_file))
 
 
-def run_member_body(body, error_file):
+def run_member_body(body: Callable[[], object], error_file: Optional[str]) -> int:
     """Run a member's step body; the exit status for it, with any exception in `error_file`."""
     code = 0
     try:
@@ -167,7 +179,7 @@ def run_member_body(body, error_file):
     return code
 
 
-def _write_exit(path, code):
+def _write_exit(path: Optional[str], code: int) -> None:
     """The exit status, for a supervisor whose process had it reaped first (Member.poll)."""
     if not path:
         return
@@ -178,7 +190,7 @@ def _write_exit(path, code):
         pass
 
 
-def _flush_stdio():
+def _flush_stdio() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -186,7 +198,7 @@ def _flush_stdio():
             pass
 
 
-def record_error(ex, error_file):
+def record_error(ex: BaseException, error_file: Optional[str]) -> None:
     """Write `ex` in torchelastic's error-file format (the one @record writes)."""
     if not error_file or os.path.exists(error_file):
         return  # @record in user code wrote it first: that one has the original traceback
@@ -203,7 +215,8 @@ def record_error(ex, error_file):
             os.environ["TORCHELASTIC_ERROR_FILE"] = previous
 
 
-def spawn_member(label, argv, env, cwd=None, error_file=None):
+def spawn_member(label: str, argv: Sequence[str], env: Mapping[str, str],
+                 cwd: Optional[str] = None, error_file: Optional[str] = None) -> Member:
     """Start `argv` as a member in a new process group, its output on pipes."""
     popen = subprocess.Popen(
         argv,
@@ -217,6 +230,7 @@ def spawn_member(label, argv, env, cwd=None, error_file=None):
     )
     # The pump takes the pipes over: give it its own fds and let the Popen's file objects go,
     # so nothing closes the same fd number twice.
+    assert popen.stdout is not None and popen.stderr is not None  # stdout=stderr=PIPE
     out_fd, err_fd = os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno())
     popen.stdout.close()
     popen.stderr.close()
@@ -224,7 +238,7 @@ def spawn_member(label, argv, env, cwd=None, error_file=None):
     return Member(label, popen.pid, out_fd, err_fd, popen, exit_file=exit_file_of(error_file))
 
 
-def stop_members(members, grace):
+def stop_members(members: Sequence[Member], grace: float) -> List[str]:
     """SIGTERM every member's process group, then SIGKILL what is left after `grace` seconds.
     Returns the labels of the members that were still running."""
     running = [m for m in members if m.poll() is None]
@@ -243,6 +257,15 @@ def stop_members(members, grace):
     return [m.label for m in running]
 
 
+class Sink(Protocol):
+    """Where a pump's writes also go (OutputPump's `tee`): called with the target fd and the
+    bytes written to it, closed when the pump ends."""
+
+    def __call__(self, target: int, data: bytes, /) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class OutputPump:
     """Copies many pipes into target fds, prefixing each line, from a forked process of its own.
 
@@ -258,17 +281,19 @@ class OutputPump:
     remote node ships its output to node 0 this way.
     """
 
-    def __init__(self, tee=None, progress_interval=None):
-        self._streams = []  # (read fd, prefix bytes, target fd)
+    def __init__(self, tee: Optional[Callable[[], Sink]] = None,
+                 progress_interval: Optional[float] = None) -> None:
+        self._streams: List[Tuple[int, bytes, int]] = []  # (read fd, prefix bytes, target fd)
         self._tee = tee
         self._interval = PROGRESS_INTERVAL if progress_interval is None else progress_interval
-        self._alive_w = None
-        self.pid = None
+        self._alive_w: Optional[int] = None
+        self.pid: Optional[int] = None
 
-    def add(self, fd, prefix, target_fd):
+    def add(self, fd: int, prefix: str, target_fd: int) -> None:
         self._streams.append((fd, prefix.encode() + b" " if prefix else b"", target_fd))
 
-    def start(self, close_in_child=(), orphan_note=None):
+    def start(self, close_in_child: Iterable[int] = (),
+              orphan_note: Union[str, Callable[[], str], None] = None) -> None:
         """Fork the pump; close `close_in_child` (e.g. write ends of pumped pipes) in it. If the
         process that started it dies before the pump is done (SIGKILL, the OOM killer), the
         pump writes `orphan_note` to stderr last, since that process can say nothing."""
@@ -281,7 +306,7 @@ class OutputPump:
             try:
                 for fd in [*close_in_child, self._alive_w]:
                     os.close(fd)
-                sink = self._tee() if self._tee else None
+                sink: Optional[Sink] = self._tee() if self._tee else None
                 if orphan_note:
                     sink = _NoteOnOrphan(sink, alive_r, orphan_note)
                 _pump(self._streams, sink, self._interval)
@@ -292,7 +317,7 @@ class OutputPump:
         for fd, _, _ in self._streams:
             os.close(fd)
 
-    def parent_done(self):
+    def parent_done(self) -> None:
         """Tell the pump that its parent ends normally (call before closing pumped pipes)."""
         if self._alive_w is not None:
             try:
@@ -302,7 +327,7 @@ class OutputPump:
             os.close(self._alive_w)
             self._alive_w = None
 
-    def drain(self, timeout):
+    def drain(self, timeout: float) -> bool:
         """Wait for the pump to copy what is left, at most `timeout` seconds."""
         self.parent_done()
         if self.pid is None:
@@ -323,16 +348,17 @@ class OutputPump:
 class _NoteOnOrphan:
     """A pump sink that, at the end, says so if the pump's parent died instead of saying done."""
 
-    def __init__(self, inner, alive_fd, note):
+    def __init__(self, inner: Optional[Sink], alive_fd: int,
+                 note: Union[str, Callable[[], str]]) -> None:
         self.inner = inner
         self.alive_fd = alive_fd
         self.note = note
 
-    def __call__(self, target, data):
+    def __call__(self, target: int, data: bytes) -> None:
         if self.inner is not None:
             self.inner(target, data)
 
-    def close(self):
+    def close(self) -> None:
         os.set_blocking(self.alive_fd, False)
         try:
             died = os.read(self.alive_fd, 1) == b""  # closed without a word
@@ -351,14 +377,15 @@ class _Stream:
     """One pumped pipe: where its lines go, the line it has not finished, and, when that line
     is rewritten with \r, what of it was shown and since when it is waiting to be shown."""
 
-    def __init__(self, prefix, target):
+    def __init__(self, prefix: bytes, target: int) -> None:
         self.prefix = prefix
         self.target = target
         self.pending = b""
-        self.shown = None  # the state of the current \r-line last written out
-        self.since = None  # when the current \r-line began or was last written out
+        self.shown: Optional[bytes] = None  # the state of the current \r-line last written out
+        # when the current \r-line began or was last written out
+        self.since: Optional[float] = None
 
-    def feed(self, chunk, now):
+    def feed(self, chunk: bytes, now: float) -> bytes:
         """The bytes to write for `chunk`: its complete lines, a \r-line as its last state."""
         *lines, self.pending = (self.pending + chunk).split(b"\n")
         out = []
@@ -374,11 +401,11 @@ class _Stream:
                 self.since = now
         return b"".join(out)
 
-    def due(self, interval):
+    def due(self, interval: float) -> Optional[float]:
         """When the \r-line in progress is next to be shown, or None."""
         return None if self.since is None else self.since + interval
 
-    def snapshot(self, now, interval):
+    def snapshot(self, now: float, interval: float) -> bytes:
         """The \r-line in progress as its latest state, once it is due."""
         if self.since is None or now < self.since + interval:
             return b""
@@ -388,24 +415,24 @@ class _Stream:
         self.shown = state
         return line
 
-    def finish(self):
+    def finish(self) -> bytes:
         """What is left when the pipe closed: a last line without its newline."""
         if b"\r" in self.pending:
             return self._state_line(_last_state(self.pending))
         return self.prefix + self.pending + b"\n" if self.pending else b""
 
-    def _state_line(self, state):
+    def _state_line(self, state: bytes) -> bytes:
         if state == self.shown or not state.strip():
             return b""  # shown already, or a bar that cleared its line
         return self.prefix + state + b"\n"
 
 
-def _last_state(line):
+def _last_state(line: bytes) -> bytes:
     """What a terminal would show last of a line rewritten with \r: its last non-empty part."""
     return next((part for part in reversed(line.split(b"\r")) if part), b"")
 
 
-def _latest(pending):
+def _latest(pending: bytes) -> bytes:
     """An unfinished \r-line cut to its latest state (and any \r after it), so that what is
     kept stays small however long the bar runs."""
     end = len(pending.rstrip(b"\r"))
@@ -413,15 +440,16 @@ def _latest(pending):
     return pending[start:] if start > 0 else pending
 
 
-def _pump(streams, sink=None, interval=PROGRESS_INTERVAL):
-    def write(stream, data):
+def _pump(streams: Iterable[Tuple[int, bytes, int]], sink: Optional[Sink] = None,
+          interval: float = PROGRESS_INTERVAL) -> None:
+    def write(stream: _Stream, data: bytes) -> None:
         if data:
             _write_all(stream.target, data)
             if sink is not None:
                 sink(stream.target, data)
 
     selector = selectors.DefaultSelector()
-    open_streams = {}
+    open_streams: Dict[int, _Stream] = {}
     for fd, prefix, target in streams:
         stream = _Stream(prefix, target)
         selector.register(fd, selectors.EVENT_READ, stream)
@@ -448,7 +476,7 @@ def _pump(streams, sink=None, interval=PROGRESS_INTERVAL):
         sink.close()
 
 
-def _write_all(fd, data):
+def _write_all(fd: int, data: bytes) -> None:
     while data:
         try:
             n = os.write(fd, data)

@@ -11,7 +11,9 @@ import queue
 import sys
 import threading
 import time
+from typing import Callable, Iterable, Mapping, Optional, Tuple
 
+from ..core.gangspec import GangSpec
 from ..runtime.control import ControlPlane
 
 # Seconds between two looks for new chunks on node 0.
@@ -25,24 +27,25 @@ class LogShipper:
     the pump process, so the pump's local writes never wait for the network or for node 0 to
     come up. On any store error it stops shipping (the local copy goes on)."""
 
-    def __init__(self, spec):
+    def __init__(self, spec: GangSpec) -> None:
         self.spec = spec
-        self._queue = queue.Queue()
+        # (target fd, data) to ship, then None: the end
+        self._queue: queue.Queue[Optional[Tuple[int, bytes]]] = queue.Queue()
         self._broken = False
         self._thread = threading.Thread(target=self._run, name="torch-distributed-ship",
                                         daemon=True)
         self._thread.start()
 
-    def __call__(self, target_fd, data):
+    def __call__(self, target_fd: int, data: bytes) -> None:
         if not self._broken:
             self._queue.put((target_fd, data))
 
-    def close(self, timeout=CLOSE_TIMEOUT):
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Ship what is queued (at most `timeout` seconds), then tell node 0 this is the end."""
         self._queue.put(None)
         self._thread.join(timeout)
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             control = ControlPlane.of_attempt(self.spec.attempt,
                                               self.spec.blueprint.rendezvous_timeout_s)
@@ -62,22 +65,23 @@ class LogReceiver:
     """Node 0's side: a thread copying the chunks of `nodes` into `out_fds` ({1: fd, 2: fd}),
     and passing each to `tee(target fd, data)` if given."""
 
-    def __init__(self, control, nodes, out_fds, tee=None):
+    def __init__(self, control: ControlPlane, nodes: Iterable[int], out_fds: Mapping[int, int],
+                 tee: Optional[Callable[[int, bytes], object]] = None) -> None:
         self.control = control
         self.tee = tee
         self.nodes = list(nodes)
         self.out_fds = out_fds
         self._taken = {node: 0 for node in self.nodes}
         self._stop = threading.Event()
-        self.error = None
+        self.error: Optional[Exception] = None
         self._thread = threading.Thread(target=self._run, name="torch-distributed-logs",
                                         daemon=True)
 
-    def start(self):
+    def start(self) -> "LogReceiver":
         self._thread.start()
         return self
 
-    def stop(self, timeout):
+    def stop(self, timeout: float) -> None:
         """Copy what the nodes still ship, until each said it ended or `timeout` passed."""
         deadline = time.monotonic() + timeout
         self._stop.set()
@@ -98,7 +102,7 @@ class LogReceiver:
             print("@torch_distributed: lost part of the remote nodes' output: %s" % self.error,
                   file=sys.stderr)
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             while not self._stop.wait(POLL_INTERVAL):
                 for node in self.nodes:
@@ -106,7 +110,7 @@ class LogReceiver:
         except Exception as ex:  # noqa: BLE001 - kept for stop() to report
             self.error = ex
 
-    def _copy(self, node):
+    def _copy(self, node: int) -> bool:
         chunks, self._taken[node] = self.control.take_logs(node, self._taken[node])
         for target, data in chunks:
             fd = self.out_fds.get(target, self.out_fds[2])

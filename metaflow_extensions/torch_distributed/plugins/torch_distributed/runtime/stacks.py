@@ -40,8 +40,14 @@ import threading
 import time
 import zlib
 from collections import Counter
+from types import FrameType
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping,
+                    Optional, Sequence, Tuple, TypedDict, Union, cast)
 
 from ..core.failures import PACKAGE_DIR
+
+if TYPE_CHECKING:  # control imports Report from here: a cycle
+    from ..runtime.control import ControlPlane
 
 # Seconds between two samples of a probe: hang_timeout / SAMPLES_PER_TIMEOUT, within bounds.
 SAMPLES_PER_TIMEOUT = 20
@@ -58,19 +64,37 @@ MAX_FRAMES = 40
 # registers (ignoring_dumps): a rank asked while it starts or ends lets it pass.
 DUMP_SIGNAL = signal.SIGRTMIN + 1
 
+# A frame of a stack: (file, line or None, function).
+Frame = Tuple[str, Optional[int], str]
+# Where a locate(rank) puts a rank: (node, local rank).
+Locate = Callable[[int], Tuple[int, int]]
 
-def interval_for(hang_timeout):
+
+class Report(TypedDict):
+    """Where one rank stands, as its node reads it from its probe (NodeProgress.read) and
+    node 0 gets it through the store."""
+
+    quiet_s: float  # seconds its collective count has not moved
+    seq: Optional[int]  # its collective count (None: no process group yet)
+    waiting: Optional[str]  # the torch.distributed or autograd call it is in
+    where: Optional[str]  # its innermost frame of user code
+    stack: str  # formatted, outermost first
+    age_s: float  # seconds since its probe last wrote
+    done: bool  # its body ended
+
+
+def interval_for(hang_timeout: float) -> float:
     return min(max(hang_timeout / SAMPLES_PER_TIMEOUT, MIN_INTERVAL), MAX_INTERVAL)
 
 
-def probe_file(work_dir, rank):
+def probe_file(work_dir: str, rank: int) -> str:
     return os.path.join(work_dir, "probe-rank-%d.json" % rank)
 
 
 # -- in a rank ------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def ignoring_dumps():
+def ignoring_dumps() -> Iterator[None]:
     """While a supervising process (node 0's task, an agent) runs its gang, from its main
     thread: DUMP_SIGNAL is ignored there, and so in the members it starts (an ignored signal
     stays ignored through fork and exec), until a rank's body registers it."""
@@ -84,24 +108,27 @@ def ignoring_dumps():
         signal.signal(DUMP_SIGNAL, previous if previous is not None else signal.SIG_DFL)
 
 
-def register_dump():
+def register_dump() -> bool:
     """In a rank, as its body starts: DUMP_SIGNAL prints every thread's stack to its stderr
     (the rank's own lines of the log). Left alone where the signal has a handler already;
     True if registered (undo with unregister_dump: the signal is ignored again)."""
     if signal.getsignal(DUMP_SIGNAL) not in (signal.SIG_DFL, signal.SIG_IGN, None):
         return False
     try:
-        faulthandler.register(DUMP_SIGNAL, file=sys.__stderr__, all_threads=True, chain=False)
+        # sys.__stderr__ may be None, which faulthandler takes (it writes to sys.stderr then,
+        # or raises RuntimeError, caught below); typeshed's stub does not say so
+        faulthandler.register(DUMP_SIGNAL, file=sys.__stderr__,  # type: ignore[arg-type]
+                              all_threads=True, chain=False)
     except (ValueError, OSError, RuntimeError, AttributeError):  # no usable stderr
         return False
     return True
 
 
-def unregister_dump():
+def unregister_dump() -> None:
     faulthandler.unregister(DUMP_SIGNAL)
 
 
-def dump(pids):
+def dump(pids: Iterable[int]) -> None:
     """Have the ranks of `pids` print their stacks (DUMP_SIGNAL); a rank gone is skipped."""
     for pid in pids:
         try:
@@ -116,15 +143,16 @@ class OnDemand:
 
     MIN_GAP_S = 1.0
 
-    def __init__(self, say, pids, clock=time.monotonic):
+    def __init__(self, say: Callable[[str], object], pids: Callable[[], Iterable[int]],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.say = say  # prints one line to the log
         self.pids = pids  # the pids of this node's running ranks, when called
         self.clock = clock
-        self._last = None
+        self._last: Optional[float] = None
         self._seen = 0
         self._lock = threading.Lock()
 
-    def _dump(self, line):
+    def _dump(self, line: str) -> bool:
         with self._lock:
             now = self.clock()
             if self._last is not None and now - self._last < self.MIN_GAP_S:
@@ -134,7 +162,7 @@ class OnDemand:
         dump(self.pids())
         return True
 
-    def ask(self, control, step_name):
+    def ask(self, control: Optional["ControlPlane"], step_name: str) -> None:
         """Node 0: dump its ranks and ask the other nodes (through `control`) for theirs."""
         if self._dump("@torch_distributed on step *%s*: every rank prints its threads' stacks "
                       "(asked with SIGUSR1); the gang goes on" % step_name) and control:
@@ -144,7 +172,7 @@ class OnDemand:
             except Exception:  # noqa: BLE001 - the store is going away: this node's are shown
                 pass
 
-    def follow(self, requested):
+    def follow(self, requested: int) -> None:
         """An agent: node 0's count of requests is `requested`; dump when it grew."""
         if requested > self._seen:
             self._seen = requested
@@ -157,33 +185,33 @@ class Probe:
     """The thread that writes, every `interval` seconds, rank `rank`'s collective count and
     main-thread stack to `path` (what `NodeProgress` reads)."""
 
-    def __init__(self, path, interval, rank):
+    def __init__(self, path: str, interval: float, rank: int) -> None:
         self.path = path
         self.interval = interval
         self.rank = rank
-        self._main = threading.main_thread().ident
-        self._fd = None
+        self._main = cast(int, threading.main_thread().ident)  # started, so never None
+        self._fd: Optional[int] = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torch-distributed-probe",
                                         daemon=True)
 
-    def start(self):
+    def start(self) -> "Probe":
         self._write(done=False)
         self._thread.start()
         return self
 
-    def stop(self):
+    def stop(self) -> None:
         """The body ended: say so last (a finished rank is never a straggler)."""
         self._stop.set()
         self._thread.join(timeout=self.interval + 1)
         self._write(done=True)
 
-    def _run(self):
+    def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self._write(done=False)
 
-    def _write(self, done):
+    def _write(self, done: bool) -> None:
         frame = sys._current_frames().get(self._main)
         sample = {"rank": self.rank, "at": time.time(), "seq": collective_count(),
                   "stack": stack_of(frame), "done": done}
@@ -201,12 +229,12 @@ class Probe:
                 pass
 
 
-def frame_record(payload):
+def frame_record(payload: bytes) -> bytes:
     """`payload` with a header of its length and CRC-32, so a torn read is detected."""
     return b"%08x %08x\n" % (len(payload), zlib.crc32(payload)) + payload
 
 
-def read_record(data):
+def read_record(data: bytes) -> Optional[bytes]:
     """The payload of a record (frame_record) at the start of `data`, or None if torn."""
     header, _, rest = data.partition(b"\n")
     try:
@@ -217,7 +245,7 @@ def read_record(data):
     return payload if len(payload) == length and zlib.crc32(payload) == crc else None
 
 
-def collective_count():
+def collective_count() -> Optional[int]:
     """The sum of the sequence numbers of this process's process groups (collectives run), or
     None before the default group exists. Read from another thread than the one that runs
     them: a group being created or destroyed meanwhile reads as None this once."""
@@ -233,9 +261,9 @@ def collective_count():
         return None
 
 
-def stack_of(frame):
+def stack_of(frame: Optional[FrameType]) -> List[List[Union[str, int, None]]]:
     """[[file, line, function], ...] of `frame` and its callers, innermost first."""
-    frames = []
+    frames: List[List[Union[str, int, None]]] = []
     while frame is not None and len(frames) < MAX_FRAMES:
         code = frame.f_code
         frames.append([code.co_filename, frame.f_lineno, code.co_name])
@@ -250,19 +278,21 @@ class NodeProgress:
     """A node's view of its ranks' probes in `work_dir`: per rank, how long its collective count
     has not moved, by this node's `clock`."""
 
-    def __init__(self, work_dir, ranks, clock=time.monotonic):
+    def __init__(self, work_dir: str, ranks: Iterable[int],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.work_dir = work_dir
         self.ranks = list(ranks)
         self.clock = clock
-        self._seen = {}  # rank -> (collective count, when it was first seen at that count)
+        # rank -> (collective count, when it was first seen at that count)
+        self._seen: Dict[int, Tuple[Optional[int], float]] = {}
 
-    def read(self):
+    def read(self) -> Dict[int, Report]:
         """{rank: report} of every rank whose probe wrote: `quiet_s` (seconds its collective
         count has not moved), `seq`, `waiting` (the torch.distributed or autograd call its main
         thread is in, or None), `where` (its innermost frame of user code), `stack` (formatted,
         outermost first), `age_s` (since its probe last wrote), `done`."""
         now = self.clock()
-        reports = {}
+        reports: Dict[int, Report] = {}
         for rank in self.ranks:
             try:
                 with open(probe_file(self.work_dir, rank), "rb") as f:
@@ -280,26 +310,26 @@ class NodeProgress:
         return reports
 
 
-def report_of(sample, quiet_s):
-    frames = [tuple(f) for f in sample.get("stack") or []]
+def report_of(sample: Mapping[str, Any], quiet_s: float) -> Report:
+    frames: List[Frame] = [tuple(f) for f in sample.get("stack") or []]
     return {"quiet_s": round(quiet_s, 3), "seq": sample.get("seq"),
             "waiting": waiting_call(frames), "where": user_frame(frames),
             "stack": format_stack(frames), "age_s": round(max(0.0, time.time() - sample["at"]), 3),
             "done": bool(sample.get("done"))}
 
 
-def _in_torch(filename, part=None):
+def _in_torch(filename: str, part: Optional[str] = None) -> bool:
     """True when `filename` is torch's code (under `part`, e.g. "distributed", if given)."""
     inside = os.sep + "torch" + os.sep + (part + os.sep if part else "")
     return inside in filename
 
 
-def waiting_call(frames):
+def waiting_call(frames: Iterable[Frame]) -> Optional[str]:
     """The torch.distributed (or autograd) function the user's code called that this stack is
     inside, e.g. "all_reduce" or "backward"; None when it is in neither. Frames are innermost
     first; the call named is the outermost such frame (the API the user called), skipping
     torch's logging wrappers."""
-    call = None
+    call: Optional[str] = None
     for filename, _, name in frames:
         if _in_torch(filename, "distributed") or _in_torch(filename, "autograd"):
             if name not in ("wrapper", "_wrapper", "inner") and not name.startswith("<"):
@@ -309,7 +339,7 @@ def waiting_call(frames):
     return call
 
 
-def user_frame(frames):
+def user_frame(frames: Iterable[Frame]) -> Optional[str]:
     """'file.py:42 in train' of the innermost frame outside torch and this package, or None."""
     package = os.path.join(PACKAGE_DIR, "")
     for filename, line, name in frames:
@@ -321,20 +351,20 @@ def user_frame(frames):
     return None
 
 
-def _line(line):
+def _line(line: Optional[int]) -> str:
     """A frame's line number as text: a frame between two lines (Python 3.11+ sets f_lineno to
     None on instructions that belong to no line) has none, shown as `?`."""
     return "?" if line is None else "%d" % line
 
 
-def format_stack(frames):
+def format_stack(frames: Sequence[Frame]) -> str:
     """The stack as a traceback shows it (most recent call last), from the step's code on:
     the frames of Metaflow and of this package that lead to the step's body are left out."""
     outermost_first = list(reversed(frames))
     runner_dirs = [os.path.join(PACKAGE_DIR, "")]
-    metaflow = sys.modules.get("metaflow")
-    if metaflow is not None and getattr(metaflow, "__file__", None):
-        runner_dirs.append(os.path.join(os.path.dirname(os.path.abspath(metaflow.__file__)), ""))
+    metaflow_file = getattr(sys.modules.get("metaflow"), "__file__", None)
+    if metaflow_file:
+        runner_dirs.append(os.path.join(os.path.dirname(os.path.abspath(metaflow_file)), ""))
     start, in_runner = 0, False
     for i, (filename, _, _) in enumerate(outermost_first):
         runner = any(filename.startswith(d) for d in runner_dirs)
@@ -350,7 +380,8 @@ def format_stack(frames):
 # -- on node 0: the verdict ------------------------------------------------------------------------
 
 
-def verdict(reports, world_size, hang_timeout, locate):
+def verdict(reports: Mapping[int, Report], world_size: int, hang_timeout: float,
+            locate: Locate) -> Optional[Tuple[int, str]]:
     """(straggler rank, report text) when the gang is hung, else None. `reports` {rank: report}
     for the ranks of every node (NodeProgress.read, merged); `locate(rank)` gives (node, local
     rank). Pure. No verdict while a rank has not reported or any rank finished its body (the
@@ -368,7 +399,7 @@ def verdict(reports, world_size, hang_timeout, locate):
     stragglers = _stragglers(reports)
     groups = _groups(reports, stragglers)
     first = stragglers[0] if stragglers else waiting[0]
-    lines = []
+    lines: List[str] = []
     for ranks, where in groups:
         lines.append("  %s: %s" % (_ranks_text(ranks, locate), where))
     text = ("made no progress: for %ds no collective completed on any rank while %s %s "
@@ -398,7 +429,7 @@ def verdict(reports, world_size, hang_timeout, locate):
     return first, text
 
 
-def _stragglers(reports):
+def _stragglers(reports: Mapping[int, Report]) -> List[int]:
     """The ranks the others wait for: those not in a collective; else the ones behind on
     collectives; else the ones in another call than most."""
     not_waiting = sorted(r for r, rep in reports.items() if not rep["waiting"])
@@ -415,15 +446,16 @@ def _stragglers(reports):
     return []
 
 
-def _groups(reports, stragglers):
+def _groups(reports: Mapping[int, Report],
+            stragglers: Sequence[int]) -> List[Tuple[List[int], str]]:
     """[(ranks, where they stand)], the stragglers first, then the others by place."""
-    def place(rep):
+    def place(rep: Report) -> str:
         at = rep["where"] or "no frame of the step's code"
         if rep["waiting"]:
             return "%s, called from %s" % (rep["waiting"], at)
         return "at %s, not in a collective" % at
 
-    by_place = {}
+    by_place: Dict[str, List[int]] = {}
     for rank in sorted(reports):
         by_place.setdefault(place(reports[rank]), []).append(rank)
     groups = sorted(by_place.items(), key=lambda item: (
@@ -431,7 +463,7 @@ def _groups(reports, stragglers):
     return [(ranks, where) for where, ranks in groups]
 
 
-def _ranks_text(ranks, locate):
+def _ranks_text(ranks: Iterable[int], locate: Optional[Locate]) -> str:
     ranks = list(ranks)
     word = "rank" if len(ranks) == 1 else "ranks"
     text = "%s %s" % (word, ", ".join(map(str, ranks)))
@@ -441,5 +473,5 @@ def _ranks_text(ranks, locate):
     return text
 
 
-def _num(seconds):
+def _num(seconds: float) -> str:
     return ("%g" % seconds)

@@ -27,11 +27,15 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Optional
+from typing import (Callable, Collection, Dict, Iterable, List, Mapping, Optional, Protocol,
+                    Sequence, Set, Tuple, TypeVar, Union)
 
 from ..core import failures as F
+from ..core.topology import Topology
 from ..runtime import oom, stacks
+from ..runtime.control import ControlPlane
 from ..runtime.procs import Member
+from ..runtime.stacks import NodeProgress, OnDemand, Report
 
 POLL_INTERVAL = 0.05
 # Seconds to wait for the root cause once only symptoms (communication errors) are known.
@@ -44,7 +48,7 @@ _TIMEOUT_HINT = re.compile(r"time[sd]? ?out|timed out|Timeout", re.I)
 HEARTBEAT_INTERVAL = 1.0
 
 
-def _num(seconds):
+def _num(seconds: float) -> str:
     return "%g" % seconds
 
 
@@ -84,36 +88,52 @@ class GangAborted(Exception):
 _INTERNAL_ERRORS = (TypeError, AttributeError, NameError, AssertionError)
 
 
+class OnPreempt(Protocol):
+    """What a SIGTERM to node `origin` makes the gang do (`at`: when it came, if known)."""
+
+    def __call__(self, origin: int, at: Optional[float] = None) -> object: ...
+
+
+# (rank, node, local rank) of a rank that may still run
+Running = Tuple[int, int, Optional[int]]
+
+_W = TypeVar("_W", bound="Watch")
+
+
 class Watch:
     """What every node's watch does: poll this node's `slots`, settle a failure (holding
     symptoms for their cause), and end in one phase. Subclasses add what their node watches."""
 
-    def __init__(self, slots, control, topology, on_failure=None, clock=time.monotonic):
+    def __init__(self, slots: Iterable[Slot], control: ControlPlane, topology: Topology,
+                 on_failure: Optional[Callable[[F.Failure], object]] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.slots = list(slots)
         self.control = control
         self.topology = topology
         self.on_failure = on_failure
         self.clock = clock
         self.phase = Phase.WATCHING
-        self.failures = []
+        self.failures: List[F.Failure] = []
         self.finished = threading.Event()  # set on leaving WATCHING/HOLDING
         self._lock = threading.Lock()
-        self._held = []  # symptoms seen while HOLDING
-        self._hold_until = None
-        self._seen_slots = set()  # ids of slots whose failure is already recorded
-        self._seen_nodes = set()  # nodes whose reported failure is already recorded
+        self._held: List[F.Failure] = []  # symptoms seen while HOLDING
+        self._hold_until: Optional[float] = None
+        self._seen_slots: Set[int] = set()  # ids of slots whose failure is already recorded
+        self._seen_nodes: Set[int] = set()  # nodes whose reported failure is already recorded
         self._polling = False  # the thread polls (or a test drives poll_once)
         # a preemption (preempt.py): (node whose SIGTERM it was, when), and until when the
         # ranks may save; every failure meanwhile is held, the preemption is the outcome
-        self.preempted = None
-        self._preempt_until = None
-        self._sigterm_at = None  # when a SIGTERM reached this node's supervising process
-        self.on_preempt = None  # what a SIGTERM makes the gang do (the leader's and agent's)
+        self.preempted: Optional[Tuple[int, float]] = None
+        self._preempt_until: Optional[float] = None
+        # when a SIGTERM reached this node's supervising process
+        self._sigterm_at: Optional[float] = None
+        # what a SIGTERM makes the gang do (the leader's and agent's)
+        self.on_preempt: Optional[OnPreempt] = None
         self._oom = oom.OomWatch()  # this node's cgroup: was a SIGKILL the OOM killer's?
         self._thread = threading.Thread(target=self._run, name="torch-distributed-supervisor",
                                         daemon=True)
 
-    def sigterm(self):
+    def sigterm(self) -> None:
         """Called from this process's SIGTERM handler: the thread acts on it (on_preempt) at
         its next poll, so that the handler itself does nothing but note it. The first one
         counts (preempt.SupervisorHandler may note the same signal twice)."""
@@ -121,22 +141,22 @@ class Watch:
             self._sigterm_at = time.time()
 
     @property
-    def sigterm_at(self):
+    def sigterm_at(self) -> Optional[float]:
         """When a SIGTERM reached this node's supervising process (None: none did)."""
         return self._sigterm_at
 
-    def _told_to_stop(self):
+    def _told_to_stop(self) -> bool:
         """A SIGTERM reached this process and the thread has not acted on it yet: whatever
         fails meanwhile (a framework's handler in rank 0 raising its SIGTERMException) is what
         the preemption made happen, held with the rest once the thread preempts the gang."""
         return self._sigterm_at is not None and self.on_preempt is not None
 
-    def start(self):
+    def start(self: _W) -> _W:
         self.begin()
         self._thread.start()
         return self
 
-    def begin(self):
+    def begin(self: _W) -> _W:
         """Mark the watch as polling without its thread, for a caller that drives poll_once
         itself (tests, with an injected clock)."""
         with self._lock:
@@ -144,22 +164,22 @@ class Watch:
         return self
 
     @property
-    def aborted(self):
+    def aborted(self) -> bool:
         return self.phase is Phase.ABORTED
 
-    def failed(self):
+    def failed(self) -> bool:
         with self._lock:
             return bool(self.failures)
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: Optional[float] = None) -> bool:
         return self.finished.wait(timeout)
 
-    def join(self, timeout=None):
+    def join(self, timeout: Optional[float] = None) -> None:
         """Until the thread has left (after the watch ended, once `on_failure` returned)."""
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def preempt(self, node, grace, at=None):
+    def preempt(self, node: int, grace: float, at: Optional[float] = None) -> None:
         """The gang was preempted (a SIGTERM to node `node`): hold every failure for `grace`
         seconds, or until every process ended, then fail with the preemption as the cause."""
         with self._lock:
@@ -168,7 +188,8 @@ class Watch:
                 self._preempt_until = self.clock() + grace
                 self._preempt_grace = grace
 
-    def preemption_failure(self):
+    def preemption_failure(self) -> F.Failure:
+        assert self.preempted is not None  # asked once preempted (poll_once)
         node, at = self.preempted
         return F.Failure(
             None, node, F.FailureKind.PREEMPTED, at,
@@ -177,7 +198,7 @@ class Watch:
             "A checkpoint saved meanwhile is the one the next attempt (@retry) loads"
             % (node, _num(self._preempt_grace)))
 
-    def report(self, failure):
+    def report(self, failure: F.Failure) -> None:
         """Record a failure seen outside the thread (rank 0's exception in the main thread).
         A symptom joins the thread's wait for a root cause while the thread polls; it is never
         lost: the watch cannot end as FINISHED while it holds one (_finish), and once the watch
@@ -190,23 +211,25 @@ class Watch:
         if not held:
             self._fail(failure)
 
-    def running_ranks(self):
+    def running_ranks(self) -> List[int]:
         """Ranks of this node whose process still runs and has not failed (a rank that raised
         may still be tearing down)."""
-        return [s.rank for s in self._running_slots() if id(s) not in self._seen_slots]
+        return [s.rank for s in self._running_slots()
+                if s.rank is not None and id(s) not in self._seen_slots]
 
-    def _running_slots(self):
+    def _running_slots(self) -> List[Slot]:
         """This node's rank slots whose process still runs."""
         return [s for s in self.slots if s.rank is not None and s.member.poll() is None]
 
     # -- the thread ----------------------------------------------------------------------------
 
-    def _run(self):
+    def _run(self) -> None:
         try:
             while not self.poll_once():
                 time.sleep(POLL_INTERVAL)
         except GangAborted:
-            self._fail(F.Failure(None, -1, F.FailureKind.ABORTED, time.time(), message="gang aborted by node 0"),
+            self._fail(F.Failure(None, -1, F.FailureKind.ABORTED, time.time(),
+                                 message="gang aborted by node 0"),
                        phase=Phase.ABORTED)
         except _INTERNAL_ERRORS as ex:  # a bug of ours: never reported as the network's
             self._fail(F.Failure(None, -1, F.FailureKind.CONTROL, time.time(), message=(
@@ -220,7 +243,7 @@ class Watch:
             with self._lock:
                 self._polling = False
 
-    def poll_once(self):
+    def poll_once(self) -> bool:
         """One look at everything this watch watches; True once the watch has ended."""
         if self.finished.is_set():
             return True
@@ -228,22 +251,23 @@ class Watch:
         failure = self._check()
         if failure is not None and self._settle(failure):
             return True
-        if self.preempted is not None and (self.clock() >= self._preempt_until
-                                           or self._all_ended()):
+        if self.preempted is not None and self._preempt_until is not None and (
+                self.clock() >= self._preempt_until or self._all_ended()):
             with self._lock:
                 held = list(self._held)
             self._fail(self.preemption_failure(), *held)
             return True
-        if self.phase is Phase.HOLDING and self.clock() >= self._hold_until:
+        if (self.phase is Phase.HOLDING and self._hold_until is not None
+                and self.clock() >= self._hold_until):
             if not self._waiting_for_timeouts():
                 self._flush()  # no root cause came: report the symptoms
                 return True
         return self._all_done() and self._finish()
 
-    def _tick(self):
+    def _tick(self) -> None:
         """What this node does on every poll besides watching (an agent's heartbeat)."""
 
-    def _finish(self):
+    def _finish(self) -> bool:
         """Every watched process and node finished: True once the watch ended. A symptom held
         while waiting for its cause is then the outcome, as nothing else can come: the watch
         fails with it rather than finish (a rank 0 whose collective failed after its peers
@@ -259,18 +283,18 @@ class Watch:
             self._flush()
         return True
 
-    def _all_ended(self):
+    def _all_ended(self) -> bool:
         """Every process this watch watches has ended (a preempted gang is then settled)."""
         return all(s.member.poll() is not None for s in self.slots)
 
-    def _check(self):
+    def _check(self) -> Optional[F.Failure]:
         """The next failure of this node's processes, or None."""
         now = time.time()
         for slot in self.slots:
             if id(slot) in self._seen_slots:
                 continue
             code = slot.member.poll()
-            if code is None and slot.rank is not None:
+            if code is None and slot.rank is not None and slot.local_rank is not None:
                 # A rank fails when it raises, not when its process is gone: tearing down
                 # (DataLoader workers, a child that ignores SIGTERM) can take seconds.
                 failure = F.raised(slot.rank, slot.node, slot.local_rank, slot.error_file)
@@ -293,12 +317,12 @@ class Watch:
             return failure
         return None
 
-    def _all_done(self):
+    def _all_done(self) -> bool:
         return all(s.member.poll() == 0 for s in self.slots)
 
     # -- settling a failure --------------------------------------------------------------------
 
-    def _settle(self, failure):
+    def _settle(self, failure: F.Failure) -> bool:
         """Record `failure`; True once the gang's failure is settled and reported. A rank that
         failed because a peer went away (a communication error) is a symptom: hold it for
         SYMPTOM_WAIT seconds, so that the peer's own failure, which may come from another node
@@ -313,17 +337,17 @@ class Watch:
         self._flush()
         return True
 
-    def _hold(self, failure):
+    def _hold(self, failure: F.Failure) -> None:
         """(Under the lock.) Keep `failure` for the settled outcome; a symptom starts HOLDING."""
         self._held.append(failure)
         if failure.is_symptom() and self.phase is Phase.WATCHING:
             self.phase = Phase.HOLDING
             self._hold_until = self.clock() + SYMPTOM_WAIT
 
-    def _holding(self, symptom):
+    def _holding(self, symptom: F.Failure) -> None:
         """Called when a symptom of this node is held (an agent tells node 0 who still runs)."""
 
-    def _flush(self):
+    def _flush(self) -> None:
         with self._lock:
             seen = list(self._held)
         if seen and all(f.is_symptom() for f in seen):
@@ -332,7 +356,7 @@ class Watch:
                 seen.append(hung)
         self._fail(*seen)
 
-    def _fail(self, *failures, phase=Phase.FAILED):
+    def _fail(self, *failures: F.Failure, phase: Phase = Phase.FAILED) -> None:
         """Record `failures` together. The first call ends the watch in `phase`, then calls
         `on_failure` (which may take a while to stop members): whoever `wait`s sees every
         failure settled with the first, such as the hung rank named beside its peers'
@@ -347,7 +371,7 @@ class Watch:
             if self.on_failure:
                 self.on_failure(failures[0])
 
-    def _waiting_for_timeouts(self):
+    def _waiting_for_timeouts(self) -> bool:
         """Ranks that wait for a hung peer time out one by one, as they started (other nodes
         start later): while only timeouts are known, give nodes that have not said which of
         their ranks still run up to TIMEOUT_SKEW_WAIT more seconds to say it."""
@@ -355,26 +379,27 @@ class Watch:
             symptoms = list(self._held)
         if not symptoms or not all(_TIMEOUT_HINT.search(f.message) for f in symptoms):
             return False
-        if self.clock() >= self._hold_until + TIMEOUT_SKEW_WAIT:
+        if self._hold_until is None or self.clock() >= self._hold_until + TIMEOUT_SKEW_WAIT:
             return False
         return bool(self._silent_nodes())
 
-    def _silent_nodes(self):
+    def _silent_nodes(self) -> List[int]:
         """Unfinished nodes that neither reported a failure nor said which ranks still run."""
         return []
 
-    def _remote_running(self):
+    def _remote_running(self) -> List[Running]:
         """[(rank, node, local rank)] of other nodes' ranks that may still run."""
         return []
 
-    def _hung_rank(self, symptoms):
+    def _hung_rank(self, symptoms: Sequence[F.Failure]) -> Optional[F.Failure]:
         """When every failure so far is a symptom and some are peers' timeouts (the others:
         connections that closed as those peers gave up and left), the rank still running
         without an error is the one the others waited for: name it (None if there is none)."""
         if not any(_TIMEOUT_HINT.search(f.message) for f in symptoms):
             return None
         failed = {f.rank for f in symptoms}
-        running = [(s.rank, s.node, s.local_rank) for s in self._running_slots()]
+        running: List[Running] = [(s.rank, s.node, s.local_rank) for s in self._running_slots()
+                                  if s.rank is not None]
         running = self._leader_running() + running + self._remote_running()
         running = [r for r in running if r[0] not in failed]
         if not running:
@@ -386,7 +411,7 @@ class Watch:
             "waiting for it (%s). Its [rank %d] lines show where it was; see the debugging "
             "guide to dump its stack next time" % (symptoms[0].where(), rank))
 
-    def _leader_running(self):
+    def _leader_running(self) -> List[Running]:
         """[(0, 0, 0)] while rank 0 runs its body in this process (node 0), else []."""
         return []
 
@@ -401,11 +426,18 @@ class LeaderWatch(Watch):
     `on_assembled` is called once, when the last expected check-in arrived (from the watch's
     thread), or by `start` when none is expected; never after the watch ended."""
 
-    def __init__(self, slots, control, topology, watch_nodes=(), expected_joins=None,
-                 join_timeout=None, heartbeat_timeout=None, leader_busy=None,
-                 finish_timeout=None, on_failure=None, on_assembled=None, clock=time.monotonic,
-                 progress=None, hang_timeout=None, on_preempt=None, leader_slot=None,
-                 agents_stay=False):
+    def __init__(self, slots: Iterable[Slot], control: ControlPlane, topology: Topology,
+                 watch_nodes: Collection[int] = (),
+                 expected_joins: Optional[Mapping[str, Place]] = None,
+                 join_timeout: Optional[float] = None, heartbeat_timeout: Optional[float] = None,
+                 leader_busy: Optional[Callable[[], bool]] = None,
+                 finish_timeout: Optional[float] = None,
+                 on_failure: Optional[Callable[[F.Failure], object]] = None,
+                 on_assembled: Optional[Callable[[], object]] = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 progress: Optional[NodeProgress] = None, hang_timeout: Optional[float] = None,
+                 on_preempt: Optional[OnPreempt] = None, leader_slot: Optional[Slot] = None,
+                 agents_stay: bool = False) -> None:
         super().__init__(slots, control, topology, on_failure, clock)
         # with restarts in place a local node's agent outlives its node's round (it waits
         # for node 0's word): a node that finished is done, its agent still running
@@ -421,7 +453,7 @@ class LeaderWatch(Watch):
         self.progress = progress
         self.hang_timeout = hang_timeout
         self._next_hang_check = clock()
-        self._last_reports = {}  # {rank: stacks report} as last read
+        self._last_reports: Dict[int, Report] = {}  # {rank: stacks report} as last read
         self.assembled = threading.Event()
         self.join_timeout = join_timeout
         self.join_deadline = clock() + join_timeout if join_timeout is not None else None
@@ -431,39 +463,42 @@ class LeaderWatch(Watch):
         self._pending_joins = dict(expected_joins or {})
         self._nodes_left = set(watch_nodes)
         self._watched = set(watch_nodes)
-        self._beats = {}  # node -> (heartbeats seen, when the count last changed)
-        self._beats_before = {}  # node -> its heartbeats when a restarted round was first looked at
-        self._others_done_at = None
+        # node -> (heartbeats seen, when the count last changed)
+        self._beats: Dict[int, Tuple[int, float]] = {}
+        # node -> its heartbeats when a restarted round was first looked at
+        self._beats_before: Dict[int, int] = {}
+        self._others_done_at: Optional[float] = None
 
-    def start(self):
+    def start(self) -> "LeaderWatch":
         if not self._pending_joins:
             self._assemble()
         return super().start()
 
-    def _leader_slot_runs(self):
+    def _leader_slot_runs(self) -> bool:
+        assert self.leader_slot is not None  # leader_busy only with a leader_slot
         return self.leader_slot.member.poll() is None
 
-    def wait_for_leader(self):
+    def wait_for_leader(self) -> None:
         """Until rank 0's process (leader_slot) ended or the watch did."""
         while not (self.leader_ended.is_set() or self.finished.wait(POLL_INTERVAL)):
             pass
 
-    def _tick(self):
+    def _tick(self) -> None:
         if self.leader_slot is not None and not self._leader_slot_runs():
             self.leader_ended.set()
 
-    def _assemble(self):
+    def _assemble(self) -> None:
         if self.assembled.is_set():
             return
         self.assembled.set()
         if self.on_assembled is not None:
             self.on_assembled()
 
-    def unfinished_failure(self, waited):
+    def unfinished_failure(self, waited: float) -> F.Failure:
         """The failure to report when rank 0 finished its body `waited` seconds ago and some
         ranks or nodes still have not finished theirs. Ranks of other nodes are named from
         what their agents reported done."""
-        places = self._running_slots()
+        places: List[Union[Slot, Place]] = list(self._running_slots())
         nodes = sorted({s.node for s in self.slots if s.rank is None and s.member.poll() is None}
                        | self._nodes_left)
         for node in nodes:
@@ -473,14 +508,15 @@ class LeaderWatch(Watch):
         places = places or [Place(0)]
         first = places[0]
         return F.Failure(
-            first.rank, first.node, F.FailureKind.UNFINISHED, time.time(), local_rank=first.local_rank,
+            first.rank, first.node, F.FailureKind.UNFINISHED, time.time(),
+            local_rank=first.local_rank,
             message="did not finish its step body within %ss after rank 0 finished its own "
             "(still running: %s). A rank that hangs (e.g. in a collective the others never "
             "join, or in code only some ranks run) is stopped; raise finish_timeout if "
             "ranks legitimately finish later than rank 0"
             % (waited, "; ".join(_member_name(p, self.topology) for p in places)))
 
-    def _finish(self):
+    def _finish(self) -> bool:
         if not (self.leader_busy and self.leader_busy()):
             return super()._finish()
         failure = self._check_leader_finishes()
@@ -489,8 +525,8 @@ class LeaderWatch(Watch):
         self._fail(failure)
         return True
 
-    def _check(self):
-        if self.preempted is None and self._told_to_stop():
+    def _check(self) -> Optional[F.Failure]:
+        if self.preempted is None and self.on_preempt is not None and self._told_to_stop():
             # the task itself got it: preempted before this poll's failures are settled, which
             # are then held for the grace (a rank that ended meanwhile is the SIGTERM's doing)
             self.on_preempt(0, self._sigterm_at)
@@ -521,7 +557,7 @@ class LeaderWatch(Watch):
             return None  # no hang verdict while the ranks save
         return self._check_hang(now)
 
-    def _check_hang(self, now):
+    def _check_hang(self, now: float) -> Optional[F.Failure]:
         if self.progress is None or not self.hang_timeout or self.clock() < self._next_hang_check:
             return None
         self._next_hang_check = self.clock() + stacks.interval_for(self.hang_timeout)
@@ -537,9 +573,10 @@ class LeaderWatch(Watch):
             return None
         rank, text = found
         node, local_rank = self.topology.locate(rank)
-        return F.Failure(rank, node, F.FailureKind.HUNG, now, local_rank=local_rank, message=text)
+        return F.Failure(rank, node, F.FailureKind.HUNG, now, local_rank=local_rank,
+                         message=text)
 
-    def _all_done(self):
+    def _all_done(self) -> bool:
         """Every process and node finished, but rank 0's process (leader_slot), which may still
         run: _finish times it against finish_timeout."""
         return not self._nodes_left and not self._pending_joins and all(
@@ -547,12 +584,13 @@ class LeaderWatch(Watch):
             and not (self.agents_stay and s.rank is None and s.member.poll() is None)
         ) and (self.leader_slot is None or self.leader_slot.member.poll() in (None, 0))
 
-    def _all_ended(self):
+    def _all_ended(self) -> bool:
         leader = self.leader_busy is not None and self.leader_busy()
         nodes_left = [n for n in self._nodes_left if self.control.failure(n) is None]
         return not leader and not nodes_left and super()._all_ended()
 
-    def _check_leader_finishes(self):
+    def _check_leader_finishes(self) -> Optional[F.Failure]:
+        assert self.finish_timeout is not None  # given with leader_busy or leader_slot
         if self._others_done_at is None:
             self._others_done_at = self.clock()
         if self.clock() - self._others_done_at < self.finish_timeout:
@@ -564,7 +602,7 @@ class LeaderWatch(Watch):
             "code only rank 0 runs) is stopped; raise finish_timeout if it legitimately runs "
             "longer" % self.finish_timeout)
 
-    def _check_joins(self, now):
+    def _check_joins(self, now: float) -> Optional[F.Failure]:
         if not self._pending_joins:
             return None
         for join_id in list(self._pending_joins):
@@ -574,6 +612,7 @@ class LeaderWatch(Watch):
             if not self.finished.is_set():  # a gang that already failed is not assembled
                 self._assemble()
             return None
+        assert self.join_deadline is not None  # expected joins come with their join_timeout
         if self.clock() < self.join_deadline:
             return None
         missing = sorted(self._pending_joins.values(), key=lambda s: s.node)
@@ -585,7 +624,8 @@ class LeaderWatch(Watch):
             "Check that every node can start (image, capacity) and reach node 0, or raise "
             "rendezvous_timeout." % (self.join_timeout, names))
 
-    def _check_heartbeat(self, node, now):
+    def _check_heartbeat(self, node: int, now: float) -> Optional[F.Failure]:
+        assert self.heartbeat_timeout is not None  # _check looks only then
         count = self.control.beats(node)
         # the count a restarted round (restarts in place) began with: a node's agent does not
         # beat between rounds, while it loads the round's checkpoint and starts its ranks
@@ -607,12 +647,12 @@ class LeaderWatch(Watch):
             "cannot reach node 0 any more. Its own log (and the instance's) tells why."
             % (self.heartbeat_timeout, _member_name(Place(node), self.topology)))
 
-    def _joining(self, node):
+    def _joining(self, node: int) -> bool:
         """True while node 0 still waits for `node` to join (a join it does not expect, as in
         a watch of nodes alone, counts as joined)."""
         return any(p.node == node and p.rank is None for p in self._pending_joins.values())
 
-    def _hung_rank(self, symptoms):
+    def _hung_rank(self, symptoms: Sequence[F.Failure]) -> Optional[F.Failure]:
         """As Watch's, with the hung rank's stack as its probe last saw it, when it did."""
         hung = super()._hung_rank(symptoms)
         if hung is not None and self.progress is not None and self.hang_timeout:
@@ -623,24 +663,25 @@ class LeaderWatch(Watch):
                 self._last_reports.update(fresh)
             except Exception:  # noqa: BLE001 - the store may be going: the last reading stands
                 pass
-        seen = self._last_reports.get(hung.rank) if hung is not None else None
-        if seen and seen["stack"]:
+        seen = (self._last_reports.get(hung.rank)
+                if hung is not None and hung.rank is not None else None)
+        if hung is not None and seen and seen["stack"]:
             hung.message = hung.message.split("; see the debugging guide")[0] + (
                 ". Its stack as its probe last saw it (most recent call last):\n%s"
                 % seen["stack"])
         return hung
 
-    def _other_nodes(self):
+    def _other_nodes(self) -> List[int]:
         """Every other node: the ones watched through the store, and local agents."""
         return sorted({s.node for s in self.slots if s.rank is None} | self._watched)
 
-    def _silent_nodes(self):
+    def _silent_nodes(self) -> List[int]:
         return [n for n in self._other_nodes()
                 if (n in self._nodes_left or n not in self._watched)
                 and not self.control.running(n) and self.control.failure(n) is None]
 
-    def _remote_running(self):
-        running = []
+    def _remote_running(self) -> List[Running]:
+        running: List[Running] = []
         for node in self._other_nodes():
             running += [(r, node, self.topology.locate(r)[1]) for r in self.control.running(node)]
         for node in self._silent_nodes():  # no word from these: any of their ranks may be it
@@ -648,7 +689,7 @@ class LeaderWatch(Watch):
                         for r in self.topology.ranks_of(node)]
         return running
 
-    def _leader_running(self):
+    def _leader_running(self) -> List[Running]:
         if self.leader_slot is not None:
             return []  # one of the slots, which _running_slots counts
         return [(0, 0, 0)] if self.leader_busy and self.leader_busy() else []
@@ -658,22 +699,28 @@ class AgentWatch(Watch):
     """The watch of node `node` (not node 0): it beats, tells node 0 which of its ranks
     finished and, on a symptom, which still run, and ends when node 0 aborts the gang."""
 
-    def __init__(self, slots, control, topology, node, on_failure=None, clock=time.monotonic,
-                 progress=None, progress_interval=None, on_preempt=None, stacks=None):
+    def __init__(self, slots: Iterable[Slot], control: ControlPlane, topology: Topology,
+                 node: int, on_failure: Optional[Callable[[F.Failure], object]] = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 progress: Optional[NodeProgress] = None,
+                 progress_interval: Optional[float] = None,
+                 on_preempt: Optional[OnPreempt] = None,
+                 stacks: Optional[OnDemand] = None) -> None:
         super().__init__(slots, control, topology, on_failure, clock)
         self.node = node
         self.on_preempt = on_preempt
         self.stacks = stacks  # stacks.OnDemand: node 0's requests for every rank's stacks
         self._next_beat = clock()
-        self._reported_done = set()
+        self._reported_done: Set[int] = set()
         # where this node's ranks stand (stacks.NodeProgress), sent to node 0 this often
         self.progress = progress
         self.progress_interval = progress_interval
         self._next_progress = clock()
 
-    def _tick(self):
+    def _tick(self) -> None:
         for slot in self.slots:
-            if slot.rank not in self._reported_done and slot.member.poll() == 0:
+            if (slot.rank is not None and slot.rank not in self._reported_done
+                    and slot.member.poll() == 0):
                 self.control.rank_finished(slot.rank)
                 self._reported_done.add(slot.rank)
         if self.clock() >= self._next_beat:
@@ -682,12 +729,13 @@ class AgentWatch(Watch):
             if self.stacks is not None:  # as often as it beats: one read a second
                 self.stacks.follow(self.control.stacks_requested())
         if self.progress is not None and self.clock() >= self._next_progress:
+            assert self.progress_interval is not None  # given with progress
             self._next_progress = self.clock() + self.progress_interval
             reports = self.progress.read()
             if reports:
                 self.control.send_progress(self.node, reports)
 
-    def _check(self):
+    def _check(self) -> Optional[F.Failure]:
         failure = super()._check()
         if failure is None and self.control.aborted():
             raise GangAborted()
@@ -701,11 +749,11 @@ class AgentWatch(Watch):
                 self.on_preempt(self.node, self._sigterm_at)  # this node's own SIGTERM
         return failure
 
-    def _holding(self, symptom):
+    def _holding(self, symptom: F.Failure) -> None:
         self.control.report_running(self.node, self.running_ranks())
 
 
-def _member_name(slot, topology):
+def _member_name(slot: Union[Slot, Place], topology: Topology) -> str:
     if slot.rank is None:
         ranks = list(topology.ranks_of(slot.node))
         return "node %d (ranks %d-%d)" % (slot.node, ranks[0], ranks[-1])
