@@ -9,9 +9,20 @@ import fnmatch
 import json
 import re
 from dataclasses import dataclass, field
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type,
+                    TypeVar, Union)
 from urllib.parse import unquote
 
-from ..preflight.common import check_image, check_shared_memory, failed, passed, unknown
+from ..preflight.common import (Finding, GangNeeds, check_image, check_shared_memory, failed,
+                                passed, unknown)
+
+# What an AWS API answered (boto3 gives JSON as dicts and lists).
+Answer = Dict[str, Any]
+# A policy document: a dict, or JSON URL-encoded as IAM's query API returns it.
+Document = Union[str, Mapping[str, Any]]
+_T = TypeVar("_T")
+# ask(key, call): what `call()` answered, or None when it was refused (recorded under `key`).
+Ask = Callable[[str, Callable[[], _T]], Optional[_T]]
 
 FARGATE = ("FARGATE", "FARGATE_SPOT")
 # instanceTypes keywords that let Batch choose: C, M and R families, none with a GPU.
@@ -30,20 +41,22 @@ class BatchFacts:
     """What the AWS APIs answered for one step; None where a call was refused (`refused`
     says why, by call)."""
 
-    queue: dict = None
-    environments: list = field(default_factory=list)
-    security_groups: list = field(default_factory=list)
-    instance_types: list = None  # DescribeInstanceTypes entries of the environments' types
-    image: dict = None  # ECR's DescribeImages imageDetails entry of the step's image
-    role: dict = None  # GetRole's Role
-    policies: list = None  # policy documents (dicts) attached to or inline in the role
+    queue: Optional[Answer] = None
+    environments: List[Answer] = field(default_factory=list)
+    security_groups: List[Answer] = field(default_factory=list)
+    # DescribeInstanceTypes entries of the environments' types
+    instance_types: Optional[List[Answer]] = None
+    image: Optional[Answer] = None  # ECR's DescribeImages imageDetails entry of the step's image
+    role: Optional[Answer] = None  # GetRole's Role
+    # policy documents (dicts) attached to or inline in the role
+    policies: Optional[List[Document]] = None
     datastore_root: str = ""
-    refused: dict = field(default_factory=dict)
+    refused: Dict[str, str] = field(default_factory=dict)
 
 
 # -- the checks (pure) ---------------------------------------------------------------------
 
-def check(needs, facts):
+def check(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
     """Every finding for a gang step (`needs`, a GangNeeds) from what the APIs said."""
     findings = check_queue(needs, facts)
     if facts.queue is not None and "environments" in facts.refused:
@@ -62,7 +75,7 @@ def check(needs, facts):
     return findings
 
 
-def check_ecr_image(needs, facts):
+def check_ecr_image(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
     """An image in Amazon ECR can be looked up without running it: it must exist, or every
     node fails with CannotPullContainerError."""
     place = ECR_IMAGE.match(needs.image or "")
@@ -90,7 +103,7 @@ def check_ecr_image(needs, facts):
         needs.image, " (%d MiB compressed)" % (size // 2 ** 20) if size else ""))]
 
 
-def check_queue(needs, facts):
+def check_queue(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
     queue_name = needs.options.get("queue")
     if not queue_name:
         return [failed(needs.step, "job queue", "no job queue is configured",
@@ -117,16 +130,18 @@ def check_queue(needs, facts):
     return [passed(needs.step, "job queue", "job queue %s is ENABLED and VALID" % queue_name)]
 
 
-def _resources(environment):
+def _resources(environment: Mapping[str, Any]) -> Answer:
     return environment.get("computeResources") or {}
 
 
-def check_environments(needs, environments, instance_types=None):
+def check_environments(needs: GangNeeds, environments: Sequence[Mapping[str, Any]],
+                       instance_types: Optional[Iterable[Mapping[str, Any]]] = None
+                       ) -> List[Finding]:
     """Each compute environment of the queue: usable, EC2 for a multi-node gang, and one of
     them large enough for all the gang's nodes at once. Each node takes a whole instance, so
     where the instance types are known a node counts the vCPUs of the smallest that holds it
     (`instance_types`: DescribeInstanceTypes entries)."""
-    findings = []
+    findings: List[Finding] = []
     for env in environments:
         name = env["computeEnvironmentName"]
         if env.get("state") != "ENABLED" or env.get("status") != "VALID":
@@ -177,16 +192,16 @@ def check_environments(needs, environments, instance_types=None):
                                                           most, wanted, shape))]
 
 
-def _round_up(value):
+def _round_up(value: float) -> int:
     return int(value) if value == int(value) else int(value) + 1
 
 
-def requested_types(environments):
+def requested_types(environments: Iterable[Mapping[str, Any]]) -> List[str]:
     """The instanceTypes of the managed compute environments (types, families, keywords)."""
     return sorted({t for e in environments for t in _resources(e).get("instanceTypes", [])})
 
 
-def check_instance_types(needs, facts):
+def check_instance_types(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
     """Some instance type of the queue holds one node: its vCPUs, memory and GPUs."""
     requested = requested_types(facts.environments)
     if not requested:
@@ -226,34 +241,34 @@ def check_instance_types(needs, facts):
                    % _environment_with(facts.environments, explicit))]
 
 
-def _pattern(instance_type):
+def _pattern(instance_type: str) -> str:
     return instance_type if "." in instance_type else instance_type + ".*"
 
 
-def instance_type_patterns(environments):
+def instance_type_patterns(environments: Iterable[Mapping[str, Any]]) -> List[str]:
     return [_pattern(t) for t in requested_types(environments) if t not in CHOSEN_BY_BATCH]
 
 
-def _environment_with(environments, types):
+def _environment_with(environments: Iterable[Mapping[str, Any]], types: Iterable[str]) -> str:
     return next(e["computeEnvironmentName"] for e in environments
                 if set(_resources(e).get("instanceTypes", [])) & set(types))
 
 
-def _gpus(instance_type):
+def _gpus(instance_type: Mapping[str, Any]) -> int:
     return sum(g.get("Count", 0) for g in (instance_type.get("GpuInfo") or {}).get("Gpus", []))
 
 
-def _vcpus(instance_type):
+def _vcpus(instance_type: Mapping[str, Any]) -> int:
     return instance_type.get("VCpuInfo", {}).get("DefaultVCpus", 0)
 
 
-def _holds(instance_type, needs):
+def _holds(instance_type: Mapping[str, Any], needs: GangNeeds) -> bool:
     vcpus = _vcpus(instance_type)
     memory = instance_type.get("MemoryInfo", {}).get("SizeInMiB", 0)
     return vcpus >= needs.cpu and memory >= needs.memory and _gpus(instance_type) >= needs.gpu
 
 
-def check_security_groups(needs, facts):
+def check_security_groups(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
     """Multi-node jobs need the nodes to reach each other on every port: a security group of
     the compute environment that allows all traffic from itself (in and out)."""
     if needs.nodes == 1:
@@ -276,7 +291,7 @@ def check_security_groups(needs, facts):
                        % found)]
     group = groups[0]
     found = next((g for g in facts.security_groups if g["GroupId"] == group), {"GroupId": group})
-    fixes = []
+    fixes: List[str] = []
     if not _inbound(found):
         fixes.append("aws ec2 authorize-security-group-ingress --group-id %s --protocol all "
                      "--source-group %s" % (group, group))
@@ -289,29 +304,29 @@ def check_security_groups(needs, facts):
                    "the rendezvous would hang" % ", ".join(groups), "; ".join(fixes))]
 
 
-def _allows_all(permission, group_id):
+def _allows_all(permission: Mapping[str, Any], group_id: str) -> bool:
     return permission.get("IpProtocol") == "-1" and (
         any(p.get("GroupId") == group_id for p in permission.get("UserIdGroupPairs", []))
         or any(r.get("CidrIp") == "0.0.0.0/0" for r in permission.get("IpRanges", [])))
 
 
-def _inbound(group):
+def _inbound(group: Mapping[str, Any]) -> bool:
     """All traffic in from the group itself."""
     return any(p.get("IpProtocol") == "-1" and any(
         pair.get("GroupId") == group["GroupId"] for pair in p.get("UserIdGroupPairs", []))
         for p in group.get("IpPermissions", []))
 
 
-def _outbound(group):
+def _outbound(group: Mapping[str, Any]) -> bool:
     """All traffic out to the group itself, or anywhere."""
     return any(_allows_all(p, group["GroupId"]) for p in group.get("IpPermissionsEgress", []))
 
 
-def _self_rule(group):
+def _self_rule(group: Mapping[str, Any]) -> bool:
     return _inbound(group) and _outbound(group)
 
 
-def check_role(needs, facts):
+def check_role(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
     """The job's IAM role: it exists, ECS tasks may assume it, and it may read and write the
     S3 datastore (by its own policies: a bucket policy, a boundary or an SCP may still deny)."""
     arn = needs.options.get("iam_role")
@@ -356,40 +371,40 @@ def check_role(needs, facts):
                    "and write %s" % (name, facts.datastore_root))]
 
 
-def _policy(wanted):
+def _policy(wanted: Mapping[str, str]) -> Answer:
     return {"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Action": [a], "Resource": r} for a, r in wanted.items()]}
 
 
-def _document(doc):
+def _document(doc: Document) -> Mapping[str, Any]:
     """A policy document: IAM returns it URL-encoded (query API) or as JSON (boto3 decodes)."""
     if isinstance(doc, str):
         return json.loads(unquote(doc))
     return doc
 
 
-def _listed(value):
+def _listed(value: Any) -> List[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def _statements(doc):
+def _statements(doc: Document) -> List[Any]:
     return _listed(_document(doc).get("Statement", []))
 
 
-def _trusts_ecs_tasks(doc):
+def _trusts_ecs_tasks(doc: Document) -> bool:
     return any(s.get("Effect") == "Allow" and "sts:AssumeRole" in _listed(s.get("Action", []))
                and ECS_TASKS in _listed((s.get("Principal") or {}).get("Service", []))
                for s in _statements(doc))
 
 
-def _matches(patterns, value):
+def _matches(patterns: Union[str, List[str]], value: str) -> bool:
     return any(fnmatch.fnmatchcase(value.lower(), p.lower()) for p in _listed(patterns))
 
 
-def _allowed(policies, action, resource):
+def _allowed(policies: Iterable[Document], action: str, resource: str) -> bool:
     """Whether the role's own policies allow `action` on `resource`: some Allow matches and no
     Deny does (conditions are not evaluated)."""
-    def matching(effect):
+    def matching(effect: str) -> bool:
         return any(s.get("Effect") == effect and _matches(s.get("Action", []), action)
                    and _matches(s.get("Resource", []), resource)
                    for doc in policies for s in _statements(doc))
@@ -397,7 +412,7 @@ def _allowed(policies, action, resource):
     return matching("Allow") and not matching("Deny")
 
 
-def _s3_place(root):
+def _s3_place(root: str) -> Tuple[str, str]:
     if not root.startswith("s3://"):
         return "", ""
     bucket, _, prefix = root[len("s3://"):].partition("/")
@@ -406,19 +421,20 @@ def _s3_place(root):
 
 # -- what the APIs answer (read only) -----------------------------------------------------------
 
-def _refusal(error):
+def _refusal(error: Exception) -> str:
     """The code and message of a boto3 ClientError (no permission, throttled, ...)."""
     info = getattr(error, "response", {}).get("Error", {})
     return "%s: %s" % (info.get("Code", type(error).__name__), info.get("Message", error))
 
 
-def gather(needs, clients, datastore_root, client_error):
+def gather(needs: GangNeeds, clients: Callable[..., Any], datastore_root: str,
+           client_error: Type[Exception]) -> BatchFacts:
     """The BatchFacts of a step from the AWS APIs. `clients(service)` gives a boto3 client
     (Metaflow's own credentials); `client_error` is botocore's ClientError class: a refused
     call is recorded in `refused`, never raised."""
     facts = BatchFacts(datastore_root=datastore_root)
 
-    def ask(key, call):
+    def ask(key: str, call: Callable[[], _T]) -> Optional[_T]:
         try:
             return call()
         except client_error as error:
@@ -454,7 +470,8 @@ def gather(needs, clients, datastore_root, client_error):
     return facts
 
 
-def _ecr_image(clients, place, client_error, facts):
+def _ecr_image(clients: Callable[..., Any], place: Sequence[Optional[str]],
+               client_error: Type[Exception], facts: BatchFacts) -> Optional[Answer]:
     account, region, repository, tag, digest = place
     image = {"imageDigest": digest} if digest else {"imageTag": tag or "latest"}
     try:
@@ -467,13 +484,14 @@ def _ecr_image(clients, place, client_error, facts):
     return found[0] if found else None
 
 
-def _instance_types(ec2, patterns):
+def _instance_types(ec2: Any, patterns: List[str]) -> List[Answer]:
     pages = ec2.get_paginator("describe_instance_types").paginate(
         Filters=[{"Name": "instance-type", "Values": patterns}])
     return [t for page in pages for t in page["InstanceTypes"]]
 
 
-def _gather_role(facts, iam, name, client_error, ask):
+def _gather_role(facts: BatchFacts, iam: Any, name: str, client_error: Type[Exception],
+                 ask: Ask[List[Document]]) -> None:
     try:
         facts.role = iam.get_role(RoleName=name)["Role"]
     except client_error as error:
@@ -481,8 +499,8 @@ def _gather_role(facts, iam, name, client_error, ask):
             facts.refused["role"] = _refusal(error)
         return
 
-    def documents():
-        found = []
+    def documents() -> List[Document]:
+        found: List[Document] = []
         for page in iam.get_paginator("list_attached_role_policies").paginate(RoleName=name):
             for attached in page["AttachedPolicies"]:
                 policy = iam.get_policy(PolicyArn=attached["PolicyArn"])["Policy"]

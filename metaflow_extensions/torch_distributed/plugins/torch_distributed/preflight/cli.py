@@ -7,6 +7,9 @@ runs, the top-level --with included), so each gang step's topology and its @batc
 non-zero when a check fails.
 """
 
+from types import ModuleType
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type
+
 from ..mf import internals
 from ..preflight import (
     common as preflight,
@@ -15,13 +18,18 @@ from ..preflight import (
     smoke as preflight_smoke,
 )
 from ..core.errors import TorchDistributedPreflightFailed
+from ..core.topology import Topology
 
 click = internals.cli_click()
 
+# A backend's findings for a gang step: (its needs, the datastore's root) -> findings.
+BackendFindings = Callable[[preflight.GangNeeds, str], List[preflight.Finding]]
 
-def gang_steps(steps):
+
+def gang_steps(steps: Iterable[Tuple[str, Sequence[Any]]]
+               ) -> List[Tuple[str, Topology, Sequence[Any]]]:
     """(step name, its topology, its decorators) of every step our decorator gangs."""
-    found = []
+    found: List[Tuple[str, Topology, Sequence[Any]]] = []
     for name, decorators in steps:
         ours = [d for d in decorators if d.name == "torch_distributed"]
         if ours and getattr(ours[0], "active", False):
@@ -29,8 +37,10 @@ def gang_steps(steps):
     return found
 
 
-def batch_findings(needs, datastore_root, clients=internals.aws_client):
-    from botocore.exceptions import BotoCoreError, ClientError
+def batch_findings(needs: preflight.GangNeeds, datastore_root: str,
+                   clients: Callable[..., Any] = internals.aws_client) -> List[preflight.Finding]:
+    # botocore ships no type information
+    from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped]
 
     try:
         facts = preflight_batch.gather(needs, clients, datastore_root, ClientError)
@@ -43,7 +53,9 @@ def batch_findings(needs, datastore_root, clients=internals.aws_client):
     return preflight_batch.check(needs, facts)
 
 
-def kubernetes_findings(needs, datastore_root, client=None, api=None):
+def kubernetes_findings(needs: preflight.GangNeeds, datastore_root: str,
+                        client: Optional[ModuleType] = None,
+                        api: Optional[object] = None) -> List[preflight.Finding]:
     from urllib3.exceptions import HTTPError
 
     try:
@@ -59,17 +71,22 @@ def kubernetes_findings(needs, datastore_root, client=None, api=None):
     return preflight_kubernetes.check(needs, facts)
 
 
-def _config_error():
+def _config_error() -> Type[Exception]:
     from kubernetes.config import ConfigException
 
     return ConfigException
 
 
 BACKEND_NAMES = {"batch": "AWS Batch", "kubernetes": "Kubernetes"}
-BACKENDS = {"batch": batch_findings, "kubernetes": kubernetes_findings}
+BACKENDS: Dict[str, BackendFindings] = {"batch": batch_findings,
+                                        "kubernetes": kubernetes_findings}
 
 
-def run_preflight(steps, datastore_root, echo, backends=None, smoke=None):
+def run_preflight(steps: Iterable[Tuple[str, Sequence[Any]]], datastore_root: str,
+                  echo: Callable[[str], object],
+                  backends: Optional[Mapping[str, BackendFindings]] = None,
+                  smoke: Optional[Callable[[preflight.GangNeeds], List[preflight.Finding]]] = None
+                  ) -> List[preflight.Finding]:
     """Every finding of the flow's gang steps, echoed as a report; raises when one failed.
     `smoke(needs)`, when given, runs the smoke job of each gang step whose checks all passed
     and returns its findings."""
@@ -79,7 +96,8 @@ def run_preflight(steps, datastore_root, echo, backends=None, smoke=None):
         raise TorchDistributedPreflightFailed(
             [], "the flow has no step decorated with @torch_distributed, so there is nothing "
             "to check. Decorate the step that trains, or run the preflight of another flow.")
-    findings, checked = [], []
+    findings: List[preflight.Finding] = []
+    checked: List[preflight.GangNeeds] = []
     for name, topology, decorators in gangs:
         needs = preflight.step_needs(name, topology, decorators)
         echo("checking step %s: a gang of %s on %s" % (
@@ -110,12 +128,12 @@ def run_preflight(steps, datastore_root, echo, backends=None, smoke=None):
 
 
 @click.group()
-def cli():
+def cli() -> None:
     pass
 
 
 @cli.group(name="torch-distributed", help="Commands of @torch_distributed.")
-def torch_distributed():
+def torch_distributed() -> None:
     pass
 
 
@@ -128,10 +146,10 @@ def torch_distributed():
 @click.option("--smoke-timeout", default=preflight_smoke.DEFAULT_TIMEOUT_S, show_default=True,
               type=int, help="Seconds the smoke job may take, waiting for instances included.")
 @click.pass_obj
-def preflight_command(obj, smoke, smoke_timeout):
+def preflight_command(obj: Any, smoke: bool, smoke_timeout: int) -> None:
     steps, _, root = internals.cli_flow_steps(obj)
 
-    def echo(line):
+    def echo(line: str) -> None:
         click.echo(line)
 
     run_preflight(steps, root, echo, smoke=(

@@ -9,8 +9,10 @@ this module holds what they share: a step's needs, the findings, the report.
 """
 
 from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 from ..backends.kubernetes import MIN_SHARED_MEMORY_MIB
+from ..core.topology import Topology
 
 PASSED, FAILED, UNKNOWN = "ok", "FAILED", "unknown"
 
@@ -26,15 +28,15 @@ class Finding:
     fix: str = ""
 
 
-def passed(step, check, message):
+def passed(step: str, check: str, message: str) -> Finding:
     return Finding(step, check, PASSED, message)
 
 
-def failed(step, check, message, fix):
+def failed(step: str, check: str, message: str, fix: str) -> Finding:
     return Finding(step, check, FAILED, message, fix)
 
 
-def unknown(step, check, message, fix):
+def unknown(step: str, check: str, message: str, fix: str) -> Finding:
     """The API did not answer (no permission, not emulated by this cloud): `fix` says what to
     look at by hand. An unknown does not fail the preflight."""
     return Finding(step, check, UNKNOWN, message, fix)
@@ -53,26 +55,26 @@ class GangNeeds:
     cpu: float
     memory: int
     gpu: int
-    shared_memory: object = None
+    shared_memory: Union[int, float, str, None] = None
     image: str = ""
-    options: dict = field(default_factory=dict)
+    options: Dict[str, Any] = field(default_factory=dict)
 
-    def per_node(self):
+    def per_node(self) -> str:
         return "%g CPU, %d MiB%s" % (self.cpu, self.memory,
                                      ", %d GPU" % self.gpu if self.gpu else "")
 
-    def describe(self):
+    def describe(self) -> str:
         return "%d node%s x (%s)" % (self.nodes, "" if self.nodes == 1 else "s", self.per_node())
 
 
 BACKEND_DECORATORS = ("batch", "kubernetes")
 
 
-def _number(value, default=0.0):
+def _number(value: Union[int, float, str, None], default: float = 0.0) -> float:
     return default if value in (None, "") else float(value)
 
 
-def step_needs(step_name, topology, decorators):
+def step_needs(step_name: str, topology: Topology, decorators: Iterable[Any]) -> GangNeeds:
     """The GangNeeds of a gang step of `topology` from its decorators, as their step_init left
     their attributes (@resources merged into @batch's and @kubernetes')."""
     backend = next((d for d in decorators if d.name in BACKEND_DECORATORS), None)
@@ -90,7 +92,7 @@ def step_needs(step_name, topology, decorators):
         options=attributes)
 
 
-def check_backend(needs):
+def check_backend(needs: GangNeeds) -> List[Finding]:
     """A gang step that no remote backend runs: the preflight has nothing to check there."""
     if needs.backend:
         return []
@@ -100,7 +102,7 @@ def check_backend(needs):
                    "kubernetes), the same --with you give `run`")]
 
 
-def check_shared_memory(needs, attribute):
+def check_shared_memory(needs: GangNeeds, attribute: str) -> List[Finding]:
     """NCCL keeps its buffers in /dev/shm, which a container gets at the runtime's default
     size (64 MiB) unless the step asks for more: a GPU gang with less may hang or crash."""
     if not needs.gpu:
@@ -117,7 +119,7 @@ def check_shared_memory(needs, attribute):
         % (attribute, MIN_SHARED_MEMORY_MIB, needs.step))]
 
 
-def check_image(needs, backend):
+def check_image(needs: GangNeeds, backend: str) -> List[Finding]:
     """What is known of the image without running it: its name only."""
     return [unknown(
         needs.step, "image", "image %s: whether it has torch (a CUDA build for GPUs) and what "
@@ -131,9 +133,10 @@ def check_image(needs, backend):
 MARKS = {PASSED: "ok", FAILED: "FAILED", UNKNOWN: "??"}
 
 
-def report_lines(findings):
+def report_lines(findings: Iterable[Finding]) -> List[str]:
     """The report, one line per finding (and its fix), grouped by step."""
-    lines, step = [], None
+    lines: List[str] = []
+    step: Optional[str] = None
     for finding in findings:
         if finding.step != step:
             step = finding.step
@@ -145,5 +148,5 @@ def report_lines(findings):
     return lines
 
 
-def failures(findings):
+def failures(findings: Iterable[Finding]) -> List[Finding]:
     return [f for f in findings if f.status == FAILED]

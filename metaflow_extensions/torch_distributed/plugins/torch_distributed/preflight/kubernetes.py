@@ -8,8 +8,14 @@ only ask; `check` is a pure function of what it answered (a `KubernetesFacts`).
 """
 
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
 
-from ..preflight.common import check_image, check_shared_memory, failed, passed, unknown
+from ..preflight.common import (Finding, GangNeeds, check_image, check_shared_memory, failed,
+                                passed, unknown)
+
+if TYPE_CHECKING:  # the kubernetes package is imported where the preflight uses it
+    from kubernetes.client import ApiException
 
 JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
 JOBSET_CRD = "jobsets.jobset.x-k8s.io"
@@ -34,6 +40,9 @@ JOB_ACCESS = (
     ("list", "", "pods"),
 )
 GPU_RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
+# (verb, API group, resource) of an access review
+Access = Tuple[str, str, str]
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -43,18 +52,18 @@ class KubernetesFacts:
     `access` {(verb, group, resource): (allowed, reason)}, `kueue_served`, `local_queue`,
     `nodes` (NodeList items); `refused` says which calls were refused and why."""
 
-    jobset_resources: list = None
-    jobset_crd: dict = None
-    access: dict = field(default_factory=dict)
-    kueue_served: bool = None
-    local_queue: dict = None
-    nodes: list = None
-    refused: dict = field(default_factory=dict)
+    jobset_resources: Optional[List[str]] = None
+    jobset_crd: Optional[Dict[str, Any]] = None
+    access: Dict[Access, Tuple[bool, str]] = field(default_factory=dict)
+    kueue_served: Optional[bool] = None
+    local_queue: Optional[Dict[str, Any]] = None
+    nodes: Optional[List[Dict[str, Any]]] = None
+    refused: Dict[str, str] = field(default_factory=dict)
 
 
 # -- the checks (pure) ---------------------------------------------------------------------
 
-def check(needs, facts):
+def check(needs: GangNeeds, facts: KubernetesFacts) -> List[Finding]:
     findings = check_jobset(needs, facts)
     findings += check_access(needs, facts)
     findings += check_queue(needs, facts)
@@ -64,11 +73,11 @@ def check(needs, facts):
     return findings
 
 
-def _namespace(needs):
+def _namespace(needs: GangNeeds) -> str:
     return needs.options.get("namespace") or "default"
 
 
-def check_jobset(needs, facts):
+def check_jobset(needs: GangNeeds, facts: KubernetesFacts) -> List[Finding]:
     """A gang of N > 1 nodes is one JobSet: the API must serve jobsets, from a controller new
     enough for what Metaflow's JobSets set (startupPolicy: v0.4; terminalState, which Argo's
     conditions read: v0.6)."""
@@ -99,7 +108,7 @@ def check_jobset(needs, facts):
                    "startupPolicy and terminalState)" % (JOBSET_GROUP, JOBSET_VERSION))]
 
 
-def _schema_properties(crd):
+def _schema_properties(crd: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(spec properties, status properties) of the CRD's v1alpha2 schema."""
     for version in crd.get("spec", {}).get("versions", []):
         if version.get("name") == JOBSET_VERSION:
@@ -109,15 +118,15 @@ def _schema_properties(crd):
     return {}, {}
 
 
-def access_needed(needs):
+def access_needed(needs: GangNeeds) -> Tuple[Access, ...]:
     return GANG_ACCESS if needs.nodes > 1 else JOB_ACCESS
 
 
-def _resource_name(group, resource):
+def _resource_name(group: str, resource: str) -> str:
     return "%s.%s" % (resource, group) if group else resource
 
 
-def check_access(needs, facts):
+def check_access(needs: GangNeeds, facts: KubernetesFacts) -> List[Finding]:
     """What the credentials Metaflow uses may do in the step's namespace."""
     wanted = access_needed(needs)
     namespace = _namespace(needs)
@@ -145,11 +154,11 @@ def check_access(needs, facts):
                              for verb, group, resource in wanted)))]
 
 
-def queue_name(needs):
+def queue_name(needs: GangNeeds) -> Optional[str]:
     return (needs.options.get("labels") or {}).get(QUEUE_LABEL)
 
 
-def check_queue(needs, facts):
+def check_queue(needs: GangNeeds, facts: KubernetesFacts) -> List[Finding]:
     """A Kueue LocalQueue named by the step's label exists in its namespace and is active."""
     name = queue_name(needs)
     if not name:
@@ -184,19 +193,19 @@ def check_queue(needs, facts):
                    % (name, namespace, facts.local_queue.get("spec", {}).get("clusterQueue")))]
 
 
-def gpu_resource(needs):
+def gpu_resource(needs: GangNeeds) -> str:
     vendor = (needs.options.get("gpu_vendor") or "nvidia").lower()
     return GPU_RESOURCES.get(vendor, "%s.com/gpu" % vendor)
 
 
-def _quantity(value):
+def _quantity(value: Any) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
         return 0
 
 
-def check_gpus(needs, facts):
+def check_gpus(needs: GangNeeds, facts: KubernetesFacts) -> List[Finding]:
     """Some node advertises the GPUs one pod asks for (a device plugin is installed)."""
     if not needs.gpu:
         return []
@@ -221,11 +230,12 @@ def check_gpus(needs, facts):
 
 # -- what the API answers -----------------------------------------------------------------------
 
-def _refusal(error):
+def _refusal(error: Exception) -> str:
     return "%s %s" % (getattr(error, "status", ""), getattr(error, "reason", error))
 
 
-def gather(needs, client, api, api_error):
+def gather(needs: GangNeeds, client: ModuleType, api: object,
+           api_error: Type["ApiException"]) -> KubernetesFacts:
     """The KubernetesFacts of a step. `client` is the `kubernetes.client` module, `api` an
     ApiClient with Metaflow's configuration, `api_error` the client's ApiException: a refused
     call (403, ...) is recorded in `refused`, a 404 is an answer."""
@@ -235,7 +245,7 @@ def gather(needs, client, api, api_error):
     custom = client.CustomObjectsApi(api)
     namespace = _namespace(needs)
 
-    def ask(key, call, not_found=None):
+    def ask(key: str, call: Callable[[], _T], not_found: Optional[_T] = None) -> Optional[_T]:
         try:
             return call()
         except api_error as error:

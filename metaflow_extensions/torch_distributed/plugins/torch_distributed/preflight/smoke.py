@@ -20,14 +20,18 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..preflight.common import FAILED, failed, passed
+from ..preflight.common import FAILED, Finding, GangNeeds, failed, passed
 from ..backends.kubernetes import MIN_SHARED_MEMORY_MIB
 
 NODES = 2
+# run(argv, cwd, env, timeout_s, echo): (exit code, or None when stopped at the timeout; output)
+Runner = Callable[[List[str], str, Dict[str, str], int, Callable[[str], object]],
+                  Tuple[Optional[int], str]]
 
 
-def smoke_nodes(needs):
+def smoke_nodes(needs: GangNeeds) -> int:
     return NODES if needs.nodes > 1 else 1
 
 REPORT_MARK = "TORCH_DISTRIBUTED_SMOKE "
@@ -91,20 +95,20 @@ if __name__ == "__main__":
 '''
 
 
-def kept_attributes(needs):
+def kept_attributes(needs: GangNeeds) -> Dict[str, Any]:
     """The backend decorator's attributes of the gang step that the smoke job gets."""
     return {k: needs.options[k] for k in KEPT[needs.backend]
             if needs.options.get(k) not in (None, "", {}, [])}
 
 
-def flow_source(needs, timeout_s):
+def flow_source(needs: GangNeeds, timeout_s: int) -> str:
     """The smoke flow's source for the gang step of `needs`."""
     return _FLOW % {"backend": needs.backend, "name": FLOW_NAME, "nodes": smoke_nodes(needs),
                     "attributes": repr(kept_attributes(needs)),
                     "rendezvous": max(60, timeout_s // 2), "mark": REPORT_MARK}
 
 
-def announcement(needs, timeout_s):
+def announcement(needs: GangNeeds, timeout_s: int) -> str:
     where = ("AWS Batch queue %s" % needs.options.get("queue") if needs.backend == "batch"
              else "Kubernetes namespace %s" % (needs.options.get("namespace") or "default"))
     nodes = smoke_nodes(needs)
@@ -117,17 +121,18 @@ def announcement(needs, timeout_s):
 
 # -- the verdict (pure) ------------------------------------------------------------------------
 
-def report_of(output):
+def report_of(output: str) -> Optional[Dict[str, Any]]:
     """The report rank 0 printed, or None."""
     found = re.findall(re.escape(REPORT_MARK) + r"(\{.*\})", output)
     return json.loads(found[-1]) if found else None
 
 
-def _tail(output, lines=15):
+def _tail(output: str, lines: int = 15) -> str:
     return "\n".join(output.strip().splitlines()[-lines:])
 
 
-def verdict(needs, returncode, output, timeout_s):
+def verdict(needs: GangNeeds, returncode: Optional[int], output: str,
+            timeout_s: int) -> List[Finding]:
     """Findings of the smoke job from its exit code (None: stopped at the timeout) and output."""
     step = needs.step
     if returncode is None:
@@ -151,7 +156,7 @@ def verdict(needs, returncode, output, timeout_s):
                        "read the lines above (the step's log: `python smoke_flow.py logs "
                        "<run id>/smoke` in the folder the preflight names), and "
                        "docs/troubleshooting.md")]
-    findings = []
+    findings: List[Finding] = []
     ranks = report["ranks"]
     for info in ranks:
         findings.append(passed(step, "smoke node %d" % info["node"], "torch %s, CUDA %s, "
@@ -190,15 +195,17 @@ def verdict(needs, returncode, output, timeout_s):
 
 # -- running it ----------------------------------------------------------------------------------
 
-def run_bounded(argv, cwd, env, timeout_s, echo):
+def run_bounded(argv: Sequence[str], cwd: str, env: Mapping[str, str], timeout_s: float,
+                echo: Callable[[str], object]) -> Tuple[Optional[int], str]:
     """(exit code, or None when stopped at `timeout_s`; the output), echoing each line. The run
     gets its own session; at the timeout it is sent SIGTERM (Metaflow then stops its remote job)
     and, STOP_GRACE_S later, SIGKILL."""
     process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines = []
+    lines: List[str] = []
 
-    def pump():
+    def pump() -> None:
+        assert process.stdout is not None  # stdout=PIPE
         for line in process.stdout:
             lines.append(line)
             echo(line.rstrip("\n"))
@@ -207,7 +214,7 @@ def run_bounded(argv, cwd, env, timeout_s, echo):
     reader.start()
     try:
         process.wait(timeout=timeout_s)
-        returncode = process.returncode
+        returncode: Optional[int] = process.returncode
     except subprocess.TimeoutExpired:
         returncode = None
         os.killpg(process.pid, signal.SIGTERM)
@@ -220,7 +227,9 @@ def run_bounded(argv, cwd, env, timeout_s, echo):
     return returncode, "".join(lines)
 
 
-def smoke(needs, echo, timeout_s=DEFAULT_TIMEOUT_S, runner=run_bounded, environ=None):
+def smoke(needs: GangNeeds, echo: Callable[[str], object], timeout_s: int = DEFAULT_TIMEOUT_S,
+          runner: Runner = run_bounded,
+          environ: Optional[Mapping[str, str]] = None) -> List[Finding]:
     """Run the smoke job of a gang step and return its findings."""
     echo(announcement(needs, timeout_s))
     folder = tempfile.mkdtemp(prefix="torch-distributed-smoke-")
