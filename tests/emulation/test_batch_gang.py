@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import ORDER_ENV
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import card
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import card, events
 
 from .aws import validate_request
 from tests.support import isolated_env, metaflow
@@ -19,10 +19,12 @@ from .probes import (assert_hang_report, batch_views, frozen_node, intruder_env,
                      published_secret, wait_for)
 
 FLOWS = Path(__file__).parent / "flows"
-# The gang records (events.py) the train task kept in the attempts %s, oldest first.
+# The gang records (events.py) the train task kept in the attempts %s, oldest first, in their
+# JSON form (GangRecord.from_dict reads them back).
 RECORDS = ("[__import__('metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.events',"
            " fromlist=['gang_record']).gang_record("
-           "__import__('metaflow').Task(run['train'].task.pathspec, attempt=a)) for a in %s]")
+           "__import__('metaflow').Task(run['train'].task.pathspec, attempt=a)).to_dict()"
+           " for a in %s]")
 
 
 class BatchRun:
@@ -181,7 +183,8 @@ def test_a_failing_rank_on_node_1_fails_the_job_and_retry_submits_a_new_one(gang
     # _assert_no_card_renders_on_batch_with_local_metadata; so the card's data is built here
     # from the record the task kept.)
     failed, retried = (card.card_data(r[-1], r[:-1]) for r in (
-        gang.client(RECORDS % attempts) for attempts in ([0], [0, 1])))
+        [events.GangRecord.from_dict(form) for form in gang.client(RECORDS % attempts)]
+        for attempts in ([0], [0, 1])))
     node1 = [r for r in failed["ranks"] if r["node"] == 1]
     assert [r["rank"] for r in node1] == [2, 3] and all(r["heard"] for r in node1)
     assert node1[0]["outcome"] == "failed" and node1[0]["joined"] is not None

@@ -153,16 +153,16 @@ def test_an_outside_process_in_the_store_neither_steers_the_gang_nor_sees_its_se
 
 
 def test_the_gangs_card_shows_the_jobset_and_its_pods(shared):
-    from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import card
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import card, events
 
     gang, res = shared
     assert res.returncode == 0, res.output
     # (Metaflow's @card cannot render inside this emulation, as with AWS Batch: the card's data
-    # is built here from the record the task kept.)
+    # is built here from the record the task kept, which comes back in its JSON form.)
     record = gang.client(
         "__import__('metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.events',"
-        " fromlist=['gang_record']).gang_record(run['train'].task)")
-    data = card.card_data(record, [])
+        " fromlist=['gang_record']).gang_record(run['train'].task).to_dict()")
+    data = card.card_data(events.GangRecord.from_dict(record), [])
     assert ["Nodes run", "as one Kubernetes JobSet"] in data["topology"]
     pods = gang.client("[p['pod'] for p in run['train'].task['places'].data]")
     assert [row[4] for row in data["nodes"]] == ["pod %s" % pods[0], "pod %s" % pods[2]]

@@ -1,6 +1,7 @@
 """The gang card's data, from recorded gang events: success, a member's failure, a lost node,
-a retry. Records are built as events.py writes them (GangRecorder.collect)."""
+a retry. Records are built as GangRecorder.collect builds them (events.GangRecord)."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -13,28 +14,31 @@ T0 = 1000.0
 
 
 def record(nodes=2, nproc=2, ranks=None, failures=(), root=None, phases=(), attempt=0,
-           node_info=None, tails=None, ended=T0 + 10):
-    return dict(
-        version=1, step="train", attempt=attempt, gang_id="1-train-2-%d" % attempt,
+           node_info=None, tails=None, ended=T0 + 10, restarts=(), rounds=()):
+    return events.GangRecord(
+        step="train", attempt=attempt, gang_id="1-train-2-%d" % attempt,
         nodes=nodes, nproc_per_node=nproc, accelerator="cpu", backend="gloo",
         scheduler="local", start_method="fork", master_addr="127.0.0.1", master_port=29500,
-        started=T0, ended=ended, phases=[list(p) for p in phases],
+        started=T0, ended=ended, phases=tuple(phases),
         node_info=node_info if node_info is not None else {
-            str(n): dict(node=n, host="host-%d" % n, ip="10.0.0.%d" % n,
-                         joined_gang=T0 + 0.5 * n, ranks={}) for n in range(nodes)},
+            n: node_share(n, "host-%d" % n, "10.0.0.%d" % n, T0 + 0.5 * n)
+            for n in range(nodes)},
         ranks=ranks if ranks is not None else {},
-        failures=[json.loads(f.to_json()) for f in failures],
-        root_cause=json.loads(root.to_json()) if root is not None else None,
-        stopped=[], tails=tails or {})
+        failures=tuple(failures), root_cause=root, tails=tails or {},
+        restarts=tuple(restarts), rounds=tuple(rounds))
+
+
+def node_share(node, host, ip, joined_gang):
+    return events.NodeRecord(events.NodeInfo(node, host, ip), joined_gang)
 
 
 def rank_events(rank, started, joined, ended, outcome="finished", error=None, scalars=None):
-    return dict(rank=rank, started=T0 + started, joined=None if joined is None else T0 + joined,
-                ended=T0 + ended, outcome=outcome, error=error, scalars=scalars or {})
+    return events.RankRecord(rank, T0 + started, None if joined is None else T0 + joined,
+                             T0 + ended, outcome, error, scalars=scalars or {})
 
 
 def test_success_every_rank_on_one_axis_with_phases():
-    ranks = {str(r): rank_events(r, 0.1 * r, 1.0 + r, 9.0) for r in range(4)}
+    ranks = {r: rank_events(r, 0.1 * r, 1.0 + r, 9.0) for r in range(4)}
     data = card.card_data(record(ranks=ranks))
     assert [(r["rank"], r["node"], r["outcome"]) for r in data["ranks"]] == [
         (0, 0, "finished"), (1, 0, "finished"), (2, 1, "finished"), (3, 1, "finished")]
@@ -50,13 +54,13 @@ def test_success_every_rank_on_one_axis_with_phases():
 
 def test_member_killed_root_cause_tail_and_who_was_stopped():
     killed = Failure(3, 1, "signal", T0 + 5.0, -9, local_rank=1)
-    ranks = {"0": rank_events(0, 0, 1, 5.4, "failed",
-                              "TorchDistributedAborted: another rank of the gang failed"),
-             "1": rank_events(1, 0, 1, 2.0),  # finished before the failure
-             "2": rank_events(2, 0.2, 1, 5.3, "failed", "DistBackendError: Connection reset"),
+    ranks = {0: rank_events(0, 0, 1, 5.4, "failed",
+                            "TorchDistributedAborted: another rank of the gang failed"),
+             1: rank_events(1, 0, 1, 2.0),  # finished before the failure
+             2: rank_events(2, 0.2, 1, 5.3, "failed", "DistBackendError: Connection reset"),
              # what rank 3 wrote as it joined the group, before it was killed
-             "3": dict(rank_events(3, 0.3, 1.2, 0, outcome=None), ended=None)}
-    tails = {"3": {"stdout": ["step 1", "step 2"], "stderr": ["warning"]}}
+             3: dataclasses.replace(rank_events(3, 0.3, 1.2, 0, outcome=None), ended=None)}
+    tails = {3: {"stdout": ["step 1", "step 2"], "stderr": ["warning"]}}
     data = card.card_data(record(ranks=ranks, failures=[killed], root=killed, tails=tails,
                                  phases=[("abort", T0 + 5.1)]))
     outcome = data["outcome"]
@@ -76,9 +80,9 @@ def test_member_killed_root_cause_tail_and_who_was_stopped():
 
 def test_node_lost_its_ranks_are_stopped_and_it_says_nothing():
     lost = Failure(None, 1, "lost", T0 + 8.0, message="stopped sending heartbeats 10s ago")
-    info = {"0": dict(node=0, host="a", ip="10.0.0.1", joined_gang=T0, ranks={})}
-    ranks = {"0": rank_events(0, 0, 1, 8.2, "failed", "TorchDistributedAborted: x"),
-             "1": rank_events(1, 0, 1, 8.2, "failed", "TorchDistributedAborted: x")}
+    info = {0: node_share(0, "a", "10.0.0.1", T0)}
+    ranks = {0: rank_events(0, 0, 1, 8.2, "failed", "TorchDistributedAborted: x"),
+             1: rank_events(1, 0, 1, 8.2, "failed", "TorchDistributedAborted: x")}
     data = card.card_data(record(ranks=ranks, failures=[lost], root=lost, node_info=info,
                                  phases=[("abort", T0 + 8.1)]))
     assert data["outcome"]["where"] == "node 1"
@@ -95,7 +99,7 @@ def test_retry_shows_every_attempt():
     first_cause = Failure(1, 0, "exception", T0 + 3, 1, "ValueError: bad batch", "Traceback",
                           local_rank=1)
     first = record(failures=[first_cause], root=first_cause, ended=T0 + 4)
-    ranks = {str(r): rank_events(r, 0, 1, 2) for r in range(4)}
+    ranks = {r: rank_events(r, 0, 1, 2) for r in range(4)}
     second = record(ranks=ranks, attempt=1)
     data = card.card_data(second, history=[first])
     assert data["title"] == "Gang of step train, attempt 1"
@@ -108,8 +112,8 @@ def test_an_exception_root_cause_shows_its_type_message_and_traceback():
     tb = ('Traceback (most recent call last):\n  File "flow.py", line 42, in train\n'
           '    raise ValueError("bad batch")\nValueError: bad batch\n')
     cause = Failure(2, 1, "exception", T0 + 3, 1, "ValueError: bad batch", tb, local_rank=0)
-    ranks = {"2": rank_events(2, 0, 1, 3, "failed", "ValueError: bad batch")}
-    tails = {"2": {"stderr": ["about to fail"]}}
+    ranks = {2: rank_events(2, 0, 1, 3, "failed", "ValueError: bad batch")}
+    tails = {2: {"stderr": ["about to fail"]}}
     data = card.card_data(record(ranks=ranks, failures=[cause], root=cause, tails=tails))
     outcome = data["outcome"]
     assert (outcome["error"], outcome["message"]) == ("ValueError", "ValueError: bad batch")
@@ -125,8 +129,8 @@ def test_an_exception_root_cause_shows_its_type_message_and_traceback():
 
 
 def test_scalars_last_value_per_rank():
-    ranks = {str(r): rank_events(r, 0, 1, 2, scalars={"samples_per_s": [[0.5, 10.0],
-                                                                       [1.0, 100.0 + r]]})
+    ranks = {r: rank_events(r, 0, 1, 2, scalars={"samples_per_s": [(0.5, 10.0),
+                                                                  (1.0, 100.0 + r)]})
              for r in range(2)}
     data = card.card_data(record(nodes=1, ranks=ranks))
     assert data["scalars"] == [dict(rank=0, name="samples_per_s", value=100.0, count=2),
@@ -138,9 +142,9 @@ def test_scalars_last_value_per_rank():
 def test_components_are_metaflow_card_components():
     from metaflow.cards import Markdown, VegaChart
 
-    ranks = {str(r): rank_events(r, 0, 1, 2, scalars={"loss": [[1.0, 0.5]]}) for r in range(4)}
+    ranks = {r: rank_events(r, 0, 1, 2, scalars={"loss": [(1.0, 0.5)]}) for r in range(4)}
     comps = card.components(card.card_data(record(ranks=ranks,
-                                                  tails={"2": {"stderr": ["```x"]}})))
+                                                  tails={2: {"stderr": ["```x"]}})))
     charts = [c for c in comps if isinstance(c, VegaChart)]
     assert len(charts) == 2  # the timeline and one scalar
     rendered = [c.render() for c in comps]
@@ -260,8 +264,8 @@ def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys, tmp_path
     assert vars(flow) == {}
     kept = internals.load_attempt_file(deco.flow_datastore, "1", "train", "2", 0,
                                        events.RECORD_FILE)
-    assert kept["step"] == "train"
-    assert events.earlier_attempts(deco.flow_datastore, identity, "train", 1) == [kept]
+    assert kept["step"] == "train"  # its JSON form
+    assert events.earlier_attempts(deco.flow_datastore, identity, "train", 1) == [record()]
 
 
 def test_joining_a_group_is_noted_as_the_rank_enters_the_rendezvous(tmp_path):
@@ -294,10 +298,9 @@ def test_joining_a_group_is_noted_as_the_rank_enters_the_rendezvous(tmp_path):
 def test_phase_labels_that_would_be_drawn_over_each_other_share_one():
     # nodes joined and rendezvous done 10 ms apart near 3.3 s, the gang's end at 3.4 s: drawn
     # over each other before; now one label for the first two, 17 px before the third
-    ranks = {str(r): rank_events(r, 0, 3.3, 3.35) for r in range(4)}
+    ranks = {r: rank_events(r, 0, 3.3, 3.35) for r in range(4)}
     data = card.card_data(record(ranks=ranks, ended=T0 + 3.4, node_info={
-        str(n): dict(node=n, host="h", ip="i", joined_gang=T0 + 3.29, ranks={})
-        for n in range(2)}))
+        n: node_share(n, "h", "i", T0 + 3.29) for n in range(2)}))
     spec = card.timeline_spec(data)
     labels = spec["layer"][2]["data"]["values"]
     assert [label["name"] for label in labels] == ["nodes joined, rendezvous done", "gang ended"]
@@ -312,7 +315,7 @@ def test_phase_labels_that_would_be_drawn_over_each_other_share_one():
 
 def test_a_card_whose_ranks_printed_nothing_says_so():
     comps = card.components(card.card_data(record(ranks={
-        str(r): rank_events(r, 0, 1, 2) for r in range(4)})))
+        r: rank_events(r, 0, 1, 2) for r in range(4)})))
     last = comps[-1].render()
     assert "### Last lines of each rank" in last.get("source", "")
     assert "No rank wrote to its stdout or stderr." in last.get("source", ""), last
@@ -337,9 +340,9 @@ def test_which_gang_steps_get_the_gangs_card(on, decorators, remote, metadata, e
 
 def test_a_gang_restarted_in_place_shows_each_round_and_its_last_rounds_ranks():
     killed = Failure(3, 0, "signal", T0 + 3, -9, local_rank=3)
-    ranks = {str(r): rank_events(r, 4.0, 4.5, 9.0) for r in range(4)}  # round 1's
-    rec = record(nodes=1, nproc=4, ranks=ranks, phases=[("abort", T0 + 3.1), ("restart", T0 + 4)])
-    rec["restarts"] = [{"round": 0, "at": T0 + 3, "sentence": killed.sentence()}]
+    ranks = {r: rank_events(r, 4.0, 4.5, 9.0) for r in range(4)}  # round 1's
+    rec = record(nodes=1, nproc=4, ranks=ranks, phases=[("abort", T0 + 3.1), ("restart", T0 + 4)],
+                 restarts=[events.RestartRecord(0, T0 + 3, killed.sentence())])
     data = card.card_data(rec)
     assert data["restarts"] == [["0", "3.0 s", "rank 3 (node 0, local rank 3) was killed by "
                                  "SIGKILL."]]
@@ -355,13 +358,13 @@ def test_the_timeline_shows_every_round_of_a_gang_restarted_in_place():
     """Round 0's bars (rank 3 killed at 3 s, the others stopped at the abort) and round 1's,
     on the same rows: each rank's row shows both of its processes."""
     killed = Failure(3, 0, "signal", T0 + 3, -9, local_rank=3)
-    first = {str(r): rank_events(r, 0.2, 0.5, 3.0, outcome="failed") for r in range(3)}
+    first = {r: rank_events(r, 0.2, 0.5, 3.0, outcome="failed") for r in range(3)}
     rec = record(nodes=1, nproc=4, phases=[("abort", T0 + 3.1), ("restart", T0 + 4)],
-                 ranks={str(r): rank_events(r, 4.0, 4.5, 9.0) for r in range(4)})
-    rec["restarts"] = [{"round": 0, "at": T0 + 3, "sentence": killed.sentence()}]
-    rec["rounds"] = [dict(round=0, started=T0, ended=T0 + 3.1, ranks=first,
-                          node_info=rec["node_info"],
-                          failures=[json.loads(killed.to_json())])]
+                 ranks={r: rank_events(r, 4.0, 4.5, 9.0) for r in range(4)},
+                 restarts=[events.RestartRecord(0, T0 + 3, killed.sentence())])
+    rec = dataclasses.replace(rec, rounds=(events.RoundRecord(
+        0, started=T0, ended=T0 + 3.1, ranks=first, node_info=rec.node_info,
+        failures=(killed,)),))
     data = card.card_data(rec)
     rank3 = [s for s in data["timeline"] if s["rank"] == 3]
     assert [(s.get("round"), s["outcome"]) for s in rank3] == [(0, "failed"), (None, "finished"),

@@ -10,7 +10,10 @@ card; the user's own cards and `current.card` are left exactly as the user built
 unrendered.
 """
 
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, TypedDict, Union
+
 from ..mf import events
+from ..mf.events import GangRecord, NodeInfo, RoundRecord, Tails
 from ..core import sealed
 from ..core.failures import Failure, FailureKind
 
@@ -41,58 +44,155 @@ LABEL_GAP_PX = 14
 _STOPPED_ERRORS = ("TorchDistributedAborted",)
 
 
-def card_data(record, history=()):
+# What the card shows (card_data): plain data, times in seconds since the attempt's gang started.
+
+class RankRow(TypedDict):
+    """One rank of the attempt: where it sat, how it ended (a STATES name) and when it started,
+    entered init_process_group and ended; `heard` is whether it wrote a record of its own."""
+
+    rank: int
+    node: int
+    local_rank: int
+    outcome: str
+    error: Optional[str]
+    heard: bool
+    started: float
+    joined: Optional[float]
+    ended: Optional[float]
+
+
+class _Bar(TypedDict):
+    rank: int
+    label: str
+    node: int
+    outcome: str
+    state: str
+    start: float
+    end: float
+
+
+class Bar(_Bar, total=False):
+    """A bar of the timeline: one state of one rank, from `start` to `end`; `round` is set on
+    the bars of a round restarted in place."""
+
+    round: int
+
+
+class Marker(TypedDict):
+    """A phase of the gang on the timeline (abort, nodes joined, gang ended...), at `t`."""
+
+    name: str
+    t: float
+
+
+class _Outcome(TypedDict):
+    ok: bool
+    finished: List[int]
+
+
+class Outcome(_Outcome, total=False):
+    """How the attempt ended: `ok`, and the ranks that finished; for a failed one, its root
+    cause (who, how, its message, traceback and last lines) and the ranks it stopped."""
+
+    rank: Optional[int]
+    node: int
+    kind: FailureKind
+    where: str
+    summary: str
+    error: str
+    message: str
+    traceback: str
+    stderr: List[str]
+    stdout: List[str]
+    stopped: List[int]
+
+
+class ScalarRow(TypedDict):
+    """The last value of one scalar a rank recorded, and how many it recorded."""
+
+    rank: int
+    name: str
+    value: float
+    count: int
+
+
+class CardData(TypedDict):
+    """Everything the card of one attempt shows (card_data), for `components`."""
+
+    title: str
+    topology: List[List[str]]
+    nodes: List[List[str]]
+    ranks: List[RankRow]
+    timeline: List[Bar]
+    markers: List[Marker]
+    outcome: Outcome
+    tails: Tails
+    scalars: List[ScalarRow]
+    attempts: List[List[str]]
+    ignored: Dict[str, int]
+    restarts: List[List[str]]
+
+
+def card_data(record: GangRecord, history: Sequence[GangRecord] = ()) -> CardData:
     """What the card of gang attempt `record` shows; `history` holds the earlier attempts'
     records, oldest first. Times are seconds since the attempt's gang started."""
-    t0 = record["started"]
-    root = record.get("root_cause")
-    failed_at = {f["rank"]: f["detected_at"] for f in record.get("failures", [])
-                 if f.get("rank") is not None}
+    t0 = record.started
+    root = record.root_cause
+    failed_at = _failed_at(record.failures)
     # the stop of the last round (a restart in place starts a round after an abort)
-    phases = record.get("phases", [])
+    phases = record.phases
     last_round = max((i for i, (name, _) in enumerate(phases) if name == "restart"), default=-1)
     abort = next((t for name, t in phases[last_round + 1:] if name == "abort"), None)
     ranks = []
-    root_rank = root.get("rank") if root else None
-    for rank in range(record["nodes"] * record["nproc_per_node"]):
-        node, local_rank = divmod(rank, record["nproc_per_node"])
+    root_rank = root.rank if root is not None else None
+    for rank in range(record.nodes * record.nproc_per_node):
+        node, local_rank = divmod(rank, record.nproc_per_node)
         row = _rank_row(record, rank, node, local_rank, failed_at, abort, t0)
         # the rank's own record says whether its error told of a peer's failure
-        said = (record.get("ranks", {}).get(str(rank)) or {}).get("symptom")
+        own = record.ranks.get(rank)
+        said = own.symptom if own is not None else None
         if row["outcome"] == "failed" and rank != root_rank and Failure(
                 rank, node, FailureKind.EXCEPTION, 0, message=row["error"] or "",
                 symptom=said).is_symptom():
             row["outcome"] = "peer failed"
         ranks.append(row)
-    segments = [seg for earlier in record.get("rounds", [])
-                for seg in _round_segments(record, earlier, t0)]
+    segments = [seg for earlier in record.rounds for seg in _round_segments(record, earlier, t0)]
     segments += [seg for row in ranks for seg in _segments(row)]
     outcome = _outcome(record, ranks, root)
-    return dict(
-        title="Gang of step %s, attempt %d" % (record["step"], record["attempt"]),
+    return CardData(
+        title="Gang of step %s, attempt %d" % (record.step, record.attempt),
         topology=_topology_rows(record),
         nodes=_node_rows(record),
         ranks=ranks,
         timeline=segments,
         markers=_markers(record, ranks, t0),
         outcome=outcome,
-        tails={int(r): streams for r, streams in record.get("tails", {}).items()},
+        tails=dict(record.tails),
         scalars=_scalars(record),
         attempts=[_attempt_row(r) for r in [*history, record]],
-        ignored=record.get("ignored_messages") or {},
-        restarts=[[str(r["round"]), "%.1f s" % _rel(r["at"], t0), r["sentence"]]
-                  for r in record.get("restarts", [])],
+        ignored=dict(record.ignored_messages),
+        restarts=[[str(r.round), "%.1f s" % _since(r.at, t0), r.sentence]
+                  for r in record.restarts],
     )
 
 
-def _rank_row(record, rank, node, local_rank, failed_at, abort, t0):
-    events = record.get("ranks", {}).get(str(rank)) or {}
-    spawned = ((record.get("node_info", {}).get(str(node)) or {}).get("ranks", {})
-               .get(str(rank), {}).get("spawned"))
-    started = events.get("started") or spawned or record["started"]
-    outcome = events.get("outcome")
-    error = events.get("error")
-    ended = events.get("ended")
+def _failed_at(failures: Iterable[Failure]) -> Dict[int, float]:
+    """When each rank that failed was seen failing."""
+    return {f.rank: f.detected_at for f in failures if f.rank is not None}
+
+
+def _rank_row(seen: Union[GangRecord, RoundRecord], rank: int, node: int, local_rank: int,
+              failed_at: Mapping[int, float], abort: Optional[float], t0: float) -> RankRow:
+    """Rank `rank`'s row, as the attempt's record or one of its restarted rounds (`seen`)
+    tells."""
+    own = seen.ranks.get(rank)
+    share = seen.node_info.get(node)
+    process = share.ranks.get(rank) if share is not None else None
+    spawned = process.spawned if process is not None else None
+    started = (own.started if own is not None else None) or spawned or seen.started
+    outcome = own.outcome if own is not None else None
+    error = own.error if own is not None else None
+    ended = own.ended if own is not None else None
     if outcome == "failed" and (error or "").startswith(_STOPPED_ERRORS):
         outcome = "stopped"
     if outcome is None:  # no word from the rank: killed, or stopped by the gang
@@ -101,148 +201,157 @@ def _rank_row(record, rank, node, local_rank, failed_at, abort, t0):
         elif abort is not None:
             outcome, ended = "stopped", abort
         else:
-            outcome, ended = "running", record.get("ended")
-    joined = events.get("joined")
-    return dict(rank=rank, node=node, local_rank=local_rank, outcome=outcome, error=error,
-                heard=bool(events), started=_rel(started, t0), joined=_rel(joined, t0),
-                ended=_rel(ended, t0))
+            outcome, ended = "running", seen.ended
+    joined = own.joined if own is not None else None
+    return RankRow(rank=rank, node=node, local_rank=local_rank, outcome=outcome, error=error,
+                   heard=own is not None, started=_since(started, t0), joined=_rel(joined, t0),
+                   ended=_rel(ended, t0))
 
 
-def _round_segments(record, earlier, t0):
+def _round_segments(record: GangRecord, earlier: RoundRecord, t0: float) -> List[Bar]:
     """The bars of a round that failed and was restarted in place (`earlier`, one of the
-    record's "rounds"), on the same rows as the last round's: what each rank did until the
+    record's `rounds`), on the same rows as the last round's: what each rank did until the
     round was stopped."""
-    seen = dict(record, ranks=earlier.get("ranks", {}), node_info=earlier.get("node_info", {}),
-                started=earlier.get("started", record["started"]), ended=earlier["ended"])
-    failed_at = {f["rank"]: f["detected_at"] for f in earlier.get("failures", [])
-                 if f.get("rank") is not None}
+    failed_at = _failed_at(earlier.failures)
     bars = []
-    for rank in range(record["nodes"] * record["nproc_per_node"]):
-        node, local_rank = divmod(rank, record["nproc_per_node"])
-        row = _rank_row(seen, rank, node, local_rank, failed_at, earlier["ended"], t0)
-        bars += [dict(bar, round=earlier["round"]) for bar in _segments(row)]
+    for rank in range(record.nodes * record.nproc_per_node):
+        node, local_rank = divmod(rank, record.nproc_per_node)
+        row = _rank_row(earlier, rank, node, local_rank, failed_at, earlier.ended, t0)
+        for bar in _segments(row):
+            bar["round"] = earlier.round
+            bars.append(bar)
     return bars
 
 
-def _rel(t, t0):
-    return None if t is None else round(t - t0, 3)
+def _since(t: float, t0: float) -> float:
+    return round(t - t0, 3)
 
 
-def _segments(row):
+def _rel(t: Optional[float], t0: float) -> Optional[float]:
+    return None if t is None else _since(t, t0)
+
+
+def _segments(row: RankRow) -> List[Bar]:
     """The bars of one rank: starting (until it entered init_process_group), then its body. A
     rank that said nothing (killed, or on a lost node) gets one bar of its outcome."""
     label = "rank %d (node %d)" % (row["rank"], row["node"])
     end = row["ended"] if row["ended"] is not None else row["started"]
     split = row["joined"] if row["joined"] is not None else end if row["heard"] \
         else row["started"]
-    base = dict(rank=row["rank"], label=label, node=row["node"], outcome=row["outcome"])
+
+    def bar(state: str, since: float, until: float) -> Bar:
+        return Bar(rank=row["rank"], label=label, node=row["node"], outcome=row["outcome"],
+                   state=state, start=since, end=until)
+
     bars = []
     if split > row["started"]:
-        bars.append(dict(base, state="starting", start=row["started"], end=split))
+        bars.append(bar("starting", row["started"], split))
     if end > split or not bars:
-        bars.append(dict(base, state=row["outcome"], start=split, end=max(end, split)))
+        bars.append(bar(row["outcome"], split, max(end, split)))
     return bars
 
 
-def _markers(record, ranks, t0):
-    markers = [dict(name=name, t=_rel(t, t0)) for name, t in record.get("phases", [])]
-    others = [info.get("joined_gang") for n, info in record.get("node_info", {}).items()
-              if n != "0"]
-    if record["nodes"] > 1 and len(others) == record["nodes"] - 1 and all(others):
-        markers.append(dict(name="nodes joined", t=_rel(max(others), t0)))
-    joins = [r["joined"] for r in ranks]
-    if joins and all(j is not None for j in joins):
-        markers.append(dict(name="rendezvous done", t=max(joins)))
-    markers.append(dict(name="gang ended", t=_rel(record["ended"], t0)))
+def _markers(record: GangRecord, ranks: Sequence[RankRow], t0: float) -> List[Marker]:
+    markers = [Marker(name=name, t=_since(t, t0)) for name, t in record.phases]
+    others = [share.joined_gang for n, share in record.node_info.items() if n != 0]
+    joined_gang = [t for t in others if t]
+    if record.nodes > 1 and len(others) == record.nodes - 1 and len(joined_gang) == len(others):
+        markers.append(Marker(name="nodes joined", t=_since(max(joined_gang), t0)))
+    joins = [r["joined"] for r in ranks if r["joined"] is not None]
+    if ranks and len(joins) == len(ranks):
+        markers.append(Marker(name="rendezvous done", t=max(joins)))
+    markers.append(Marker(name="gang ended", t=_since(record.ended, t0)))
     return sorted(markers, key=lambda m: m["t"])
 
 
-def _outcome(record, ranks, root):
+def _outcome(record: GangRecord, ranks: Sequence[RankRow], root: Optional[Failure]) -> Outcome:
     stopped = [r["rank"] for r in ranks if r["outcome"] in ("stopped", "peer failed")]
     finished = [r["rank"] for r in ranks if r["outcome"] == "finished"]
     if root is None:
-        return dict(ok=True, finished=finished)
-    failure = Failure(**root)
-    tail = record.get("tails", {}).get(str(failure.rank), {}) if failure.rank is not None else {}
-    return dict(ok=False, rank=failure.rank, node=failure.node, kind=failure.kind,
-                where=failure.where(), summary=failure.sentence(),
-                error=_error_name(failure), message=failure.message,
-                traceback=failure.traceback,
-                stderr=tail.get("stderr", [])[-CAUSE_LINES:],
-                stdout=tail.get("stdout", [])[-CAUSE_LINES:],
-                stopped=stopped, finished=finished)
+        return Outcome(ok=True, finished=finished)
+    tail = record.tails.get(root.rank, {}) if root.rank is not None else {}
+    return Outcome(ok=False, rank=root.rank, node=root.node, kind=root.kind,
+                   where=root.where(), summary=root.sentence(),
+                   error=_error_name(root), message=root.message,
+                   traceback=root.traceback,
+                   stderr=tail.get("stderr", [])[-CAUSE_LINES:],
+                   stdout=tail.get("stdout", [])[-CAUSE_LINES:],
+                   stopped=stopped, finished=finished)
 
 
-def _error_name(failure):
+def _error_name(failure: Failure) -> str:
     if failure.kind is FailureKind.EXCEPTION:
         return failure.message.split(":", 1)[0]
     return failure.kind
 
 
-def _topology_rows(record):
+def _topology_rows(record: GangRecord) -> List[List[str]]:
     return [
         ["Topology", "%d node%s x %d process%s per node = %d ranks" % (
-            record["nodes"], "" if record["nodes"] == 1 else "s", record["nproc_per_node"],
-            "" if record["nproc_per_node"] == 1 else "es",
-            record["nodes"] * record["nproc_per_node"])],
-        ["Accelerator / backend", "%s / %s" % (record["accelerator"], record["backend"])],
-        ["Nodes run", "on this machine" if record["scheduler"] == "local"
-         else "as AWS Batch multi-node job" if record["scheduler"] == "batch"
-         else "as one Kubernetes JobSet" if record["scheduler"] == "kubernetes"
-         else record["scheduler"]],
-        ["Start method", record["start_method"]],
-        ["Rendezvous (MASTER_ADDR:MASTER_PORT)", "%s:%s" % (record["master_addr"],
-                                                           record["master_port"])],
-        ["Attempt", str(record["attempt"])],
-        ["Gang id (TORCHELASTIC_RUN_ID)", record["gang_id"]],
+            record.nodes, "" if record.nodes == 1 else "s", record.nproc_per_node,
+            "" if record.nproc_per_node == 1 else "es",
+            record.nodes * record.nproc_per_node)],
+        ["Accelerator / backend", "%s / %s" % (record.accelerator, record.backend)],
+        ["Nodes run", "on this machine" if record.scheduler == "local"
+         else "as AWS Batch multi-node job" if record.scheduler == "batch"
+         else "as one Kubernetes JobSet" if record.scheduler == "kubernetes"
+         else record.scheduler],
+        ["Start method", record.start_method],
+        ["Rendezvous (MASTER_ADDR:MASTER_PORT)", "%s:%s" % (record.master_addr,
+                                                           record.master_port)],
+        ["Attempt", str(record.attempt)],
+        ["Gang id (TORCHELASTIC_RUN_ID)", record.gang_id],
     ]
 
 
-def _node_rows(record):
+def _node_rows(record: GangRecord) -> List[List[str]]:
     rows = []
-    per = record["nproc_per_node"]
-    for node in range(record["nodes"]):
-        info = record.get("node_info", {}).get(str(node)) or {}
-        where = [info.get("batch_node_index") and "Batch node index %s" % info["batch_node_index"],
-                 info.get("pod") and "pod %s" % info["pod"]]
+    per = record.nproc_per_node
+    for node in range(record.nodes):
+        share = record.node_info.get(node)
+        # a node that sent no word shows none of its places
+        info = share.info if share is not None else NodeInfo(node, host="", ip=None)
+        where = [info.batch_node_index and "Batch node index %s" % info.batch_node_index,
+                 info.pod and "pod %s" % info.pod]
         rows.append([str(node), "%d-%d" % (node * per, node * per + per - 1),
-                     info.get("host") or "(no word from this node)", info.get("ip") or "",
+                     info.host or "(no word from this node)", info.ip or "",
                      ", ".join(w for w in where if w)])
     return rows
 
 
-def _scalars(record):
+def _scalars(record: GangRecord) -> List[ScalarRow]:
     rows = []
-    for rank, events in sorted(record.get("ranks", {}).items(), key=lambda kv: int(kv[0])):
-        for name, values in sorted(((events or {}).get("scalars") or {}).items()):
+    for rank, own in sorted(record.ranks.items()):
+        for name, values in sorted(own.scalars.items()):
             if values:
-                rows.append(dict(rank=int(rank), name=name, value=values[-1][1],
-                                 count=len(values)))
+                rows.append(ScalarRow(rank=rank, name=name, value=values[-1][1],
+                                      count=len(values)))
     return rows
 
 
-def _attempt_row(record):
-    root = record.get("root_cause")
-    cause = "succeeded" if root is None else Failure(**root).sentence()
-    return [str(record["attempt"]), "%.1f s" % (record["ended"] - record["started"]), cause]
+def _attempt_row(record: GangRecord) -> List[str]:
+    root = record.root_cause
+    cause = "succeeded" if root is None else root.sentence()
+    return [str(record.attempt), "%.1f s" % (record.ended - record.started), cause]
 
 
-def marker_labels(markers, width=TIMELINE_WIDTH, gap_px=LABEL_GAP_PX):
+def marker_labels(markers: Iterable[Marker], width: float = TIMELINE_WIDTH,
+                  gap_px: float = LABEL_GAP_PX) -> List[Marker]:
     """The labels of the timeline's phase rules: one per group of markers that lie closer than
     `gap_px` on an axis of `width` pixels (from 0 to the last marker), each at its group's
     first time, naming every marker of the group ("rendezvous done, nodes joined"). Pure."""
     ordered = sorted(markers, key=lambda m: m["t"])
     span = max([m["t"] for m in ordered] + [1e-9])
-    labels = []
+    labels: List[Marker] = []
     for marker in ordered:
         if labels and (marker["t"] - labels[-1]["t"]) * width / span < gap_px:
             labels[-1]["name"] += ", " + marker["name"]
         else:
-            labels.append(dict(name=marker["name"], t=marker["t"]))
+            labels.append(Marker(name=marker["name"], t=marker["t"]))
     return labels
 
 
-def timeline_spec(data):
+def timeline_spec(data: CardData) -> Dict[str, Any]:
     """A Vega-Lite chart: one row per rank, bars for its states, rules for the gang's phases."""
     order = [s["label"] for s in sorted(data["timeline"], key=lambda s: s["rank"])]
     y = {"field": "label", "type": "ordinal", "title": None,
@@ -277,7 +386,7 @@ def timeline_spec(data):
     }
 
 
-def scalars_spec(rows, name):
+def scalars_spec(rows: Iterable[ScalarRow], name: str) -> Dict[str, Any]:
     """A bar per rank of the last value of scalar `name` each rank recorded."""
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
@@ -290,13 +399,14 @@ def scalars_spec(rows, name):
     }
 
 
-def components(data):
+def components(data: CardData) -> List[Any]:
     """Metaflow card components showing `data` (from card_data)."""
     from metaflow.cards import Markdown, Table, VegaChart
 
-    out = [Markdown("## %s" % data["title"]), Table(data["topology"], headers=["", ""]),
-           Table(data["nodes"], headers=["Node", "Ranks", "Host", "IP", "Scheduler's name"]),
-           Markdown("### Timeline"), VegaChart(timeline_spec(data))]
+    out: List[Any] = [
+        Markdown("## %s" % data["title"]), Table(data["topology"], headers=["", ""]),
+        Table(data["nodes"], headers=["Node", "Ranks", "Host", "IP", "Scheduler's name"]),
+        Markdown("### Timeline"), VegaChart(timeline_spec(data))]
     out += _outcome_components(data["outcome"], Markdown)
     if data.get("restarts"):
         out += [Markdown("### Restarts in place\n\nEach round below failed and the gang was "
@@ -320,7 +430,7 @@ def components(data):
     return out + tails
 
 
-def _outcome_components(outcome, Markdown):
+def _outcome_components(outcome: Outcome, Markdown: Any) -> List[Any]:
     if outcome["ok"]:
         return [Markdown("### Outcome: success\n\nEvery rank finished its step body.")]
     text = ["### Outcome: failed", "**Root cause:** %s" % outcome["summary"]]
@@ -340,7 +450,7 @@ def _outcome_components(outcome, Markdown):
     return [Markdown("\n\n".join(text))]
 
 
-def ignored_note(counts):
+def ignored_note(counts: Dict[str, int]) -> str:
     """What the log and the card say of the messages the gang ignored (sealed.IGNORED)."""
     return ("The gang ignored %s messages in its rendezvous store that were not sealed under "
             "the attempt's secret (forged or corrupt): a process outside the gang wrote to "
@@ -348,7 +458,7 @@ def ignored_note(counts):
             "docs/security.md." % sealed.describe(counts))
 
 
-def _code(lines):
+def _code(lines: Iterable[str]) -> str:
     """A fenced block of `lines`, long lines folded (a card page does not wrap code, and one
     long line, such as a gloo error, would widen the whole page)."""
     folded = [line[i:i + CODE_WIDTH] for line in lines
@@ -356,7 +466,7 @@ def _code(lines):
     return "```text\n%s\n```" % "\n".join(line.replace("```", "'''") for line in folded)
 
 
-def render(task):
+def render(task: Any) -> str:
     """The HTML of the gang's card of the attempt of `task`, a client Task (as `card create`
     gives it to the card type)."""
     from metaflow.cards import BlankCard, Markdown
@@ -372,13 +482,13 @@ def render(task):
     return BlankCard(components=parts).render(task)
 
 
-def is_gang_card(deco):
+def is_gang_card(deco: Any) -> bool:
     """True for the @card decorator that shows the gang (GANG_CARD)."""
     return deco.name == "card" and (deco.attributes.get("type") == GANG_CARD_TYPE
                                     or deco.attributes.get("id") == GANG_CARD["id"])
 
 
-def wanted(on, decorators, remote, metadata):
+def wanted(on: bool, decorators: Iterable[Any], remote: bool, metadata: str) -> bool:
     """Whether a gang step gets the gang's card from step_init: `on` (its `card` setting),
     unless `decorators` (the step's) hold it already, or the step runs in a Batch job or a
     Kubernetes pod (`remote`) with local metadata (`metadata`), where no card can render
@@ -387,7 +497,7 @@ def wanted(on, decorators, remote, metadata):
         remote and metadata == "local")
 
 
-def render_failed(decorators):
+def render_failed(decorators: Iterable[Any]) -> None:
     """Render the gang's card of this failed attempt: Metaflow's @card renders only the cards
     of attempts that succeeded, and the failed attempt's card is where its root cause is. The
     user's own cards are left as Metaflow leaves them."""
