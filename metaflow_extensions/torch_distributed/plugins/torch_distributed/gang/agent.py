@@ -5,6 +5,7 @@ the command of the node's container (an AWS Batch child node, a JobSet's worker 
 
 import dataclasses
 import functools
+import os
 import signal
 import sys
 import time
