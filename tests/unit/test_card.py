@@ -238,9 +238,9 @@ def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys, tmp_path
 
     leader = Leader.__new__(Leader)
     leader.step_name, leader.remote = "train", False
-    attempt = SimpleNamespace(spec=SimpleNamespace(work_dir="/nonexistent"), control=None,
+    attempt = SimpleNamespace(spec=SimpleNamespace(work_dir="/nonexistent"), store=None,
                               rounds=[], round_records=[],
-                              watch=None, recorder=_Broken(),
+                              round_watch=None, recorder=_Broken(),
                               runner=SimpleNamespace(slots=[], spawned={}, stopped=[]))
     assert leader._collect(attempt) is None
     assert "@torch_distributed on step *train*: could not record the gang for its card: boom" \

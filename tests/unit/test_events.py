@@ -133,8 +133,7 @@ def test_a_nodes_share_reads_its_ranks_files_and_travels_as_json(tmp_path):
     share = NodeRecord.of_node(info, slots, {2: T0 + 0.2, 3: T0 + 0.3}, T0 + 0.5, work_dir)
     assert share.ranks == {2: RankProcess(T0 + 0.2, 1, RANK), 3: RankProcess(T0 + 0.3, None)}
     assert share.ignored_messages == sealed.IGNORED.counts()
-    sent = events.node_record(info, slots, {2: T0 + 0.2, 3: T0 + 0.3}, T0 + 0.5, work_dir)
-    assert NodeRecord.from_dict(json.loads(json.dumps(sent))) == share
+    assert NodeRecord.from_dict(json.loads(json.dumps(share.to_dict()))) == share
     # node 0's own share: its ranks' files are read once, for the whole gang
     assert NodeRecord.of_node(info, slots, {}, None).ranks[2] == RankProcess(None, 1)
 
@@ -189,21 +188,3 @@ def test_the_recorder_puts_the_record_together_from_every_node(tmp_path):
     assert record.rounds == (ROUND,)
     assert GangRecord.from_dict(json.loads(json.dumps(record.to_dict()))) == record
     assert card.card_data(record)["outcome"]["where"] == "rank 3 (node 1, local rank 1)"
-
-
-def test_the_record_answers_what_the_leader_reads_and_sets_by_key(tmp_path):
-    """gang/leader.py reads the record by key and sets its restarts and rounds in their JSON
-    form (until it reads by attribute): the same record as the typed calls give."""
-    recorder, work_dir = _recorder(tmp_path)
-    record = recorder.collect(work_dir, [_slot(0, 0)], {}, {1: NODE.to_dict()}, [KILLED],
-                              KILLED)
-    said = dict(round=0, started=record["started"], ended=T0 + 3, ranks=record["ranks"],
-                node_info=record["node_info"], failures=record["failures"])
-    assert RoundRecord.from_dict(said) == record.as_round(0, T0, T0 + 3)
-    assert record.get("ignored_messages") == record.ignored_messages
-    record["restarts"] = [{"round": 0, "at": KILLED.detected_at, "sentence": KILLED.sentence()}]
-    record["rounds"] = [said]
-    assert record.restarts == (RestartRecord.of_failure(0, KILLED),)
-    assert record.rounds == (record.as_round(0, T0, T0 + 3),)
-    with pytest.raises(KeyError):
-        record["ranks"] = []

@@ -422,7 +422,7 @@ def _leader_raising(outcome, member_exception):
     attempt = SimpleNamespace(outcome=outcome, rank0_exception=None,
                               member_exception=member_exception, rounds=[], no_restart="")
     with pytest.raises(BaseException) as raised:
-        leader._raise_failure(attempt)
+        leader._raise_failure(attempt, outcome)
     return raised.value
 
 

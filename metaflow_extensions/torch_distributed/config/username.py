@@ -11,12 +11,14 @@ gives wins; METAFLOW_USER sets another one.
 import os
 import pwd
 import socket
+from typing import Mapping, Optional
 
 # The variables Metaflow reads after METAFLOW_USER, in its order (metaflow.util.get_username).
 USER_VARIABLES = ("SUDO_USER", "USERNAME", "USER")
 
 
-def user_name(configured, environ, uid=None, hostname=None):
+def user_name(configured: Optional[str], environ: Mapping[str, str], uid: Optional[int] = None,
+              hostname: Optional[str] = None) -> Optional[str]:
     """The value for Metaflow's USER setting: `configured` (METAFLOW_USER, or the user setting
     of Metaflow's configuration file) when given or when the environment names a user Metaflow
     accepts, else a name for this process's user that Metaflow accepts."""

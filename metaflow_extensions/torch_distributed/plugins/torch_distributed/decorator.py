@@ -4,22 +4,33 @@ import dataclasses
 import os
 import sys
 import threading
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from metaflow.decorators import StepDecorator
 
 from .backends import kubernetes, registry, schedulers, trampoline
-from .backends.base import GangStep
+from .backends.base import Backend, GangStep
 from .core import devices, naming, settings
 from .core.errors import (
     TorchDistributedConfigError,
     TorchDistributedEnvironmentError,
     TorchDistributedException,
 )
-from .core.gangspec import AgentOrder, Attempt, Blueprint, GangSpec, Role, current_task_identity
+from .core.failures import Failure
+from .core.gangspec import (
+    AgentOrder,
+    Attempt,
+    Blueprint,
+    GangSpec,
+    Role,
+    TaskIdentity,
+    current_task_identity,
+)
 from .core.topology import Topology, plan_line, plan_topology
 from .mf import attempt_secret, card, checkpoints
 from .mf import current as current_mod
 from .mf import groupcheck, internals
+from .mf.events import GangRecord
 from .mf.usertimer import PausedTimer, WhenAll, disarm
 from .mf.versions import check_metaflow_version
 from .runtime import interrupt
@@ -103,7 +114,8 @@ class TorchDistributedDecorator(StepDecorator):
         "max_restarts": None,
     }
 
-    def step_init(self, flow, graph, step_name, decorators, environment, flow_datastore, logger):
+    def step_init(self, flow: Any, graph: Any, step_name: str, decorators: List[Any],
+                  environment: Any, flow_datastore: Any, logger: Any) -> None:
         self.step_name = step_name
         self.flow_datastore = flow_datastore
         self.step_decorators = decorators
@@ -171,32 +183,35 @@ class TorchDistributedDecorator(StepDecorator):
         # what makes that job the gang's.
         registry.install(self.gang_step, os.environ, target)
 
-    def runtime_init(self, flow, graph, package, run_id):
+    def runtime_init(self, flow: Any, graph: Any, package: Any, run_id: str) -> None:
         # In Metaflow's runtime process: a SIGINT to it alone ends the tasks with SIGKILL 5 s
         # later; the gang's note then says so (interrupt.py).
         if self.active and threading.current_thread() is threading.main_thread():
             interrupt.mark_interrupts()
 
-    def runtime_finished(self, exception):
+    def runtime_finished(self, exception: Optional[BaseException]) -> None:
         if self.active:
             interrupt.forget_interrupt(os.getpid())
 
-    def runtime_step_cli(self, cli_args, retry_count, max_user_code_retries, ubf_context):
+    def runtime_step_cli(self, cli_args: Any, retry_count: int, max_user_code_retries: int,
+                         ubf_context: Any) -> None:
         # @batch and @kubernetes send the step away for every attempt but @catch's local
         # fallback: tell the process that submits it (`batch step`, `kubernetes step`) to
         # make its job the gang's.
         if self.active and retry_count <= max_user_code_retries:
             cli_args.env.update(registry.launch_env(self.gang_step))
 
-    def task_pre_step(self, step_name, task_datastore, metadata, run_id, task_id, flow, graph,
-                      retry_count, max_user_code_retries, ubf_context, inputs):
+    def task_pre_step(self, step_name: str, task_datastore: Any, metadata: Any, run_id: str,
+                      task_id: str, flow: Any, graph: Any, retry_count: int,
+                      max_user_code_retries: int, ubf_context: Any, inputs: Any) -> None:
         # rank 0's process saves its body's artifacts into this attempt's datastore itself
         self.task_datastore = task_datastore
         # where each restart in place is recorded (_record_restart)
         self.task_metadata = (metadata, run_id, step_name, task_id, retry_count)
 
-    def task_decorate(self, step_func, flow, graph, retry_count, max_user_code_retries,
-                      ubf_context):
+    def task_decorate(self, step_func: Callable[..., Any], flow: Any, graph: Any,
+                      retry_count: int, max_user_code_retries: int,
+                      ubf_context: Any) -> Callable[..., Any]:
         if not self.active or internals.is_ubf_control(ubf_context):
             # An unbounded foreach's control task only starts the mapper tasks; each mapper
             # task (ubf_context UBF_TASK) is a gang.
@@ -213,18 +228,20 @@ class TorchDistributedDecorator(StepDecorator):
                 print("[node agent] attempt %d is @catch's fallback, which runs on node 0 "
                       "alone: nothing to do here." % retry_count, flush=True)
                 os._exit(0)
-            if order is not None:  # a node agent on another machine: find its place
+            if spec is None and order is not None:  # an agent on another machine: its place
                 backend = registry.by_name(self.step_name, order.backend)
                 try:
                     spec = self._place_remote_agent(backend, order, flow.name)
                 except TorchDistributedException as ex:
                     backend.agent_misplaced(ex)
-            return _member_step(spec, step_func, self.name)
+            if spec is not None:
+                return _member_step(spec, step_func, self.name)
         if retry_count > max_user_code_retries:
             return step_func  # @catch's fallback attempt runs alone, as on any step
         return self._leader_step(flow, step_func, retry_count, max_user_code_retries)
 
-    def _leader_step(self, flow, step_func, retry_count, max_user_code_retries):
+    def _leader_step(self, flow: Any, step_func: Callable[..., Any], retry_count: int,
+                     max_user_code_retries: int) -> Callable[..., None]:
         from metaflow import current
 
         from .gang import HandBack, Leader
@@ -237,7 +254,8 @@ class TorchDistributedDecorator(StepDecorator):
             gang_id=naming.gang_id(identity.run_id, self.step_name, identity.task_id,
                                    retry_count),
             task=identity, backend=place.backend, master_addr=place.master_addr,
-            master_port=place.port, secret=place.secret, top_args=internals.top_level_args(),
+            master_port=place.port, secret=place.secret,
+            top_args=tuple(internals.top_level_args()),
             checkpoint=checkpoints.gang_fields(current, os.environ))
         if attempt.local:  # every node on this host
             accelerator, blocks = self._local_devices()
@@ -267,7 +285,7 @@ class TorchDistributedDecorator(StepDecorator):
         handback = HandBack(flow, self.task_datastore, keep_failed=caught) \
             if start_method == "fork" else None
 
-        def gang_step(*args):
+        def gang_step(*args: Any) -> None:
             print(plan, flush=True)
             before = internals.artifact_names(flow)
             # @timeout counts from the gang's assembly, not its start-up (usertimer.py)
@@ -297,7 +315,7 @@ class TorchDistributedDecorator(StepDecorator):
 
         return gang_step
 
-    def _record_restart(self, restart, root):
+    def _record_restart(self, restart: int, root: Failure) -> None:
         """Keep a restart in place in the task's metadata: the client shows it
         (Task.metadata_dict["torch_distributed_restart"]: the latest; every one in
         Task.metadata)."""
@@ -313,7 +331,8 @@ class TorchDistributedDecorator(StepDecorator):
             print("@torch_distributed on step *%s*: could not record restart %d in the task's "
                   "metadata: %s" % (self.step_name, restart, ex), file=sys.stderr, flush=True)
 
-    def _show_gang(self, flow, record, identity, retry_count):
+    def _show_gang(self, flow: Any, record: Optional[GangRecord], identity: TaskIdentity,
+                   retry_count: int) -> None:
         """Keep this attempt's record with the task: the gang's card is drawn from it."""
         from .mf import events
 
@@ -326,14 +345,15 @@ class TorchDistributedDecorator(StepDecorator):
             print("@torch_distributed on step *%s*: could not keep the gang's record: %s"
                   % (self.step_name, ex), file=sys.stderr, flush=True)
 
-    def task_finished(self, step_name, flow, graph, is_task_ok, retry_count,
-                      max_user_code_retries):
+    def task_finished(self, step_name: str, flow: Any, graph: Any, is_task_ok: bool,
+                      retry_count: int, max_user_code_retries: int) -> None:
         # Metaflow's @card renders only the cards of attempts that succeeded; the card of a
         # failed gang is where its root cause is.
         if self.active and self.led_gang and not is_task_ok:
             card.render_failed(self.step_decorators)
 
-    def _place_remote_agent(self, backend, order, flow_name):
+    def _place_remote_agent(self, backend: Backend, order: AgentOrder,
+                            flow_name: str) -> GangSpec:
         """The GangSpec of a node agent on another machine (an AWS Batch child node, a
         JobSet's worker pod): its place from its scheduler, its task and attempt from its own
         spin-step options (which spin-step keeps in its click context only), the attempt's
@@ -351,12 +371,12 @@ class TorchDistributedDecorator(StepDecorator):
                                      devices.resolve_start_method(order.blueprint.start_method))
         return spec.with_attempt(checkpoint=checkpoints.from_leader(spec))
 
-    def _local_devices(self):
+    def _local_devices(self) -> Tuple[str, Dict[int, Optional[str]]]:
         """(accelerator, CUDA_VISIBLE_DEVICES per node) for a gang whose nodes share this host."""
         return devices.local_devices(self.step_name, self.topology, devices.visible_gpu_ids(),
                                      _rehearsal(), self.gpus_requested)
 
-    def _node_devices(self):
+    def _node_devices(self) -> str:
         """The accelerator of one node of a gang whose nodes are separate machines."""
         accelerator, hide_gpus = devices.node_devices(
             self.step_name, self.topology, devices.visible_gpu_ids(), _rehearsal(),
@@ -366,13 +386,14 @@ class TorchDistributedDecorator(StepDecorator):
         return accelerator
 
 
-def _member_step(spec, step_func, decorator_name):
+def _member_step(spec: GangSpec, step_func: Callable[..., Any],
+                 decorator_name: str) -> Callable[..., NoReturn]:
     """The step function of a process a gang started (a node agent or an exec'd rank)."""
     from .gang import Agent, run_exec_rank
 
     topology = Topology(spec.blueprint.nodes, spec.blueprint.nproc_per_node)
 
-    def member_step(*args):
+    def member_step(*args: Any) -> NoReturn:
         member_spec = checkpoints.install_member(spec)
         if spec.role is Role.AGENT:
             code = Agent(member_spec, topology).run(step_func, args, decorator_name)
@@ -386,7 +407,7 @@ def _member_step(spec, step_func, decorator_name):
     return member_step
 
 
-def _check_restarts(step_name, gang_settings):
+def _check_restarts(step_name: str, gang_settings: settings.GangSettings) -> None:
     """Restarts in place need rank 0 in a process of its own: refuse exec before the run."""
     if not gang_settings.max_restarts:
         return
@@ -397,7 +418,7 @@ def _check_restarts(step_name, gang_settings):
             "start_method='auto' or 'fork', or max_restarts=0." % gang_settings.max_restarts)
 
 
-def _attribute(decorators, name, attribute):
+def _attribute(decorators: Sequence[Any], name: str, attribute: str) -> Any:
     """The attribute of the step's decorator `name` (None without that decorator)."""
     for deco in decorators:
         if deco.name == name:
@@ -405,7 +426,7 @@ def _attribute(decorators, name, attribute):
     return None
 
 
-def _require_torch(step_name):
+def _require_torch(step_name: str) -> None:
     try:
         import torch.distributed  # noqa: F401
     except ImportError as ex:
@@ -417,14 +438,14 @@ def _require_torch(step_name):
 
 
 
-def _parallel_step(step_name, graph, decorators):
+def _parallel_step(step_name: str, graph: Any, decorators: Sequence[Any]) -> bool:
     """True for a step of Metaflow's own @parallel: decorated with it, or reached through
     num_parallel. --with torch_distributed leaves such steps alone."""
     return (any(d.name == "parallel" or getattr(d, "IS_PARALLEL", False) for d in decorators)
             or bool(internals.num_parallel_parents(graph, step_name)))
 
 
-def _reject_parallel(step_name, graph, decorators):
+def _reject_parallel(step_name: str, graph: Any, decorators: Sequence[Any]) -> None:
     # num_parallel first: a step reached with it has @parallel too (Metaflow's graph check
     # asks for it), and removing @parallel alone would not help
     reached_by = internals.num_parallel_parents(graph, step_name)
@@ -437,7 +458,8 @@ def _reject_parallel(step_name, graph, decorators):
             "@pytorch_parallel): @torch_distributed starts the gang itself. Remove @parallel.")
 
 
-def _num_parallel_error(step_name, parent, num_parallel):
+def _num_parallel_error(step_name: str, parent: str,
+                        num_parallel: Any) -> TorchDistributedConfigError:
     return TorchDistributedConfigError(
         step_name,
         "step *%s* reaches it with self.next(..., num_parallel=%s), Metaflow's own way to "
@@ -448,7 +470,7 @@ def _num_parallel_error(step_name, parent, num_parallel):
         % (parent, num_parallel, step_name, step_name, num_parallel, num_parallel))
 
 
-def check_num_parallel(graph):
+def check_num_parallel(graph: Any) -> None:
     """Metaflow's graph check: a step of the user's own @torch_distributed reached with
     num_parallel fails here, before Metaflow's own check asks for @parallel on it (a step that
     --with put the decorator on is left to @parallel, see _parallel_step)."""
@@ -463,7 +485,7 @@ def check_num_parallel(graph):
 internals.check_graph_before_parallel_lint(check_num_parallel)
 
 
-def _configured_settings():
+def _configured_settings() -> Dict[str, Any]:
     """The METAFLOW_TORCH_DISTRIBUTED_* values settings.resolve reads."""
     from metaflow.metaflow_config import (
         TORCH_DISTRIBUTED_ABORT_GRACE, TORCH_DISTRIBUTED_CARD, TORCH_DISTRIBUTED_FINISH_TIMEOUT,
@@ -482,11 +504,11 @@ def _configured_settings():
             "MAX_RESTARTS": TORCH_DISTRIBUTED_MAX_RESTARTS}
 
 
-def _rehearsal():
+def _rehearsal() -> bool:
     from metaflow.metaflow_config import TORCH_DISTRIBUTED_CPU_REHEARSAL
 
     return _truthy(TORCH_DISTRIBUTED_CPU_REHEARSAL)
 
 
-def _truthy(value):
+def _truthy(value: object) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")

@@ -27,6 +27,7 @@ tests/unit/test_argo.py, tests/emulation/test_argo_gang.py pin them.
 
 import copy
 import json
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..core import naming
 from ..core.errors import TorchDistributedConfigError
@@ -68,7 +69,7 @@ _INPUTS = {"input-paths", "split-index"}
 
 # -- pure parts -----------------------------------------------------------------------------
 
-def check_step(step_name, graph, nodes):
+def check_step(step_name: str, graph: Any, nodes: int) -> None:
     """Refuse a gang on the steps whose Argo template does more than run the task with its
     input paths, or whose next step finds its task id by Metaflow's own formula."""
     node = graph[step_name]
@@ -94,7 +95,7 @@ def check_step(step_name, graph, nodes):
             "the gang a linear step of its own, or use nodes=1." % (nodes, why))
 
 
-def check_template(step_name, template):
+def check_template(step_name: str, template: Mapping[str, Any]) -> None:
     """Refuse a compiled container template this module does not know how to make a gang of."""
     inputs = {p["name"] for p in (template.get("inputs") or {}).get("parameters") or []}
     outputs = [p["name"] for p in (template.get("outputs") or {}).get("parameters") or []]
@@ -108,7 +109,7 @@ def check_template(step_name, template):
             % (sorted(inputs), outputs))
 
 
-def task_id_expression(step_name, foreach):
+def task_id_expression(step_name: str, foreach: bool) -> str:
     """The gang's task id as Argo computes it: the first 8 hex digits of a SHA-256 of the step's
     name, input paths (which hold the run and the parent task) and split index: the same across
     the attempts of one task, different for every other task of the run. Non-numeric (`t-`),
@@ -119,19 +120,20 @@ def task_id_expression(step_name, foreach):
     return "t-{{=sprig.trunc(8, sprig.sha256sum(%s))}}" % key
 
 
-def jobset_name(task_id):
+def jobset_name(task_id: str) -> str:
     """The JobSet of one attempt of the gang's task: unique per task and attempt (a retry
     creates a new JobSet), short enough for its pods' host names."""
     return "td-%s-%s" % (task_id[len("t-"):], ATTEMPT)
 
 
-def control_address(name, namespace):
+def control_address(name: str, namespace: str) -> str:
     """The control pod's DNS name under the JobSet's headless service."""
     return "%s-control-0-0.%s.%s.svc.cluster.local" % (name, name, namespace)
 
 
-def agent_shell_command(entrypoint, top_level, step_name, run_id, max_user_code_retries,
-                        orig_datastore, namespace, foreach):
+def agent_shell_command(entrypoint: Sequence[str], top_level: Sequence[str], step_name: str,
+                        run_id: str, max_user_code_retries: int, orig_datastore: str,
+                        namespace: Optional[str], foreach: bool) -> str:
     """The shell text of the node agent: a hidden spin-step of the gang's task. `entrypoint`
     and `top_level` are the step command's shell words as Metaflow writes them (its options
     quoted by Metaflow); every other word is quoted here, but the values the pod's shell expands
@@ -145,7 +147,7 @@ def agent_shell_command(entrypoint, top_level, step_name, run_id, max_user_code_
                                           options)
 
 
-def pruned(tree):
+def pruned(tree: Any) -> Any:
     """`tree` without null fields (the API server prunes them; the JobSet CRD's schema has no
     nullable field)."""
     if isinstance(tree, dict):
@@ -155,7 +157,7 @@ def pruned(tree):
     return tree
 
 
-def with_attempt(tree):
+def with_attempt(tree: Any) -> Any:
     """`tree` with Argo's {{retries}} (set in container templates only) read from the
     template's input instead."""
     if isinstance(tree, dict):
@@ -167,7 +169,8 @@ def with_attempt(tree):
     return tree
 
 
-def _env(entries, values=None, fields=None):
+def _env(entries: Sequence[Dict[str, Any]], values: Optional[Mapping[str, Any]] = None,
+         fields: Optional[Mapping[str, str]] = None) -> List[Dict[str, Any]]:
     names = set(values or {}) | set(fields or {})
     kept = [e for e in entries if e["name"] not in names]
     return (kept + [{"name": k, "value": str(v)} for k, v in (values or {}).items()]
@@ -175,8 +178,11 @@ def _env(entries, values=None, fields=None):
                for k, v in (fields or {}).items()])
 
 
-def jobset_manifest(template, nodes, step_name, control_command, agent_command, agent_env,
-                    plan_env, namespace, foreach, pod_metadata, preempt_grace_s):
+def jobset_manifest(template: Mapping[str, Any], nodes: int, step_name: str,
+                    control_command: List[str], agent_command: List[str],
+                    agent_env: Mapping[str, str], plan_env: Mapping[str, str], namespace: str,
+                    foreach: bool, pod_metadata: Optional[Mapping[str, Any]],
+                    preempt_grace_s: float) -> Dict[str, Any]:
     """The JobSet of the gang's step, from the step's compiled container `template`: the
     control pod runs `control_command`, the N-1 worker pods `agent_command` (argv lists), each
     under preempt.FORWARDING, with a stop grace that covers `preempt_grace_s`."""
@@ -203,7 +209,7 @@ def jobset_manifest(template, nodes, step_name, control_command, agent_command, 
                   env=_env(container.get("env", []), worker_values, _POD_FIELDS))
     patch = json.loads(template["podSpecPatch"]) if template.get("podSpecPatch") else {}
 
-    def job(replicated, replicas, pod_container):
+    def job(replicated: str, replicas: int, pod_container: Dict[str, Any]) -> Dict[str, Any]:
         pod = pruned({
             "restartPolicy": "Never",
             # a deleted pod's SIGTERM reaches the gang (FORWARDING), which needs the time
@@ -240,7 +246,7 @@ def jobset_manifest(template, nodes, step_name, control_command, agent_command, 
     })
 
 
-def gang_template(template, manifest):
+def gang_template(template: Mapping[str, Any], manifest: Mapping[str, Any]) -> Dict[str, Any]:
     """The resource template that replaces the step's container template: same name, inputs
     (and the attempt), retries; creates the JobSet `manifest` and outputs its task id."""
     inputs = [p for p in template["inputs"]["parameters"]] + [{"name": RETRY_PARAM}]
@@ -258,7 +264,8 @@ def gang_template(template, manifest):
     return gang
 
 
-def pass_attempt(templates, template_name, retried):
+def pass_attempt(templates: Sequence[Dict[str, Any]], template_name: str,
+                 retried: bool) -> int:
     """Make every DAG task that runs `template_name` pass the attempt in: Argo's {{retries}}
     where the template has a retry strategy, else 0 (#2632: {{retries}} is not set without)."""
     found = 0
@@ -272,8 +279,9 @@ def pass_attempt(templates, template_name, retried):
     return found
 
 
-def compile_gang(workflow, step_name, nodes, control_command_of, agent_command, agent_env,
-                 preempt_grace_s):
+def compile_gang(workflow: Dict[str, Any], step_name: str, nodes: int,
+                 control_command_of: Callable[[str], List[str]], agent_command: List[str],
+                 agent_env: Mapping[str, str], preempt_grace_s: float) -> None:
     """Turn the step's container template in the compiled `workflow` (JSON tree) into the
     gang's JobSet template. `control_command_of(command text) -> argv` gives node 0's command;
     `agent_command` is the workers' argv."""
@@ -305,7 +313,8 @@ class ArgoBackend(Backend):
 
     name = "argo-workflows"
 
-    def install(self, step, environ, deploy_target):
+    def install(self, step: GangStep, environ: Mapping[str, str],
+                deploy_target: Optional[str]) -> None:
         if deploy_target == self.name and step.topology.nodes > 1:
             install(step)
 
@@ -320,7 +329,7 @@ def install(step: GangStep) -> None:
     user_retries = max([d.step_task_retry_count()[0]
                         for d in step.graph[step_name].decorators] or [0])
 
-    def build(argo, workflow):
+    def build(argo: Any, workflow: Dict[str, Any]) -> None:
         name = internals.argo_template_name(step_name)
         [container] = [t for t in workflow["spec"]["templates"]
                        if t.get("name") == name and "container" in t]
@@ -336,7 +345,7 @@ def install(step: GangStep) -> None:
         agent_env = spin_env_additions({}, AgentOrder(step.blueprint, kubernetes.BACKEND.name),
                                        step.decorator_name)
 
-        def control_command_of(command):
+        def control_command_of(command: str) -> List[str]:
             return ["bash", "-c", internals.argo_with_task_id(command, "${%s}" % TASK_ID_ENV,
                                                                    step_name)]
 

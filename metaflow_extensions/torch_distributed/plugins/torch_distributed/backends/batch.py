@@ -18,11 +18,11 @@ run's datastore (sealed.py, attempt_secret.py), never from the job.
 import copy
 import os
 import socket
-from typing import Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..core import naming
 from ..core.errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
-from ..core.gangspec import AgentOrder, NodeZero
+from ..core.gangspec import AgentOrder, NodeZero, TaskIdentity
 from ..mf import internals
 from ..mf.spinstep import spin_env_additions
 from ..runtime import preempt
@@ -43,7 +43,8 @@ NODE_INDEX_WORD = "$" + NODE_INDEX
 
 # -- pure parts: what the job looks like ------------------------------------------------------
 
-def gang_payload(payload, nodes, main_env, agent_command, agent_env):
+def gang_payload(payload: Dict[str, Any], nodes: int, main_env: Mapping[str, str],
+                 agent_command: List[str], agent_env: Mapping[str, str]) -> Dict[str, Any]:
     """The SubmitJob payload of an N-node gang from the one Metaflow built for the task (whose
     job definition already has N nodes): node 0 runs the task's own command, nodes 1..N-1 the
     node agent's, each under preempt.FORWARDING (a SIGTERM to the container reaches the node's
@@ -65,7 +66,7 @@ def gang_payload(payload, nodes, main_env, agent_command, agent_env):
     return payload
 
 
-def forwarding_payload(payload):
+def forwarding_payload(payload: Dict[str, Any]) -> Dict[str, Any]:
     """A single-node job's payload with its command under preempt.FORWARDING."""
     payload = copy.deepcopy(payload)
     overrides = payload["containerOverrides"]
@@ -73,7 +74,7 @@ def forwarding_payload(payload):
     return payload
 
 
-def _plain(tree):
+def _plain(tree: Any) -> Any:
     """BatchJob.payload is a defaultdict tree: plain dicts, so nothing appears by reading."""
     if isinstance(tree, dict):
         return {k: _plain(v) for k, v in tree.items()}
@@ -82,7 +83,8 @@ def _plain(tree):
     return tree
 
 
-def _merged_env(entries, extra):
+def _merged_env(entries: Sequence[Dict[str, Any]],
+                extra: Mapping[str, str]) -> List[Dict[str, Any]]:
     """`entries` with the variables of `extra` set; an entry may be Step Functions' JSONPath
     form ({"name", "value.$"}), kept as it is."""
     merged = {e["name"]: e for e in entries}
@@ -105,7 +107,7 @@ def planned_nodes(environ: Mapping[str, str], step_name: str) -> Optional[int]:
     return nodes
 
 
-def main_node_address(environ):
+def main_node_address(environ: Mapping[str, str]) -> str:
     """node 0's private IP: the address child nodes are given, found the way Metaflow's
     @batch finds it on the main node (which AWS does not tell its own address)."""
     if environ.get("MF_PARALLEL_MAIN_IP"):
@@ -135,7 +137,8 @@ class BatchBackend(Backend):
     def launch_env(self, step: GangStep) -> Dict[str, str]:
         return {TRAMPOLINE_ENV: step.step_name} if step.decorated_with("batch") else {}
 
-    def install(self, step, environ, deploy_target):
+    def install(self, step: GangStep, environ: Mapping[str, str],
+                deploy_target: Optional[str]) -> None:
         if environ.get(TRAMPOLINE_ENV) != step.step_name:
             return  # not the process that submits this step's job
         if step.topology.nodes > 1:
@@ -143,7 +146,8 @@ class BatchBackend(Backend):
         else:
             install_forwarding(step.step_name)
 
-    def node_zero(self, step, environ, identity):
+    def node_zero(self, step: GangStep, environ: Mapping[str, str],
+                  identity: TaskIdentity) -> Optional[NodeZero]:
         """The port is derived from the task, as the agents derive it; the attempt's secret
         is drawn here."""
         if planned_nodes(environ, step.step_name) is None:
@@ -152,7 +156,7 @@ class BatchBackend(Backend):
                                                                             identity),
                         naming.new_secret(), self.name)
 
-    def agent_place(self, order, environ):
+    def agent_place(self, order: AgentOrder, environ: Mapping[str, str]) -> AgentPlace:
         return child_place(order.blueprint.step_name, environ)
 
 
@@ -166,7 +170,7 @@ def install_trampoline(step: GangStep) -> None:
     nodes run the node agent."""
     nodes = step.topology.nodes
 
-    def build(create, batch, create_args):
+    def build(create: Callable[..., Any], batch: Any, create_args: Dict[str, Any]) -> Any:
         job = create_gang_job(create, step.step_name, nodes, create_args["queue"])
         _make_gang_job(batch, job, create_args, step)
         return job
@@ -175,11 +179,11 @@ def install_trampoline(step: GangStep) -> None:
     internals.show_child_nodes(step.step_name, nodes)
 
 
-def install_forwarding(step_name):
+def install_forwarding(step_name: str) -> None:
     """In the `batch step` process of a one-node gang's step: its job's command runs under
     preempt.FORWARDING, so that a TerminateJob's SIGTERM reaches the gang."""
 
-    def build(create, batch, create_args):
+    def build(create: Callable[..., Any], batch: Any, create_args: Dict[str, Any]) -> Any:
         job = create()
         internals.submit_as_built(job, forwarding_payload(_plain(internals.job_payload(job))))
         return job
@@ -187,7 +191,7 @@ def install_forwarding(step_name):
     internals.wrap_batch_create_job(step_name, build)
 
 
-def create_gang_job(create, step_name, nodes, queue):
+def create_gang_job(create: Callable[..., Any], step_name: str, nodes: int, queue: str) -> Any:
     """Metaflow's `Batch.create_job` of an N-node job (`create(num_parallel=nodes)`: its job
     definition has N nodes, node 0 the main one). AWS Batch runs multi-node jobs on EC2 only:
     a Fargate queue is refused with the fix."""
@@ -203,7 +207,7 @@ def create_gang_job(create, step_name, nodes, queue):
             "QUEUE), or nodes=1." % (nodes, queue)) from ex
 
 
-def _make_gang_job(batch, job, a, step: GangStep) -> None:
+def _make_gang_job(batch: Any, job: Any, a: Dict[str, Any], step: GangStep) -> None:
     cli = internals.TrampolineCli(step.step_name)
     identity = trampoline.submitted_identity(cli)
     entrypoint, top_args = trampoline.trampoline_entrypoint(cli)

@@ -18,11 +18,12 @@ import os
 import socket
 import sys
 import time
-from typing import Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, NoReturn, Optional
 
 from ..core import naming
 from ..core.errors import TorchDistributedEnvironmentError
-from ..core.gangspec import AgentOrder, NodeZero
+from ..core.errors import TorchDistributedException
+from ..core.gangspec import AgentOrder, NodeZero, TaskIdentity
 from ..mf import internals
 from ..mf.spinstep import spin_env_additions
 from ..runtime import preempt
@@ -70,7 +71,7 @@ class KubernetesBackend(Backend):
 
     name = "kubernetes"
 
-    def __init__(self, resolve=socket.gethostbyname):
+    def __init__(self, resolve: Callable[[str], str] = socket.gethostbyname) -> None:
         self.resolve = resolve  # a DNS name to its address
 
     def launch_env(self, step: GangStep) -> Dict[str, str]:
@@ -78,11 +79,13 @@ class KubernetesBackend(Backend):
             return {TRAMPOLINE_ENV: step.step_name}
         return {}
 
-    def install(self, step, environ, deploy_target):
+    def install(self, step: GangStep, environ: Mapping[str, str],
+                deploy_target: Optional[str]) -> None:
         if step.topology.nodes > 1 and environ.get(TRAMPOLINE_ENV) == step.step_name:
             install_trampoline(step)
 
-    def node_zero(self, step, environ, identity):
+    def node_zero(self, step: GangStep, environ: Mapping[str, str],
+                  identity: TaskIdentity) -> Optional[NodeZero]:
         """The port is derived from the task, as the worker pods derive it; the control pod's
         address is its DNS name, resolved; the attempt's secret is drawn here."""
         if planned_nodes(environ, step.step_name) is None:
@@ -92,22 +95,24 @@ class KubernetesBackend(Backend):
         return NodeZero(master_addr, trampoline.attempt_port(step.step_name, identity),
                         naming.new_secret(), self.name)
 
-    def agent_place(self, order, environ):
+    def agent_place(self, order: AgentOrder, environ: Mapping[str, str]) -> AgentPlace:
         step_name = order.blueprint.step_name
         node = worker_node(step_name, environ)
         return AgentPlace(node, resolve_master(step_name, node, environ,
                                                order.blueprint.rendezvous_timeout_s,
                                                self.resolve))
 
-    def agent_misplaced(self, error):
+    def agent_misplaced(self, error: TorchDistributedException) -> NoReturn:
         leave_to_node_0(error)
 
 
 BACKEND = KubernetesBackend()
 
 
-def resolve_master(step_name, node, environ, timeout, resolve=socket.gethostbyname,
-                   clock=time.monotonic, sleep=time.sleep):
+def resolve_master(step_name: str, node: int, environ: Mapping[str, str], timeout: float,
+                   resolve: Callable[[str], str] = socket.gethostbyname,
+                   clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> str:
     """The IP address of the control pod's DNS name. The name resolves once the control pod
     runs (and, with a JobSet queued by Kueue, only after admission): retry until `timeout`."""
     name = environ.get(MASTER_ADDR)
@@ -129,7 +134,7 @@ def resolve_master(step_name, node, environ, timeout, resolve=socket.gethostbyna
         sleep(RESOLVE_RETRY_S)
 
 
-def shared_memory_warning(step_name, shared_memory):
+def shared_memory_warning(step_name: str, shared_memory: Any) -> Optional[str]:
     """The warning for a GPU gang whose pods get less shared memory than NCCL needs, or None.
     `shared_memory` is @kubernetes' attribute (MiB, None for the runtime's default)."""
     mib = None if shared_memory in (None, "") else int(float(shared_memory))
@@ -142,7 +147,7 @@ def shared_memory_warning(step_name, shared_memory):
                MIN_SHARED_MEMORY_MIB))
 
 
-def worker_node(step_name, environ):
+def worker_node(step_name: str, environ: Mapping[str, str]) -> int:
     """A worker pod's node index: its Job's index in the `worker` replicated job, plus one."""
     try:
         return int(environ[WORKER_INDEX]) + 1
@@ -152,7 +157,7 @@ def worker_node(step_name, environ):
             % (WORKER_INDEX, environ.get(WORKER_INDEX)))
 
 
-def leave_to_node_0(error):
+def leave_to_node_0(error: TorchDistributedException) -> NoReturn:
     """A worker pod that cannot take its place in the gang says why and exits 0: a failed
     worker Job fails the whole JobSet at once, and its controller then stops the control pod
     before node 0 has written the task's error. Node 0 decides: it fails with its own error
@@ -168,13 +173,13 @@ def install_trampoline(step: GangStep) -> None:
     """In the `kubernetes step` process of this step: make Kubernetes create one JobSet of
     N pods whose workers run the node agent (internals.wrap_kubernetes_jobset)."""
 
-    def build(kube, jobset, create_args):
+    def build(kube: Any, jobset: Any, create_args: Dict[str, Any]) -> None:
         gang_jobset(kube, jobset, create_args, step, internals.TrampolineCli(step.step_name))
 
     internals.wrap_kubernetes_jobset(step.step_name, step.topology.nodes, build)
 
 
-def gang_jobset(kube, jobset, kw, step: GangStep, cli) -> None:
+def gang_jobset(kube: Any, jobset: Any, kw: Dict[str, Any], step: GangStep, cli: Any) -> None:
     """Make the JobSet Metaflow built for the task (`Kubernetes.create_jobset(**kw)` with
     num_parallel=nodes) the gang's: the worker pods run the node agent, the control pod keeps
     the task's command and learns the gang's plan (neither holds the attempt's secret:

@@ -16,8 +16,11 @@ The pure parts take plain data; `cli_words` and `deployer_commands` read Metaflo
 through internals.py (tests/unit/test_schedulers.py pins both).
 """
 
-from ..mf import internals
+from typing import Mapping, Optional, Sequence
+
 from ..core.errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
+from ..core.topology import Topology
+from ..mf import internals
 
 # Commands of Metaflow's CLI that compile the flow for another scheduler, and what they target.
 COMPILERS = {
@@ -47,7 +50,7 @@ RUNTIME_ENVIRONMENT = "METAFLOW_RUNTIME_ENVIRONMENT"
 
 # -- pure parts -----------------------------------------------------------------------------
 
-def deploy_target(words, deployers=()):
+def deploy_target(words: Sequence[str], deployers: Sequence[str] = ()) -> Optional[str]:
     """The scheduler that `python flow.py <words>` compiles the flow for, or None.
     `words` are the command line after the flow's top-level options; `deployers` are the
     commands of the installed deployers (Metaflow's Deployer API)."""
@@ -56,7 +59,7 @@ def deploy_target(words, deployers=()):
     return words[0] if COMPILE_ACTION in words[1:] else None
 
 
-def check_deploy_target(step_name, target, topology):
+def check_deploy_target(step_name: str, target: Optional[str], topology: Topology) -> None:
     """Refuse a gang of `topology` that `target` would deploy where it cannot run as N
     machines."""
     if target is None or topology.nodes == 1 or target in MULTI_NODE:
@@ -70,7 +73,7 @@ def check_deploy_target(step_name, target, topology):
         % (topology.nodes, topology.describe(), COMPILERS.get(target, "`%s`" % target)))
 
 
-def remote_backend(environ):
+def remote_backend(environ: Mapping[str, str]) -> Optional[str]:
     """The remote backend whose container this task runs in, or None on the user's machine."""
     for name, backend in REMOTE_MARKERS:
         if environ.get(name):
@@ -79,7 +82,8 @@ def remote_backend(environ):
     return None if runtime in ("", "local") else runtime
 
 
-def check_single_host(step_name, topology, environ, rehearsal):
+def check_single_host(step_name: str, topology: Topology, environ: Mapping[str, str],
+                      rehearsal: bool) -> None:
     """Called where no backend gave the gang its nodes, before any rank starts: refuse to
     emulate them on this machine when it is a remote backend's (unless rehearsing on purpose)."""
     backend = remote_backend(environ)
@@ -88,12 +92,12 @@ def check_single_host(step_name, topology, environ, rehearsal):
     raise TorchDistributedEnvironmentError(
         step_name, "a gang of %d nodes (%s) runs here in one task on %s, which did not give it "
         "%d machines; its nodes would share this one. Run multi-node gangs with `python flow.py "
-        "run --with batch` or `--with kubernetes`; elsewhere use nodes=1. To emulate the nodes on this machine on "
-        "purpose, set METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1."
+        "run --with batch` or `--with kubernetes`; elsewhere use nodes=1. To emulate the nodes "
+        "on this machine on purpose, set METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1."
         % (topology.nodes, topology.describe(), backend, topology.nodes))
 
 
-def check_deploy(step_name, topology):
+def check_deploy(step_name: str, topology: Topology) -> Optional[str]:
     """In step_init: refuse a gang the command being run would deploy where it cannot run.
     Returns the scheduler the command deploys to (None for any other command)."""
     target = deploy_target(cli_words(), deployer_commands())

@@ -14,6 +14,8 @@ agents derive the gang's id and store port from them on their node, as on every 
 (trampoline.attempt_of).
 """
 
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
 from ..core import naming
 from ..core.errors import TorchDistributedConfigError
 from ..core.gangspec import AgentOrder
@@ -36,7 +38,7 @@ _STEP_OPTIONS = {"--run-id": "run_id", "--input-paths": "input_paths",
 
 # -- pure parts -----------------------------------------------------------------------------
 
-def check_step(step_name, graph, nodes):
+def check_step(step_name: str, graph: Any, nodes: int) -> None:
     """Refuse a gang on the steps whose Step Functions command does more than run the task."""
     node = graph[step_name]
     if step_name == graph.start_step or node.type == "join":
@@ -47,7 +49,7 @@ def check_step(step_name, graph, nodes):
             "nodes=1." % (nodes, "start" if step_name == graph.start_step else "join"))
 
 
-def agent_words(step_cli, step_name, orig_datastore):
+def agent_words(step_cli: str, step_name: str, orig_datastore: str) -> List[str]:
     """The node agent's command, as shell words, from Metaflow's step command for Step
     Functions (`<python> <flow> <top-level options> step <name> --option value ...`). Its
     values are shell words the node expands (`sfn-$METAFLOW_RUN_ID`,
@@ -74,7 +76,8 @@ def agent_words(step_cli, step_name, orig_datastore):
     return [*map(Shell, words[:at]), *spin_step_words(step_name, spin)]
 
 
-def node_payload(payload, nodes, step_name, agent_command, agent_env):
+def node_payload(payload: Dict[str, Any], nodes: int, step_name: str, agent_command: List[str],
+                 agent_env: Mapping[str, str]) -> Dict[str, Any]:
     """The SubmitJob payload of the gang's state: batch.gang_payload, with every node's
     command run under BARE_JOB_ID."""
     built = batch.gang_payload(payload, nodes,
@@ -94,7 +97,8 @@ class StepFunctionsBackend(Backend):
 
     name = "step-functions"
 
-    def install(self, step, environ, deploy_target):
+    def install(self, step: GangStep, environ: Mapping[str, str],
+                deploy_target: Optional[str]) -> None:
         if deploy_target == self.name and step.topology.nodes > 1:
             install(step)
 
@@ -107,7 +111,7 @@ def install(step: GangStep) -> None:
     step_name, nodes = step.step_name, step.topology.nodes
     check_step(step_name, step.graph, nodes)
 
-    def build(create, batch_obj, create_args):
+    def build(create: Callable[..., Any], batch_obj: Any, create_args: Dict[str, Any]) -> Any:
         job = batch.create_gang_job(create, step_name, nodes, create_args["queue"])
         words = agent_words(create_args["step_cli"], step_name,
                             internals.batch_orig_datastore(batch_obj))
@@ -121,7 +125,7 @@ def install(step: GangStep) -> None:
         internals.submit_as_built(job, built)  # no command rewriting in execute()
         return job
 
-    def node_overrides(payload):
+    def node_overrides(payload: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
         if "nodeOverrides" not in payload:
             return None
         return batch._plain(payload["nodeOverrides"])

@@ -12,7 +12,7 @@ agent: a hidden spin-step of the same task, given an AgentOrder. Nothing else is
 import json
 import re
 import tempfile
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..core import naming
 from ..core.errors import TorchDistributedEnvironmentError
@@ -91,7 +91,7 @@ def input_path_vars(env: Mapping[str, str]) -> List[str]:
     return [name for _, name in sorted(found)]
 
 
-def submitted_identity(cli) -> TaskIdentity:
+def submitted_identity(cli: Any) -> TaskIdentity:
     """The task a `batch step` or `kubernetes step` process (`cli`, internals.TrampolineCli)
     submits; each agent takes its input paths from its own command line."""
     params = cli.params
@@ -107,7 +107,7 @@ def submitted_identity(cli) -> TaskIdentity:
     )
 
 
-def trampoline_entrypoint(cli) -> Tuple[str, List[str]]:
+def trampoline_entrypoint(cli: Any) -> Tuple[str, List[str]]:
     """(entrypoint, top-level options) of the step's command in its container, as Metaflow's
     `batch step` and `kubernetes step` build them."""
     return "%s -u %s" % (cli.executable, cli.script), list(cli.top_args)
@@ -130,7 +130,7 @@ def agent_identity(step_name: str, params: Mapping[str, object], node: int) -> T
         split_index=None if split in (None, "") else int(str(split)),
         retry_count=int(str(params.get("retry_count") or 0)),
         max_user_code_retries=int(str(params.get("max_user_code_retries") or 0)),
-        namespace=params.get("opt_namespace"),  # spin-step's click name for --namespace
+        namespace=_optional_str(params.get("opt_namespace")),  # spin-step's name for it
         orig_datastore=str(params["orig_flow_datastore"]))
 
 
@@ -144,3 +144,7 @@ def agent_spec(order: AgentOrder, place: AgentPlace, identity: TaskIdentity,
                                place.master_addr, secret, top_args),
                     node=place.node, work_dir=tempfile.mkdtemp(prefix="torch-distributed-"),
                     accelerator=accelerator, start_method=start_method)
+
+
+def _optional_str(value: object) -> Optional[str]:
+    return None if value is None else str(value)

@@ -9,10 +9,13 @@ import os
 import signal
 import sys
 import time
+from types import FrameType
+from typing import Any, Callable, Optional, Sequence
 
 from ..core import naming
 from ..core.failures import root_cause
 from ..core.gangspec import GangSpec
+from ..core.topology import Topology
 from ..mf import checkpoints, events
 from ..runtime import preempt, stacks
 from ..runtime.control import ROUND_RESTART, ControlPlane, GangMismatch
@@ -24,16 +27,18 @@ from .runner import NodeRunner, forget_round
 class Agent:
     """A node other than node 0: starts the node's ranks, checks in, watches, reports."""
 
-    def __init__(self, spec: GangSpec, topology):
+    def __init__(self, spec: GangSpec, topology: Topology) -> None:
         self.spec = spec
         self.topology = topology
 
-    def run(self, step_func, args, decorator_name):
+    def run(self, step_func: Callable[..., object], args: Sequence[Any],
+            decorator_name: str) -> int:
         """Run the node; the process exit status to leave with."""
         with stacks.ignoring_dumps():  # until each rank's body registers it
             return self._run(step_func, args, decorator_name)
 
-    def _run(self, step_func, args, decorator_name):
+    def _run(self, step_func: Callable[..., object], args: Sequence[Any],
+             decorator_name: str) -> int:
         runner = NodeRunner(self.spec, self.topology, step_func, args, decorator_name)
         runner.start_ranks(range(self.topology.nproc_per_node))
         runner.capture(naming.agent_label(self.spec.node))
@@ -64,7 +69,8 @@ class Agent:
             runner.release()
             signal.signal(signal.SIGTERM, old_handler)
 
-    def _watch_round(self, runner, control, on_demand):
+    def _watch_round(self, runner: NodeRunner, control: ControlPlane,
+                     on_demand: stacks.OnDemand) -> AgentWatch:
         """Check this node's ranks of the round in with node 0 and watch them until the round
         ended for this node (the watch, ended)."""
         self._wait_for_exec_ranks(runner, control)
@@ -98,7 +104,8 @@ class Agent:
         self._send_record(runner, control, joined_at)
         return supervisor
 
-    def _end_round(self, runner, control, supervisor):
+    def _end_round(self, runner: NodeRunner, control: ControlPlane,
+                   supervisor: AgentWatch) -> int:
         """Tell node 0 how this node's round ended; the exit status to leave with if no round
         follows."""
         if supervisor.aborted:
@@ -118,7 +125,8 @@ class Agent:
         control.finish(self.spec.node)
         return 0
 
-    def _next_round(self, runner, control, supervisor):
+    def _next_round(self, runner: NodeRunner, control: ControlPlane,
+                    supervisor: AgentWatch) -> bool:
         """(Restarts in place, the round over for this node.) Stop its ranks, tell node 0, and
         wait for node 0's word: True once the next round's ranks of this node started, with
         their restart_count and the checkpoint node 0 loaded for the round; False when node 0
@@ -158,7 +166,7 @@ class Agent:
         runner.start_ranks(range(self.topology.nproc_per_node))
         return True
 
-    def _outlast_node_0(self, control):
+    def _outlast_node_0(self, control: ControlPlane) -> None:
         """(After a preemption, on Kubernetes.) Wait for node 0's task to end (its store goes
         away), within the grace the pods have. A deleted worker pod fails its Job, and with it
         the JobSet, once its process ends; Metaflow then stops following the task, and node 0,
@@ -173,7 +181,8 @@ class Agent:
                 return
             time.sleep(0.2)
 
-    def _preempt_node(self, runner, control, origin, at=None):
+    def _preempt_node(self, runner: NodeRunner, control: ControlPlane, origin: int,
+                      at: Optional[float] = None) -> None:
         """(The watch's thread.) This node's ranks get SIGTERM and the preemption's grace; a
         SIGTERM of this node's own is told to node 0, which preempts the whole gang."""
         preempt.leave_mark(self.spec.work_dir)
@@ -184,7 +193,7 @@ class Agent:
         print("preempted (SIGTERM to node %d): this node's ranks get SIGTERM" % origin,
               file=sys.stderr, flush=True)
 
-    def _wait_for_exec_ranks(self, runner, control):
+    def _wait_for_exec_ranks(self, runner: NodeRunner, control: ControlPlane) -> None:
         """A node joins once its ranks are ready: exec'd ranks import Metaflow and torch first
         and check in with node 0 themselves (forked ones are ready at once). Node 0 counts the
         step's @timeout from the last join (usertimer.py), so this keeps their start-up off it.
@@ -201,30 +210,32 @@ class Agent:
                 return
             time.sleep(POLL_INTERVAL)
 
-    def _exit_code(self, code, told_node_0):
+    def _exit_code(self, code: int, told_node_0: bool) -> int:
         """The exit status of a node that failed or was aborted. On Kubernetes a failed worker
         Job fails the whole JobSet at once, and its controller then stops the control pod
         before node 0 has written the task's root cause and logs: a worker pod that node 0
         knows about leaves the verdict to node 0's Job (docs/kubernetes.md, "Semantics")."""
         return 0 if self.spec.attempt.backend == "kubernetes" and told_node_0 else code
 
-    def _send_record(self, runner, control, joined_at):
+    def _send_record(self, runner: NodeRunner, control: ControlPlane,
+                     joined_at: float) -> None:
         """Give node 0 this node's share of the gang's record: through the store from another
         machine, as a file in the gang's directory on node 0's own host."""
         if self.spec.attempt.local:
             quietly(events.write_json, events.node_file(self.spec.work_dir, self.spec.node),
-                     runner.node_record(joined_at))
+                    runner.node_record(joined_at).to_dict())
         else:
             quietly(control.send_node_events, self.spec.node,
-                     runner.node_record(joined_at, self.spec.work_dir))
+                    runner.node_record(joined_at, self.spec.work_dir).to_dict())
 
 
-def _on_sigterm(watch, signum, frame):
+def _on_sigterm(watch: AgentWatch, signum: int, frame: Optional[FrameType]) -> None:
     """A supervising process's SIGTERM handler: noted for the watch's thread (preempt.py)."""
     watch.sigterm()
 
 
-def _kill_ranks_and_leave(runner, signum, frame):
+def _kill_ranks_and_leave(runner: NodeRunner, signum: int,
+                          frame: Optional[FrameType]) -> None:
     """An agent told to stop (node 0 stops the gang) takes its ranks' process groups with it:
     a rank's own children (DataLoader workers, a child that ignores SIGTERM) would outlive it."""
     for slot in runner.slots:

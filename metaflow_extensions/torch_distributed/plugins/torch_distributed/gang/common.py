@@ -2,17 +2,18 @@
 log, and best-effort questions to node 0's store, which may already be gone."""
 
 import sys
+from typing import Any, Callable
 
 # Seconds node 0 waits, once a round failed, for every other node to say that its ranks
 # stopped before it restarts the gang in place; a node silent for longer is lost. An agent
 # waits this long, beyond the rendezvous timeout, for node 0's word after a round.
 NODES_STOP_WAIT = 30.0
 
-def say(line):
+def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def ask(fn, *args):
+def ask(fn: Callable[..., Any], *args: Any) -> Any:
     """A control-plane question while tearing down; False when the store cannot answer."""
     try:
         return fn(*args)
@@ -20,7 +21,7 @@ def ask(fn, *args):
         return False
 
 
-def quietly(fn, *args):
+def quietly(fn: Callable[..., object], *args: Any) -> None:
     """Best-effort control-plane calls while tearing down: the store may already be gone."""
     try:
         fn(*args)

@@ -11,11 +11,14 @@ import dataclasses
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
 import time
 import traceback
+from math import inf
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from ..core import naming, rounds
 from ..core.envcontract import foreign_launcher_vars
@@ -27,6 +30,7 @@ from ..core.errors import (
 from ..core.failures import (
     Failure,
     FailureKind,
+    GangOutcome,
     communication_error,
     debug_enabled,
     from_exit,
@@ -37,6 +41,7 @@ from ..core.failures import (
     shown_traceback,
 )
 from ..core.gangspec import Attempt, Blueprint, GangSpec, Role
+from ..core.topology import Topology
 from ..mf import checkpoints, events
 from ..mf import current as current_mod
 from ..mf import handback as rank0_results
@@ -56,7 +61,7 @@ from ..runtime.procs import spawn_member
 from ..runtime.remote_logs import LogReceiver
 from ..runtime.supervisor import POLL_INTERVAL, LeaderWatch, Place, Slot
 from .common import NODES_STOP_WAIT, ask, quietly, say
-from .rank import aborted, rank_info, run_rank_body
+from .rank import HandBack, aborted, rank_info, run_rank_body
 from .runner import NodeRunner, forget_round, stop_and_release
 
 # Seconds local node agents have to leave once node 0 said that no round follows.
@@ -71,25 +76,44 @@ LOG_SETTLE_S = 1.0
 @dataclasses.dataclass
 class _Attempt:
     """What one run of a gang holds on node 0, from its start to its settling. Leader.run makes
-    it and owns its teardown; the watch's thread and the watchdog read it."""
+    it and owns its teardown; the watch's thread and the watchdog read it. Its store and its
+    round's watch exist once the gang started (Leader._start): `started` says so."""
     spec: GangSpec
     runner: NodeRunner
     recorder: events.GangRecorder
-    control: ControlPlane = None
-    receiver: LogReceiver = None
-    watch: LeaderWatch = None
+    store: Optional[ControlPlane] = None
+    round_watch: Optional[LeaderWatch] = None
+    receiver: Optional[LogReceiver] = None
     body_finished: bool = False
-    rank0_exception: BaseException = None  # rank 0's, when its body ran in the task (exec)
-    outcome: object = None  # failures.GangOutcome when the gang failed
-    member_exception: BaseException = None  # the root cause's own exception, from a member
-    listener: object = None  # the store's listening socket, closed in every member
+    rank0_exception: Optional[BaseException] = None  # rank 0's, when its body ran in the task
+    outcome: Optional[GangOutcome] = None  # when the gang failed
+    member_exception: Optional[BaseException] = None  # the root cause's own, from a member
+    listener: Optional[socket.socket] = None  # the store's listening socket, closed in members
     # restarts in place: the root causes of the rounds restarted so far, and why the last
     # failed round was not restarted ("" when restarts are off)
-    rounds: list = dataclasses.field(default_factory=list)
-    no_restart: str = ""
+    rounds: List[Failure] = dataclasses.field(default_factory=list)
+    no_restart: Optional[str] = ""
     # the card's view of each restarted round (_round_record), and when the running one began
-    round_records: list = dataclasses.field(default_factory=list)
-    round_started: float = None
+    round_records: List[Optional[events.RoundRecord]] = dataclasses.field(default_factory=list)
+    round_started: Optional[float] = None
+
+    @property
+    def started(self) -> bool:
+        return self.store is not None and self.round_watch is not None
+
+    @property
+    def control(self) -> ControlPlane:
+        """The gang's store, as this round speaks to it."""
+        if self.store is None:
+            raise RuntimeError("the gang's store is not up yet (Leader._start)")
+        return self.store
+
+    @property
+    def watch(self) -> LeaderWatch:
+        """The running round's watch."""
+        if self.round_watch is None:
+            raise RuntimeError("the gang's watch is not started yet (Leader._start)")
+        return self.round_watch
 
 
 class Leader:
@@ -97,9 +121,11 @@ class Leader:
     (Linux's default) rank 0 is a process this one forks, as every other rank, and hands its
     results back (`handback`); under exec its body runs here, in the task's main thread."""
 
-    def __init__(self, blueprint: Blueprint, topology, attempt: Attempt, accelerator,
-                 start_method, abort_grace, decorator_name, node_gpu_blocks=None,
-                 clock=time.monotonic, sleep=time.sleep):
+    def __init__(self, blueprint: Blueprint, topology: Topology, attempt: Attempt,
+                 accelerator: str, start_method: str, abort_grace: float, decorator_name: str,
+                 node_gpu_blocks: Optional[Dict[int, Optional[str]]] = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.blueprint = blueprint
         self.step_name = blueprint.step_name
         self.topology = topology
@@ -115,22 +141,35 @@ class Leader:
         # CUDA_VISIBLE_DEVICES per node when emulated nodes share this host's GPUs
         self.node_gpu_blocks = node_gpu_blocks or {}
         self._body_running = threading.Event()
-        self._main_thread = threading.main_thread().ident
+        self._main_thread = threading.main_thread().ident or threading.get_ident()
         # how another thread makes rank 0's body raise (a signal the user has no use for)
         self.interruption = BodyInterrupt(aborted, self._body_running.is_set)
-        self.attempt = None  # the running gang's _Attempt
-        self.record = None  # the last run's record for the gang's card (events.py)
-        self.users_error = None  # the user's own exception raised as the step's error
+        self._attempt: Optional[_Attempt] = None  # the running gang's
+        # the last run's record for the gang's card (events.py)
+        self.record: Optional[events.GangRecord] = None
+        # the user's own exception raised as the step's error
+        self.users_error: Optional[BaseException] = None
         # the load policy of the step's @checkpoint, which a restart in place follows again
-        self.checkpoint_policy = None
-        self.on_restart = None  # called with (restart number, the failed round's root cause)
+        self.checkpoint_policy: Optional[str] = None
+        # called with (restart number, the failed round's root cause)
+        self.on_restart: Optional[Callable[[int, Failure], None]] = None
 
-    def raised_users_own(self, ex):
+    @property
+    def attempt(self) -> "_Attempt":
+        """The running gang's attempt (the watch's thread reads it once the gang started)."""
+        if self._attempt is None:
+            raise RuntimeError("no gang attempt runs yet (Leader.run)")
+        return self._attempt
+
+    def raised_users_own(self, ex: BaseException) -> bool:
         """True when `ex` is the user's own exception this gang raised as the step's error, whose
         traceback its rank already printed (so its frames need not be shown again)."""
         return ex is self.users_error and not debug_enabled()
 
-    def run(self, step_func, args, on_body_start=None, on_assembled=None, handback=None):
+    def run(self, step_func: Callable[..., object], args: Sequence[Any],
+            on_body_start: Optional[Callable[[], object]] = None,
+            on_assembled: Optional[Callable[[], object]] = None,
+            handback: Optional[HandBack] = None) -> None:
         """Start the gang, with rank 0's body in a process of its own that hands its results
         back through `handback` (a HandBack), or here without one; call `on_body_start` as the
         body starts; supervise, and raise the gang's error if any rank failed. `on_assembled`
@@ -152,9 +191,9 @@ class Leader:
                             start_method=self.start_method,
                             cuda_visible_devices=self.node_gpu_blocks.get(0))
             in_task = handback is None
-            if not in_task:
+            if handback is not None:
                 handback = dataclasses.replace(handback, path=rank0_results.path_in(work_dir))
-            attempt = self.attempt = _Attempt(
+            attempt = self._attempt = _Attempt(
                 spec, NodeRunner(spec, self.topology, step_func, args, self.decorator_name,
                                  handback),
                 events.GangRecorder(spec, self.topology))
@@ -189,19 +228,19 @@ class Leader:
                                 self._wait_for_the_rest(attempt)
                                 if not self._restart(attempt, handback):
                                     break
-            if not in_task:
+            if handback is not None:
                 self._take_handback(attempt, handback)
         if attempt.outcome is not None:
-            self._raise_failure(attempt)
+            self._raise_failure(attempt, attempt.outcome)
 
-    def _wait_for_the_rest(self, attempt):
+    def _wait_for_the_rest(self, attempt: _Attempt) -> None:
         """(Rank 0's body ended.) Until the round's watch ended, failing the ranks that do not
         finish within the finish timeout."""
         timeout = attempt.spec.blueprint.finish_timeout_s
         if not attempt.watch.wait(timeout):
             attempt.watch.report(attempt.watch.unfinished_failure(timeout))
 
-    def _restart(self, attempt, handback):
+    def _restart(self, attempt: _Attempt, handback: Optional[HandBack]) -> bool:
         """(The round's watch ended.) True when its failure starts the next round in place:
         every rank of the round is stopped, and a fresh process of each is forked from this
         task, which runs no user code, with the next restart_count, a rendezvous of its own
@@ -236,7 +275,7 @@ class Leader:
         loaded = checkpoints.reload_latest(self.checkpoint_policy)
         spec = attempt.spec = dataclasses.replace(spec, restart_count=restart)
         runner.new_round(spec)
-        ended_control, attempt.control = attempt.control, attempt.control.for_round(restart)
+        ended_control, attempt.store = attempt.control, attempt.control.for_round(restart)
         attempt.control.forget_rendezvous()  # every rank of every node has stopped
         if self.topology.nodes > 1:
             if spec.attempt.checkpoint is not None:  # what the other nodes' ranks load this round
@@ -251,13 +290,13 @@ class Leader:
             print("@torch_distributed on step *%s*: round %d starts from checkpoint %s"
                   % (self.step_name, restart, loaded), file=sys.stderr, flush=True)
         runner.start_ranks(range(self.topology.nproc_per_node),
-                           close_fds=[attempt.listener.fileno()])
-        ended, attempt.watch = attempt.watch, self._watch(attempt)
+                           close_fds=[attempt.listener.fileno()] if attempt.listener else [])
+        ended, attempt.round_watch = attempt.watch, self._watch(attempt)
         if ended.sigterm_at is not None:  # it came while the ranks were being started
             attempt.watch.sigterm()
         return True
 
-    def _wait_for_nodes_to_stop(self, attempt):
+    def _wait_for_nodes_to_stop(self, attempt: Any) -> Optional[str]:
         """(A failed round that restarts.) None once every other node said that its ranks of
         the round stopped: the next round's rendezvous then starts clean. Else why the gang is
         not restarted: a node's agent ended, said nothing within NODES_STOP_WAIT s (it is lost:
@@ -279,21 +318,20 @@ class Leader:
                                                 gone=bool(gone))
             self.sleep(POLL_INTERVAL)
 
-    def _round_record(self, attempt):
+    def _round_record(self, attempt: _Attempt) -> Optional[events.RoundRecord]:
         """What the card shows of a round that is restarted (every process of it stopped): its
         ranks' records, read before the next round's ranks write theirs; None if it cannot be
         put together."""
         record = self._collect(attempt)
         if record is None:
             return None
-        began = attempt.round_started or record["started"]
+        began = attempt.round_started or record.started
         # the round's abort, when the gang stopped its ranks
         stopped = [t for name, t in attempt.recorder.phases if name == "abort" and t >= began]
-        return dict(round=attempt.spec.restart_count, started=began,
-                    ended=stopped[-1] if stopped else time.time(), ranks=record["ranks"],
-                    node_info=record["node_info"], failures=record["failures"])
+        return record.as_round(attempt.spec.restart_count, began,
+                               stopped[-1] if stopped else time.time())
 
-    def _take_handback(self, attempt, handback):
+    def _take_handback(self, attempt: _Attempt, handback: HandBack) -> None:
         """(Every process of the gang has stopped.) Rank 0's results into the task: those of a
         gang that finished, and those @catch keeps of one that failed."""
         if attempt.watch.failed() and not handback.keep_failed:
@@ -304,7 +342,8 @@ class Leader:
                   "keeps none of its artifacts, nor its self.next()" % self.step_name,
                   file=sys.stderr, flush=True)
 
-    def _start(self, attempt, listener, running, on_assembled=None):
+    def _start(self, attempt: _Attempt, listener: socket.socket, running: contextlib.ExitStack,
+               on_assembled: Optional[Callable[[], object]] = None) -> None:
         """Start node 0's members, the local agents, the store, the log receiver and the
         watch, registering on `running` how each is stopped."""
         spec, runner = attempt.spec, attempt.runner
@@ -321,7 +360,7 @@ class Leader:
             runner.slots.append(Slot(spawn_member(naming.agent_label(node), argv, env), node))
         runner.capture(naming.rank_label(0) if in_task else "",
                        close_in_pump=[listener.fileno()])
-        attempt.control = ControlPlane.host(listener, spec.attempt.gang_id, spec.attempt.secret,
+        attempt.store = ControlPlane.host(listener, spec.attempt.gang_id, spec.attempt.secret,
                                             spec.blueprint.rendezvous_timeout_s)
         if self.remote:  # agents on other machines ask for what node 0's @checkpoint loaded
             attempt.control.publish_checkpoint(spec.attempt.checkpoint)
@@ -329,17 +368,18 @@ class Leader:
             attempt.receiver = LogReceiver(
                 ControlPlane.of_attempt(spec.attempt, spec.blueprint.rendezvous_timeout_s),
                 range(1, self.topology.nodes),
-                {1: runner.saved_fds[0], 2: runner.saved_fds[1]},
+                dict(zip((1, 2), runner.saved_fds or ())),
                 tee=attempt.recorder.remote_tails).start()
             running.callback(attempt.receiver.stop, REMOTE_DRAIN_TIMEOUT)
         attempt.listener = listener
-        attempt.watch = self._watch(attempt, on_assembled)
+        attempt.round_watch = self._watch(attempt, on_assembled)
         if spec.blueprint.max_restarts and self.topology.nodes > 1:
             # the other nodes wait for node 0's word after each round (Agent._next_round)
             running.callback(_say_end, attempt)
         running.callback(_abort_if_failed, attempt)
 
-    def _watch(self, attempt, on_assembled=None):
+    def _watch(self, attempt: _Attempt,
+               on_assembled: Optional[Callable[[], object]] = None) -> LeaderWatch:
         """The watch of the gang's round that starts (started)."""
         spec, runner = attempt.spec, attempt.runner
         in_task = runner.handback is None
@@ -359,42 +399,39 @@ class Leader:
             on_preempt=self._preempt_gang,
             agents_stay=bool(spec.blueprint.max_restarts)).start()
 
-    def _settle(self, attempt):
+    def _settle(self, attempt: _Attempt) -> None:
         """Once every process of the gang has stopped: what happened, and the card's record."""
-        if attempt.watch is not None and attempt.watch.failed():
+        if attempt.round_watch is not None and attempt.watch.failed():
             attempt.outcome, attempt.member_exception = self._outcome(attempt)
         self.record = self._collect(attempt)
-        ignored = (self.record or {}).get("ignored_messages")
+        ignored: Dict[str, int] = self.record.ignored_messages if self.record else {}
         if ignored:
             from ..mf.card import ignored_note
 
             print("@torch_distributed on step *%s*: %s" % (self.step_name, ignored_note(ignored)),
                   file=sys.stderr, flush=True)
 
-    def _collect(self, attempt):
+    def _collect(self, attempt: _Attempt) -> Optional[events.GangRecord]:
         """The record of this gang attempt for its card, or None if it cannot be put together
         (which never changes the step's result)."""
-        runner, control = attempt.runner, attempt.control
-        failures = attempt.watch.failures if attempt.watch is not None else []
+        runner, control = attempt.runner, attempt.store
+        failures = attempt.watch.failures if attempt.round_watch is not None else []
         try:
-            remote = {}
+            remote: Dict[int, Optional[Dict[str, Any]]] = {}
             if self.remote and control is not None:
                 for node in range(1, self.topology.nodes):
                     remote[node] = control.node_events(node)
-            record = attempt.recorder.collect(attempt.spec.work_dir, runner.slots,
-                                              runner.spawned, remote, failures,
-                                              root_cause(failures), list(runner.stopped))
-            if attempt.rounds:  # restarts in place: the rounds before the last
-                record["restarts"] = [{"round": n, "at": f.detected_at, "sentence": f.sentence()}
-                                      for n, f in enumerate(attempt.rounds)]
-                record["rounds"] = [r for r in attempt.round_records if r is not None]
-            return record
+            # restarts in place: the root causes and records of the rounds before the last
+            return attempt.recorder.collect(
+                attempt.spec.work_dir, runner.slots, runner.spawned, remote, failures,
+                root_cause(failures), list(runner.stopped), restarted=attempt.rounds,
+                rounds=[r for r in attempt.round_records if r is not None])
         except Exception as ex:  # noqa: BLE001 - the card is a view; the step's result stands
             print("@torch_distributed on step *%s*: could not record the gang for its card: %s"
                   % (self.step_name, ex), file=sys.stderr, flush=True)
             return None
 
-    def _bind(self):
+    def _bind(self) -> socket.socket:
         """The store's listening socket, on the one address the gang's peers reach (locally
         the loopback address; remotely node 0's own, MASTER_ADDR), never every interface."""
         address, port = self.placed.master_addr, self.placed.master_port
@@ -405,7 +442,7 @@ class Leader:
                 raise port_in_use_error(self.step_name, port)
             raise bind_error(self.step_name, address, ex) from ex
 
-    def _expected_joins(self, attempt):
+    def _expected_joins(self, attempt: _Attempt) -> Dict[str, Place]:
         joins = {naming.node_join_id(n): Place(n) for n in range(1, self.topology.nodes)}
         if attempt.spec.start_method == "exec":
             for slot in attempt.runner.slots:
@@ -413,7 +450,8 @@ class Leader:
                     joins[naming.rank_join_id(slot.rank)] = Place(0, slot.rank, slot.local_rank)
         return joins
 
-    def _run_rank0(self, attempt, step_func, args, on_body_start):
+    def _run_rank0(self, attempt: Any, step_func: Callable[..., object], args: Sequence[Any],
+                   on_body_start: Optional[Callable[[], object]]) -> None:
         for key in foreign_launcher_vars(os.environ):
             del os.environ[key]
         os.environ.update(attempt.runner.env_of(0))
@@ -435,7 +473,7 @@ class Leader:
         finally:
             self._body_running.clear()
 
-    def _rank0_failed(self, attempt, ex):
+    def _rank0_failed(self, attempt: Any, ex: BaseException) -> None:
         attempt.rank0_exception = ex
         symptom = communication_error(ex)
         if not isinstance(ex, TorchDistributedAborted):  # the gang's stop is no rank's error
@@ -451,7 +489,7 @@ class Leader:
         # root cause.
         attempt.watch.report(failure)
 
-    def _on_failure(self, failure):
+    def _on_failure(self, failure: Failure) -> None:
         """The first failure of the gang (called by the watch, which already holds it): stop
         every process, then make rank 0 stop."""
         attempt = self.attempt
@@ -468,7 +506,7 @@ class Leader:
         threading.Thread(target=self._watchdog, args=(attempt,),
                          name="torch-distributed-watchdog", daemon=True).start()
 
-    def _preempt_gang(self, origin, at=None):
+    def _preempt_gang(self, origin: int, at: Optional[float] = None) -> None:
         """(The watch's thread.) A SIGTERM reached node `origin`: every rank of every node
         gets one, and the watch holds every failure for the preemption's grace."""
         attempt = self.attempt
@@ -486,7 +524,7 @@ class Leader:
             # rank 0's own handlers (the user's, a framework's) hear it too
             signal.pthread_kill(self._main_thread, signal.SIGTERM)
 
-    def _watchdog(self, attempt):
+    def _watchdog(self, attempt: _Attempt) -> None:
         deadline = time.monotonic() + self.abort_grace
         while time.monotonic() < deadline:
             if not self._body_running.is_set():
@@ -495,12 +533,13 @@ class Leader:
         # Rank 0 is stuck in native code (a collective or the rendezvous) and cannot be
         # interrupted: end the task. The runtime sees a failed attempt (retry/catch apply).
         failure = root_cause(attempt.watch.failures)
+        said = failure.describe() if failure is not None else "(no failure recorded)"
         if attempt.receiver is not None:
             attempt.receiver.stop(REMOTE_DRAIN_TIMEOUT)
         attempt.runner.release()
         print("@torch_distributed on step *%s*: gang failed.\n%s\nRank 0 did not stop within "
               "%ss (blocked in native code); ending the task."
-              % (self.step_name, failure.describe(), self.abort_grace),
+              % (self.step_name, said, self.abort_grace),
               file=sys.stderr, flush=True)
         # On remote backends the task's output reaches its stored log through Metaflow's tee
         # processes, which the pod's shell does not wait for before it saves the log: give them
@@ -509,7 +548,7 @@ class Leader:
         time.sleep(LOG_SETTLE_S)
         os._exit(1)
 
-    def _outcome(self, attempt):
+    def _outcome(self, attempt: _Attempt) -> Tuple[GangOutcome, Optional[BaseException]]:
         """(GangOutcome, the exception object of a member whose failure is the root cause)."""
         runner = attempt.runner
         exited = []
@@ -531,9 +570,10 @@ class Leader:
                 # that raise the same error a few ms apart (a framework's check) all raised it.
                 failure = from_exit(slot.rank, slot.node, slot.local_rank, code, time.time(),
                                     slot.error_file)
+                stopped_at = runner.stop_started if runner.stop_started is not None else inf
                 if (slot.member.label not in runner.stopped
                         or (failure.kind is FailureKind.EXCEPTION
-                            and (failure.detected_at < runner.stop_started
+                            and (failure.detected_at < stopped_at
                                  or not failure.is_symptom()))):
                     exited.append(failure)
         outcome = gang_outcome(attempt.watch.failures, range(self.topology.world_size), exited,
@@ -546,8 +586,7 @@ class Leader:
             member_exception = load_exception(runner.error_file(root.rank))
         return outcome, member_exception
 
-    def _raise_failure(self, attempt):
-        outcome = attempt.outcome
+    def _raise_failure(self, attempt: _Attempt, outcome: GangOutcome) -> NoReturn:
         failure = outcome.root_cause
         own = attempt.rank0_exception if failure.rank == 0 and attempt.runner.handback is None \
             else attempt.member_exception
@@ -557,18 +596,19 @@ class Leader:
             # Raise the user's own exception, so @catch and the task's error show its type. A
             # communication error (a peer went away or hung) is not the user's: the gang's
             # report, which names the ranks, says more.
-            self.users_error = users_own(
+            users_error = self.users_error = users_own(
                 own, "@torch_distributed on step *%s*: %s raised this error; its "
                             "traceback is in its %s lines above. %s%s"
-                            % (self.step_name, failure.where(), naming.rank_label(failure.rank),
-                               outcome.others_note(), " " + rounds_said if rounds_said else ""))
-            raise self.users_error
+                            % (self.step_name, failure.where(),
+                               naming.rank_label(failure.rank or 0), outcome.others_note(),
+                               " " + rounds_said if rounds_said else ""))
+            raise users_error
         cls = TorchDistributedRendezvousTimeout if failure.kind is FailureKind.MISSING \
             else TorchDistributedGangFailed
         raise cls(self.step_name, outcome, rounds_said)
 
 
-def users_own(ex, summary):
+def users_own(ex: BaseException, summary: str) -> BaseException:
     """The user's exception `ex`, made the step's error with the gang's `summary`: its
     traceback, already printed in its rank's lines, is not printed again (Metaflow prints the
     traceback of the task's own frames, then the exception, then the summary, its note).
@@ -585,12 +625,12 @@ def users_own(ex, summary):
     return ex
 
 
-def _running_pid(slot):
+def _running_pid(slot: Slot) -> Optional[int]:
     """The pid of `slot`'s process while it runs, else None."""
     return slot.member.pid if slot.member.returncode is None else None
 
 
-def _say_end(attempt):
+def _say_end(attempt: _Attempt) -> None:
     """Tell the other nodes, waiting after their round, that no round follows: they leave
     (local agents are given AGENTS_LEAVE_WAIT s to, before the members are stopped)."""
     quietly(attempt.control.say_word, ROUND_END)
@@ -600,16 +640,16 @@ def _say_end(attempt):
         time.sleep(0.02)
 
 
-def _abort_if_failed(attempt):
+def _abort_if_failed(attempt: _Attempt) -> None:
     """Tell the other nodes to stop, when the gang failed (its first step of teardown)."""
     if attempt.watch.failed():
         quietly(attempt.control.abort)
 
 
-def _restore_environ(saved):
+def _restore_environ(saved: Dict[str, str]) -> None:
     os.environ.clear()
     os.environ.update(saved)
 
 
-def _format_traceback(ex):
+def _format_traceback(ex: BaseException) -> str:
     return "".join(traceback.format_exception(type(ex), ex, ex.__traceback__))

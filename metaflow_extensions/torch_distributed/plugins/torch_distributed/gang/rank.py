@@ -5,9 +5,12 @@ import dataclasses
 import os
 import signal
 import sys
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ..core import naming
 from ..core.errors import TorchDistributedAborted
+from ..core.gangspec import GangSpec
+from ..core.topology import Topology
 from ..mf import current as current_mod
 from ..mf import events, groupcheck
 from ..mf import handback as rank0_results
@@ -16,7 +19,9 @@ from ..runtime.control import ControlPlane
 from ..runtime.procs import run_member_body
 
 
-def run_rank_body(spec, topology, local_rank, step_func, args, in_task=False):
+def run_rank_body(spec: GangSpec, topology: Topology, local_rank: int,
+                  step_func: Callable[..., object], args: Sequence[Any],
+                  in_task: bool = False) -> None:
     """A rank's step body, its events recorded for the gang's card, its probe (stacks.py)
     telling its node's watch where it stands while hang detection is on. `in_task`: rank 0's
     body runs in the Metaflow task itself (start method exec), whose handlers are Leader.run's."""
@@ -44,7 +49,7 @@ def run_rank_body(spec, topology, local_rank, step_func, args, in_task=False):
             probe.stop()
 
 
-def run_handing_back(body, handback):
+def run_handing_back(body: Callable[[], object], handback: "HandBack") -> None:
     """Rank 0's body in its own process, then its results handed back to the task: after a
     body that returned or left with sys.exit(0), and after a failed one whose exception @catch
     takes (its artifacts are kept, as on any step)."""
@@ -70,7 +75,7 @@ def run_handing_back(body, handback):
     sender.send()
 
 
-def _send_quietly(sender):
+def _send_quietly(sender: rank0_results.Sender) -> None:
     """Hand back a failed body's artifacts for @catch; the body's own failure is the step's."""
     try:
         sender.send()
@@ -79,7 +84,7 @@ def _send_quietly(sender):
               % (type(ex).__name__, ex), file=sys.stderr, flush=True)
 
 
-def _raise_aborted():
+def _raise_aborted() -> NoReturn:
     raise aborted()
 
 
@@ -87,19 +92,25 @@ def _raise_aborted():
 class HandBack:
     """Where rank 0's process sends what its body produced (mf/handback.py): the task's flow
     and its output datastore; `keep_failed` when @catch keeps a failed body's artifacts."""
-    flow: object
-    task_datastore: object
+    flow: Any  # Metaflow's flow object
+    task_datastore: Any  # Metaflow's TaskDataStore of the attempt
     keep_failed: bool = False
-    path: str = None  # in the gang's work directory, set by Leader.run
+    path: Optional[str] = None  # in the gang's work directory, set by Leader.run
 
-    def sender(self):
-        return rank0_results.Sender(self.flow, self.task_datastore, self.path)
+    def sender(self) -> rank0_results.Sender:
+        return rank0_results.Sender(self.flow, self.task_datastore, self._path())
 
-    def receive(self):
-        return rank0_results.receive(self.flow, self.task_datastore, self.path)
+    def receive(self) -> bool:
+        return rank0_results.receive(self.flow, self.task_datastore, self._path())
+
+    def _path(self) -> str:
+        if self.path is None:
+            raise RuntimeError("a hand-back is given its path when the gang starts (Leader.run)")
+        return self.path
 
 
-def rank_info(spec, topology, local_rank):
+def rank_info(spec: GangSpec, topology: Topology,
+              local_rank: int) -> current_mod.TorchDistributedInfo:
     """`current.torch_distributed` of the rank `local_rank` of the member `spec`'s node."""
     attempt = spec.attempt
     return current_mod.TorchDistributedInfo(topology, spec.node, local_rank, attempt.master_addr,
@@ -107,15 +118,19 @@ def rank_info(spec, topology, local_rank):
                                             attempt.gang_id, attempt.secret, spec.restart_count)
 
 
-def run_exec_rank(spec, topology, step_func, args):
+def run_exec_rank(spec: GangSpec, topology: Topology, step_func: Callable[..., object],
+                  args: Sequence[Any]) -> int:
     """The body of an exec'd rank (start method exec): check in, run the step, exit status."""
-    rank = topology.rank(spec.node, spec.local_rank)
+    local_rank = spec.local_rank
+    if local_rank is None:
+        raise RuntimeError("an exec'd rank is started with its local rank (NodeRunner)")
+    rank = topology.rank(spec.node, local_rank)
     control = ControlPlane.of_attempt(spec.attempt, spec.blueprint.rendezvous_timeout_s)
     control.join(naming.rank_join_id(rank))
-    current_mod.install(rank_info(spec, topology, spec.local_rank))
-    return run_member_body(lambda: run_rank_body(spec, topology, spec.local_rank, step_func, args),
+    current_mod.install(rank_info(spec, topology, local_rank))
+    return run_member_body(lambda: run_rank_body(spec, topology, local_rank, step_func, args),
                            os.environ.get("TORCHELASTIC_ERROR_FILE"))
 
 
-def aborted():
+def aborted() -> TorchDistributedAborted:
     return TorchDistributedAborted("another rank of the gang failed; stopping rank 0")

@@ -8,19 +8,28 @@ import os
 import sys
 import threading
 import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..core import naming
 from ..core.envcontract import Rendezvous, foreign_launcher_vars, rank_env
 from ..core.gangspec import GangSpec, Role
+from ..core.topology import Topology
 from ..mf import current as current_mod
 from ..mf import events
 from ..mf.spinstep import member_command
 from ..runtime import interrupt, stacks
 from ..runtime.control import loopback_interface
-from ..runtime.procs import OutputPump, exit_file_of, fork_member, spawn_member, stop_members
+from ..runtime.procs import (
+    OutputPump,
+    Sink,
+    exit_file_of,
+    fork_member,
+    spawn_member,
+    stop_members,
+)
 from ..runtime.remote_logs import LogShipper
 from ..runtime.supervisor import Slot
-from .rank import rank_info, run_handing_back, run_rank_body
+from .rank import HandBack, rank_info, run_handing_back, run_rank_body
 
 # Seconds a stopped member gets between SIGTERM and SIGKILL.
 STOP_GRACE = 1.0
@@ -32,8 +41,9 @@ class NodeRunner:
     """Starts the ranks of one node (all, or all but local rank 0 on node 0) and carries their
     output. Forks happen here, before any thread of this process is started."""
 
-    def __init__(self, spec: GangSpec, topology, step_func, args, decorator_name,
-                 handback=None):
+    def __init__(self, spec: GangSpec, topology: Topology, step_func: Callable[..., object],
+                 args: Sequence[Any], decorator_name: str,
+                 handback: Optional[HandBack] = None) -> None:
         self.spec = spec
         # node 0's rank 0, forked: what its process hands back to the task (mf/handback.py)
         self.handback = handback
@@ -42,39 +52,40 @@ class NodeRunner:
         self.args = args
         self.decorator_name = decorator_name
         self.base_env = dict(os.environ)  # what exec'd members start from
-        self.slots = []
+        self.slots: List[Slot] = []
         # A remote node also ships its output to node 0, whose task log Metaflow keeps. The
         # shipper's store client needs torch: import it before the pump is forked.
         remote = not spec.attempt.local and spec.node != 0
         if remote:
             import torch.distributed  # noqa: F401
         # Node 0's pump keeps each rank's last lines for the gang's card.
-        tee = (lambda: LogShipper(spec)) if remote else (
-            lambda: events.TailKeeper(events.tails_file(spec.work_dir))) if spec.node == 0 else None
+        tee: Optional[Callable[[], Sink]] = None
+        if remote:
+            tee = lambda: LogShipper(spec)  # noqa: E731
+        elif spec.node == 0:
+            tee = lambda: events.TailKeeper(events.tails_file(spec.work_dir))  # noqa: E731
         self.pump = OutputPump(tee=tee)
-        self.saved_fds = None
+        self.saved_fds: Optional[Tuple[int, int]] = None
         # With restarts in place, each local rank's stdout and stderr are pipes of this node,
-        # not of one process: {local rank: [out read, out write, err read, err write]}, the
-        # read ends the pump's (None here once it has them), the write ends held here for
-        # every round's process of that rank, closed as this node releases its output.
-        self.pipes = None
-        self.spawned = {}  # rank -> when its process was started
-        self.stop_started = None
-        self.stopped = []
+        # not of one process: {local rank: its pipes}, closed as this node releases its output.
+        self.pipes: Optional[Dict[int, RankPipes]] = None
+        self.spawned: Dict[int, float] = {}  # rank -> when its process was started
+        self.stop_started: Optional[float] = None
+        self.stopped: List[str] = []
         # The watch's thread, a watchdog and the main thread may each stop and release: the
         # first does it, the others wait for it (stop) or find it done (release).
         self._stop_lock = threading.Lock()
         self._release_lock = threading.Lock()
 
-    def rendezvous(self):
+    def rendezvous(self) -> Rendezvous:
         attempt = self.spec.attempt
         return Rendezvous(attempt.master_addr, attempt.master_port, attempt.gang_id,
                           self.spec.restart_count, self.spec.blueprint.max_restarts)
 
-    def error_file(self, rank):
+    def error_file(self, rank: int) -> str:
         return os.path.join(self.spec.work_dir, "error-rank-%d.json" % rank)
 
-    def env_of(self, local_rank):
+    def env_of(self, local_rank: int) -> Dict[str, str]:
         rank = self.topology.rank(self.spec.node, local_rank)
         return rank_env(self.topology, self.spec.node, local_rank, self.rendezvous(),
                         accelerator=self.spec.accelerator, error_file=self.error_file(rank),
@@ -83,11 +94,12 @@ class NodeRunner:
                         loopback_interface=loopback_interface()
                         if self.spec.attempt.local else None)
 
-    def start_ranks(self, local_ranks, close_fds=()):
+    def start_ranks(self, local_ranks: Iterable[int],
+                    close_fds: Sequence[int] = ()) -> List[Slot]:
         local_ranks = list(local_ranks)
         restarts = self.spec.blueprint.max_restarts
         if restarts and self.spec.start_method == "fork" and self.pipes is None:
-            self.pipes = {lr: [*os.pipe(), *os.pipe()] for lr in local_ranks}
+            self.pipes = {lr: RankPipes.open() for lr in local_ranks}
         for local_rank in local_ranks:
             rank = self.topology.rank(self.spec.node, local_rank)
             label = naming.rank_label(rank)
@@ -98,9 +110,9 @@ class NodeRunner:
                                      remove_env=foreign_launcher_vars(os.environ),
                                      error_file=self.error_file(rank),
                                      close_fds=[*close_fds, *self._open_pipe_fds()],
-                                     pipes=None if pipes is None else (pipes[1], pipes[3]))
+                                     pipes=None if pipes is None else pipes.write_ends())
                 if pipes is not None:
-                    member.stdout_fd, member.stderr_fd = pipes[0], pipes[2]
+                    member.stdout_fd, member.stderr_fd = pipes.out_read, pipes.err_read
             else:
                 argv, spawn_env = self.command(
                     Role.RANK, naming.hidden_task_id(self.spec.attempt.task.task_id,
@@ -114,15 +126,15 @@ class NodeRunner:
             self.slots.append(Slot(member, self.spec.node, rank, local_rank, self.error_file(rank)))
         return self.slots
 
-    def slot_of(self, rank):
+    def slot_of(self, rank: int) -> Slot:
         """The slot of this node's rank `rank` in the running round (local node agents' slots
         come first from the second round on)."""
         return next(s for s in self.slots if s.rank == rank)
 
-    def _open_pipe_fds(self):
-        return [fd for ends in (self.pipes or {}).values() for fd in ends if fd is not None]
+    def _open_pipe_fds(self) -> List[int]:
+        return [fd for pipes in (self.pipes or {}).values() for fd in pipes.open_fds()]
 
-    def new_round(self, spec: GangSpec):
+    def new_round(self, spec: GangSpec) -> None:
         """Forget the ranks of the round that ended (every one stopped): the next round's are
         started with `spec`, its restart_count one more."""
         self.spec = spec
@@ -130,19 +142,20 @@ class NodeRunner:
         self.stop_started = None
         self.stopped = []
 
-    def command(self, role: Role, hidden_task_id, **fields):
+    def command(self, role: Role, hidden_task_id: str,
+                **fields: Any) -> Tuple[List[str], Dict[str, str]]:
         spec = dataclasses.replace(self.spec, role=role, **fields)
         return member_command(spec, hidden_task_id, self.decorator_name, self.base_env)
 
-    def _body(self, local_rank):
-        def body():
+    def _body(self, local_rank: int) -> Callable[[], None]:
+        def body() -> None:
             current_mod.install(rank_info(self.spec, self.topology, local_rank))
             run_rank_body(self.spec, self.topology, local_rank, self.step_func, self.args)
         if self.handback is None or (self.spec.node, local_rank) != (0, 0):
             return body
         return functools.partial(run_handing_back, body, self.handback)
 
-    def capture(self, own_label, close_in_pump=()):
+    def capture(self, own_label: str, close_in_pump: Sequence[int] = ()) -> None:
         """Send every member's output, and this process's own (as `own_label`), through the
         pump into this process's original stdout and stderr. Forks the pump: call it before
         this process starts any thread."""
@@ -151,22 +164,24 @@ class NodeRunner:
         for slot in self.slots:
             # A node agent prefixes its ranks' lines itself.
             prefix = slot.member.label if slot.rank is not None else ""
-            self.pump.add(slot.member.stdout_fd, prefix, 1)
-            self.pump.add(slot.member.stderr_fd, prefix, 2)
+            for fd, target in ((slot.member.stdout_fd, 1), (slot.member.stderr_fd, 2)):
+                if fd is not None:
+                    self.pump.add(fd, prefix, target)
         own = [os.pipe(), os.pipe()]
         for (r, _), target in zip(own, (1, 2)):
             self.pump.add(r, own_label, target)
         self.pump.start(close_in_child=[w for _, w in own] + list(close_in_pump) + [
-                            ends[i] for ends in (self.pipes or {}).values() for i in (1, 3)],
+                            fd for pipes in (self.pipes or {}).values()
+                            for fd in pipes.write_ends()],
                         orphan_note=_orphan_note(own_label, self.spec, os.getpid()))
-        for ends in (self.pipes or {}).values():
-            ends[0] = ends[2] = None  # closed by the pump's start: the pump's now
+        for pipes in (self.pipes or {}).values():
+            pipes.out_read = pipes.err_read = None  # closed by the pump's start: the pump's now
         self.saved_fds = (os.dup(1), os.dup(2))
         for (_, w), fd in zip(own, (1, 2)):
             os.dup2(w, fd)
             os.close(w)
 
-    def release(self):
+    def release(self) -> None:
         """Give this process its own stdout and stderr back and let the pump copy what is left."""
         with self._release_lock:
             saved, self.saved_fds = self.saved_fds, None
@@ -185,7 +200,7 @@ class NodeRunner:
         self.pipes = None
         self.pump.drain(DRAIN_TIMEOUT)
 
-    def stop(self, ranks_only=False):
+    def stop(self, ranks_only: bool = False) -> Tuple[float, List[str]]:
         """Stop the members still running (with `ranks_only`, the ranks, not local node agents:
         a restart in place keeps the nodes). Returns (when the first stop began, the labels of
         every member stopped so far): the watch may have stopped some before the main thread."""
@@ -196,18 +211,44 @@ class NodeRunner:
                                           if s.rank is not None or not ranks_only], STOP_GRACE)
         return self.stop_started, list(self.stopped)
 
-    def node_record(self, joined_at, work_dir=None):
+    def node_record(self, joined_at: Optional[float],
+                    work_dir: Optional[str] = None) -> events.NodeRecord:
         """This node's share of the gang's record (events.py)."""
         info = events.node_info(self.spec.node, self.spec.attempt.master_addr, os.environ)
-        return events.node_record(info, self.slots, self.spawned, joined_at, work_dir)
+        return events.NodeRecord.of_node(info, self.slots, self.spawned, joined_at, work_dir)
 
 
-def stop_and_release(runner):
+@dataclasses.dataclass
+class RankPipes:
+    """The stdout and stderr pipes of one local rank for every round of a restart in place:
+    the write ends held by the node for each round's process, the read ends the pump's (None
+    here once the pump has them)."""
+
+    out_read: Optional[int]
+    out_write: int
+    err_read: Optional[int]
+    err_write: int
+
+    @classmethod
+    def open(cls) -> "RankPipes":
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        return cls(out_read, out_write, err_read, err_write)
+
+    def write_ends(self) -> Tuple[int, int]:
+        return self.out_write, self.err_write
+
+    def open_fds(self) -> List[int]:
+        return [fd for fd in (self.out_read, self.out_write, self.err_read, self.err_write)
+                if fd is not None]
+
+
+def stop_and_release(runner: NodeRunner) -> None:
     runner.stop()
     runner.release()
 
 
-def forget_round(work_dir, runner, handback):
+def forget_round(work_dir: str, runner: NodeRunner, handback: Optional[HandBack]) -> None:
     """What the ranks of a stopped round left in the gang's directory that the next round's
     watch or hand-back would read as its own: error files, exit statuses, probes, rank 0's
     hand-back."""
@@ -217,11 +258,12 @@ def forget_round(work_dir, runner, handback):
             paths += [slot.error_file, exit_file_of(slot.error_file),
                       stacks.probe_file(work_dir, slot.rank)]
     for path in paths:
-        with contextlib.suppress(OSError, TypeError):
-            os.remove(path)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.remove(path)
 
 
-def _orphan_note(label, spec, pid):
+def _orphan_note(label: str, spec: GangSpec, pid: int) -> Callable[[], str]:
     """What the pump of this process says if it dies without a word: a callable, asked when it
     died (the run may have been interrupted meanwhile, see interrupt.mark_interrupts)."""
     what = ("the node agent of node %d" % spec.node if spec.node != 0
@@ -229,7 +271,7 @@ def _orphan_note(label, spec, pid):
             if spec.start_method != "fork" else "the Metaflow task process of node 0")
     runtime = _local_runtime_pid(spec)
 
-    def note():
+    def note() -> str:
         if runtime is not None and interrupt.was_interrupted(runtime):
             return ("%s @torch_distributed on step *%s*: %s (pid %d) was ended by Metaflow: the "
                     "run was interrupted (a SIGINT to its process), and Metaflow kills the tasks "
@@ -243,7 +285,7 @@ def _orphan_note(label, spec, pid):
     return note
 
 
-def _local_runtime_pid(spec):
+def _local_runtime_pid(spec: GangSpec) -> Optional[int]:
     """The pid of the Metaflow runtime that started this gang on this host, or None: node 0's
     task is its child, a local node agent its grandchild (Linux's /proc says whose)."""
     if not spec.attempt.local:

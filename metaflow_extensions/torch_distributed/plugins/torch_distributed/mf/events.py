@@ -320,23 +320,6 @@ class GangRecord:
             rounds=tuple(RoundRecord.from_dict(r) for r in data.get("rounds") or ()),
             version=data.get("version", RECORD_VERSION))
 
-    # -- gang/leader.py's reads and sets by key, in the JSON form (the one change made to a
-    # record once built). They go once the leader reads the record by attribute and gives
-    # GangRecorder.collect its `restarted` and `rounds` (as_round).
-
-    def __getitem__(self, key: str) -> Any:
-        """The JSON form of field `key`."""
-        return self.to_dict()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """The JSON form of field `key`, else `default`."""
-        return self.to_dict().get(key, default)
-
-    def __setitem__(self, key: str, value: Sequence[Mapping[str, Any]]) -> None:
-        """Set "restarts" or "rounds" from their JSON form (the one change the leader makes)."""
-        build = {"restarts": RestartRecord.from_dict, "rounds": RoundRecord.from_dict}[key]
-        object.__setattr__(self, key, tuple(build(item) for item in value))
-
 
 def rank_file(work_dir: str, rank: int) -> str:
     return os.path.join(work_dir, "events-rank-%d.json" % rank)
@@ -458,13 +441,6 @@ def _local_ip(peer: str) -> Optional[str]:
             return str(s.getsockname()[0])
         except OSError:
             return None
-
-
-def node_record(info: NodeInfo, slots: Iterable["Slot"], spawned: Mapping[int, float],
-                joined_at: Optional[float], work_dir: Optional[str] = None) -> JsonDict:
-    """A node's share of the record (NodeRecord.of_node), in the JSON form it travels in to
-    node 0: a file in the gang's directory, or the gang's store."""
-    return NodeRecord.of_node(info, slots, spawned, joined_at, work_dir).to_dict()
 
 
 def earlier_attempts(flow_datastore: Any, identity: TaskIdentity, step_name: str,

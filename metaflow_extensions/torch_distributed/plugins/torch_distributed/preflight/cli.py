@@ -39,8 +39,7 @@ def gang_steps(steps: Iterable[Tuple[str, Sequence[Any]]]
 
 def batch_findings(needs: preflight.GangNeeds, datastore_root: str,
                    clients: Callable[..., Any] = internals.aws_client) -> List[preflight.Finding]:
-    # botocore ships no type information
-    from botocore.exceptions import BotoCoreError, ClientError  # type: ignore[import-untyped]
+    from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         facts = preflight_batch.gather(needs, clients, datastore_root, ClientError)
