@@ -22,6 +22,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.pro
     stop_members,
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.supervisor import (
+    SYMPTOM_WAIT,
     AgentWatch,
     LeaderWatch,
     Phase,
@@ -30,6 +31,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.sup
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
 from tests.integration.conftest import hosted_store
+from tests.unit.fakes import Clock
 
 GANG = "1700-train-5-0"
 SECRET = "0123456789abcdef0123456789abcdef"
@@ -58,6 +60,16 @@ def member(started, rank, script, label=None):
                         {"PATH": os.environ.get("PATH", "")})
     started.append(proc)
     return proc
+
+
+def drive(watch, clock, seconds, step=0.1):
+    """Poll `watch` (begun, no thread) while `clock` moves on by `seconds`; True once it ended.
+    The watch's deadlines are on the injected clock: nothing here sleeps."""
+    for _ in range(int(round(seconds / step))):
+        if watch.poll_once():
+            return True
+        clock.now += step
+    return watch.poll_once()
 
 
 class Recorder:
@@ -186,12 +198,11 @@ def test_a_node_that_never_joins_is_reported_missing_by_name(gang):
     topo = Topology(3, 2)
     joins = {naming.node_join_id(n): Place(n) for n in (1, 2)}
     node.join(naming.node_join_id(1))
-    begun = time.monotonic()
+    clock = Clock()
     sup = LeaderWatch([], host, topo, watch_nodes=[1, 2], expected_joins=joins,
-                     join_timeout=1.0).start()
-    assert sup.wait(10)
-    elapsed = time.monotonic() - begun
-    assert 0.9 <= elapsed < 3, elapsed
+                      join_timeout=1.0, clock=clock).begin()
+    assert not drive(sup, clock, 0.9)  # within the rendezvous timeout: still waiting
+    assert drive(sup, clock, 0.2)  # past it: missing
     failure = sup.failures[0]
     assert (failure.kind, failure.node, failure.rank) == ("missing", 2, None)
     assert "node 2 (ranks 4-5)" in failure.message and "node 1" not in failure.message
@@ -204,8 +215,10 @@ def test_a_missing_exec_rank_is_named(gang, started):
     slots = [Slot(member(started, r, "time.sleep(60)"), 0, r, r) for r in (1, 2)]
     joins = {naming.rank_join_id(1): Place(0, 1, 1), naming.rank_join_id(2): Place(0, 2, 2)}
     node.join(naming.rank_join_id(2))
-    sup = LeaderWatch(slots, host, Topology(1, 3), expected_joins=joins, join_timeout=0.5).start()
-    assert sup.wait(10)
+    clock = Clock()
+    sup = LeaderWatch(slots, host, Topology(1, 3), expected_joins=joins, join_timeout=0.5,
+                      clock=clock).begin()
+    assert drive(sup, clock, 0.7)
     failure = sup.failures[0]
     assert (failure.kind, failure.rank, failure.local_rank) == ("missing", 1, 1)
     assert "Missing: rank 1 (node 0)." in failure.message
@@ -214,12 +227,13 @@ def test_a_missing_exec_rank_is_named(gang, started):
 def test_no_missing_node_once_every_node_joined(gang):
     host, node, _ = gang
     joins = {naming.node_join_id(1): Place(1)}
+    clock = Clock()
     sup = LeaderWatch([], host, Topology(2, 1), watch_nodes=[1], expected_joins=joins,
-                     join_timeout=0.3).start()
+                      join_timeout=0.3, clock=clock).begin()
     node.join(naming.node_join_id(1))
-    assert not sup.wait(0.6)  # past the deadline, still watching: nothing is missing
+    assert not drive(sup, clock, 0.6)  # past the deadline, still watching: nothing is missing
     node.finish(1)
-    assert sup.wait(10)
+    assert drive(sup, clock, 0.1)
     assert not sup.failed()
 
 
@@ -227,20 +241,19 @@ def test_the_gang_is_assembled_when_the_last_expected_join_arrives(gang):
     host, node, _ = gang
     joins = {naming.node_join_id(1): Place(1), naming.rank_join_id(1): Place(0, 1, 1)}
     assembled = []
+    clock = Clock()
     sup = LeaderWatch([], host, Topology(2, 2), watch_nodes=[1], expected_joins=joins,
-                      join_timeout=30, on_assembled=lambda: assembled.append(time.monotonic()))
-    sup.start()
+                      join_timeout=30, on_assembled=lambda: assembled.append(clock.now),
+                      clock=clock).begin()
     node.join(naming.node_join_id(1))
-    time.sleep(0.3)
+    assert not drive(sup, clock, 0.3)
     assert assembled == [] and not sup.assembled.is_set()  # rank 1 has not checked in yet
-    joined = time.monotonic()
+    joined = clock.now
     node.join(naming.rank_join_id(1))
-    assert sup.assembled.wait(5)
-    assert len(assembled) == 1 and assembled[0] >= joined
-    time.sleep(0.2)
-    assert len(assembled) == 1  # once
+    assert not drive(sup, clock, 0.2)
+    assert sup.assembled.is_set() and assembled == [joined]  # at the next look, once
     node.finish(1)
-    assert sup.wait(10) and not sup.failed()
+    assert drive(sup, clock, 0.1) and not sup.failed()
 
 
 def test_a_gang_without_expected_joins_is_assembled_at_once(gang):
@@ -383,11 +396,11 @@ def test_a_node_that_stops_beating_is_reported_lost_by_name(gang):
     topo = Topology(2, 2)
     node.beat(1)  # it started, then went silent
     recorder = Recorder()
-    begun = time.monotonic()
+    clock = Clock()
     sup = LeaderWatch([], host, topo, watch_nodes=[1], heartbeat_timeout=1.0,
-                     on_failure=recorder).start()
-    assert sup.wait(5)
-    assert time.monotonic() - begun < 3
+                      on_failure=recorder, clock=clock).begin()
+    assert not drive(sup, clock, 0.9)
+    assert drive(sup, clock, 0.3)
     [failure] = recorder.calls
     assert failure.kind == "lost" and failure.node == 1
     assert "stopped sending heartbeats 1.0s ago: node 1 (ranks 2-3)" in failure.describe()
@@ -395,11 +408,12 @@ def test_a_node_that_stops_beating_is_reported_lost_by_name(gang):
 
 def test_a_node_that_never_beat_is_left_to_the_join_deadline(gang):
     host, _, _ = gang
+    clock = Clock()
     sup = LeaderWatch([], host, Topology(2, 1), watch_nodes=[1], heartbeat_timeout=0.3,
                       expected_joins={naming.node_join_id(1): Place(1)},
-                      join_timeout=60).start()
-    assert not sup.wait(1.0)
-    sup.finished.set()
+                      join_timeout=60, clock=clock).begin()
+    assert not drive(sup, clock, 10)  # far past the heartbeat timeout: not lost, not joined
+    assert not sup.failed()
 
 
 def test_a_node_that_joined_and_never_beat_is_reported_lost(gang):
@@ -408,15 +422,13 @@ def test_a_node_that_joined_and_never_beat_is_reported_lost(gang):
     no beat counts as a silent node, timed from when node 0 saw the join."""
     host, node, _ = gang
     recorder = Recorder()
+    clock = Clock()
     sup = LeaderWatch([], host, Topology(2, 2), watch_nodes=[1], heartbeat_timeout=0.5,
                       expected_joins={naming.node_join_id(1): Place(1)}, join_timeout=60,
-                      on_failure=recorder).start()
-    try:
-        assert not sup.wait(1.0)  # not joined yet: the join deadline's business
-        node.join(naming.node_join_id(1))  # joined, then nothing
-        assert sup.wait(5)
-    finally:
-        sup.finished.set()
+                      on_failure=recorder, clock=clock).begin()
+    assert not drive(sup, clock, 1.0)  # not joined yet: the join deadline's business
+    node.join(naming.node_join_id(1))  # joined, then nothing
+    assert drive(sup, clock, 1.0)
     [failure] = recorder.calls
     assert failure.kind == "lost" and failure.node == 1
     assert "stopped sending heartbeats 0.5s ago: node 1 (ranks 2-3)" in failure.describe()
@@ -431,15 +443,13 @@ def test_a_restarted_round_leaves_a_node_still_starting_to_the_join_deadline(gan
     for _ in range(3):
         node.beat(1)  # round 0's beats
     recorder = Recorder()
+    clock = Clock()
     sup = LeaderWatch([], host.for_round(1), Topology(2, 2), watch_nodes=[1],
                       heartbeat_timeout=0.5, expected_joins={naming.node_join_id(1): Place(1)},
-                      join_timeout=60, on_failure=recorder).start()
-    try:
-        assert not sup.wait(1.5)  # silent, not joined yet: not lost
-        node.for_round(1).join(naming.node_join_id(1))  # joined round 1, then nothing
-        assert sup.wait(5)
-    finally:
-        sup.finished.set()
+                      join_timeout=60, on_failure=recorder, clock=clock).begin()
+    assert not drive(sup, clock, 1.5)  # silent, not joined yet: not lost
+    node.for_round(1).join(naming.node_join_id(1))  # joined round 1, then nothing
+    assert drive(sup, clock, 1.0)
     [failure] = recorder.calls
     assert failure.kind == "lost" and failure.node == 1, failure
 
@@ -507,11 +517,14 @@ def wait_until(probe, timeout=5):
 def test_not_done_while_a_check_in_is_pending(gang, started):
     host, _, _ = gang
     slots = [Slot(member(started, 1, "sys.exit(0)"), 0, 1, 1)]
-    sup = LeaderWatch(slots, host, Topology(1, 2), join_timeout=30,
-                     expected_joins={naming.rank_join_id(1): Place(0, 1, 1)}).start()
-    assert not sup.wait(1.0)  # exited 0, but never checked in: not a finished gang
+    clock = Clock()
+    sup = LeaderWatch(slots, host, Topology(1, 2), join_timeout=30, clock=clock,
+                      expected_joins={naming.rank_join_id(1): Place(0, 1, 1)}).begin()
+    while slots[0].member.poll() is None:
+        time.sleep(0.02)  # a real process: it exits 0 on its own
+    assert not drive(sup, clock, 1.0)  # exited 0, but never checked in: not a finished gang
     host.join(naming.rank_join_id(1))
-    assert sup.wait(2.0) and not sup.failed()
+    assert drive(sup, clock, 0.1) and not sup.failed()
 
 
 def test_a_symptom_waits_for_the_root_cause_from_another_node(gang):
@@ -520,28 +533,30 @@ def test_a_symptom_waits_for_the_root_cause_from_another_node(gang):
 
     host, node, _ = gang
     recorder = Recorder()
-    sup = LeaderWatch([], host, Topology(3, 1), watch_nodes=[1, 2], on_failure=recorder).start()
+    clock = Clock()
+    sup = LeaderWatch([], host, Topology(3, 1), watch_nodes=[1, 2], on_failure=recorder,
+                      clock=clock).begin()
     node.report_failure(1, Failure(1, 1, "exception", time.time(), local_rank=0,
                                    message="RuntimeError: Connection closed by peer",
                                    symptom=True))  # as its rank decided (failures.py)
-    time.sleep(0.4)
+    assert not drive(sup, clock, 0.4)
     assert not recorder.calls  # only a symptom so far: still waiting for its cause
     assert sup.phase is Phase.HOLDING
     node.report_failure(2, Failure(2, 2, "signal", time.time(), -9, local_rank=0))
-    assert sup.wait(3)
+    assert drive(sup, clock, 0.1)
     assert root_cause(sup.failures).rank == 2
     assert sup.phase is Phase.FAILED
 
 
 def test_symptoms_alone_are_reported_after_the_wait(gang):
     host, node, _ = gang
-    sup = LeaderWatch([], host, Topology(2, 1), watch_nodes=[1]).start()
-    begun = time.monotonic()
+    clock = Clock()
+    sup = LeaderWatch([], host, Topology(2, 1), watch_nodes=[1], clock=clock).begin()
     node.report_failure(1, Failure(1, 1, "exception", time.time(), local_rank=0,
                                    message="RuntimeError: Connection closed by peer",
                                    symptom=True))  # as its rank decided (failures.py)
-    assert sup.wait(5)
-    assert 0.8 < time.monotonic() - begun < 3
+    assert not drive(sup, clock, SYMPTOM_WAIT - 0.2)  # held for its cause
+    assert drive(sup, clock, 0.5)  # none came: the symptom is the outcome
     assert [f.rank for f in sup.failures] == [1]
 
 
