@@ -2,18 +2,29 @@
 
 Each test checks what internals.py relies on (a signature, an attribute, a constant, what a
 command accepts, what Metaflow's own code does with a value we set) against the installed
-Metaflow, and fails with "Metaflow X.Y.Z changed <symbol>: <what we rely on>". CI runs this file
-against the newest metaflow of the supported range (the suite's venv), the oldest, and the
-newest ob-metaflow, Outerbounds' distribution of the same module (.ci/packages), so it needs only
-metaflow, pytest and psutil (tests/conftest.py): no torch, no AWS. Where ob-metaflow differs in
-what we rely on, a test below says so (test_where_ob_metaflow_differs_...).
+Metaflow, and fails with "Metaflow X.Y.Z changed <symbol>: <what we rely on>". Each observes
+Metaflow's behaviour, never its source text: it calls Metaflow's real code (its compilers, its
+CLI, its Batch and Kubernetes job builders, its decorators' hooks) with stand-ins for what lies
+outside this process (the AWS Batch API, a Kubernetes API server, the Kubernetes client
+library where it is not installed: tests/unit/metaflow_stand_ins.py) and reads what it did.
+CI runs this file against the newest metaflow of the supported range (the suite's venv), the
+oldest, and the newest ob-metaflow, Outerbounds' distribution of the same module
+(.ci/packages), so it needs only metaflow, pytest and psutil (tests/conftest.py): no torch, no
+AWS, no kubernetes. Where ob-metaflow differs in what we rely on, a test below says so
+(test_where_ob_metaflow_differs_...).
 """
 
+import contextlib
 import copy
 import glob
 import inspect
+import io
 import json
 import os
+import re
+import subprocess
+import sys
+import time
 import types
 
 import pytest
@@ -31,6 +42,19 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import (
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import gangspec
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.versions import \
     TESTED_METAFLOW, metaflow_version_supported
+from tests.unit.metaflow_stand_ins import (
+    BatchApi,
+    Environment,
+    KubeConfig,
+    KubernetesSdk,
+    Provider,
+    SubmittedJob,
+    SubmittingSdk,
+    batch_client,
+    kubernetes_installed,
+    kubernetes_package,
+    kubernetes_sdk,
+)
 
 VERSION = internals.metaflow_version()
 
@@ -43,8 +67,29 @@ def params_of(function):
     return list(inspect.signature(function).parameters)
 
 
-def source_of(obj):
-    return inspect.getsource(obj)
+def without_class_attribute(monkeypatch, cls, name):
+    """Remove cls.<name> for the test: what was there before (or nothing) is there after it,
+    whatever the test set meanwhile."""
+    monkeypatch.setattr(cls, name, None, raising=False)
+    monkeypatch.delattr(cls, name)
+
+
+def s3_datastore():
+    """The flow datastore the compilers and @batch/@kubernetes are given (--datastore=s3):
+    only its TYPE and root are read while a flow is compiled."""
+    return types.SimpleNamespace(TYPE="s3", datastore_root="s3://bucket/metaflow")
+
+
+def outerbounds_home(tmp_path, platform=True):
+    """A METAFLOW_HOME whose configuration has (or, with platform=False, has not) what
+    `outerbounds configure` writes: ob-metaflow's Kubernetes.create_jobset and
+    ArgoWorkflows.__init__ stop without it; metaflow ignores it."""
+    home = tmp_path / ("obp-home" if platform else "empty-home")
+    home.mkdir(exist_ok=True)
+    (home / "config.json").write_text(json.dumps(
+        {"OBP_PERIMETER": "contract", "OBP_INTEGRATIONS_URL": "https://obp.invalid"}
+        if platform else {}))
+    return str(home)
 
 
 def test_the_installed_metaflow_is_in_the_supported_range():
@@ -69,25 +114,48 @@ def test_current_update_env():
         delattr(Current, "torch_distributed_contract_probe")
 
 
-def test_metaflow_current_parallel():
+def test_metaflow_current_parallel(monkeypatch):
+    """@batch's task_pre_step on a node of a multi-node job (AWS_BATCH_JOB_NUM_NODES) sets the
+    MF_PARALLEL_* variables from AWS Batch's, then reads current.parallel, which only
+    @parallel's step_init defines: install_current_parallel defines it, read from them."""
     from metaflow import current
     from metaflow.metaflow_current import Parallel
-    from metaflow.plugins.aws.batch import batch_decorator
+    from metaflow.plugins.aws.batch.batch_decorator import BatchDecorator
 
     require(Parallel._fields == ("main_ip", "num_nodes", "node_index", "control_task_id"),
             "metaflow_current.Parallel", "its fields are main_ip, num_nodes, node_index, "
             "control_task_id")
-    require("current.parallel" in source_of(batch_decorator.BatchDecorator.task_pre_step),
-            "BatchDecorator.task_pre_step", "it reads current.parallel (which we install)")
-    had = "parallel" in vars(type(current))
-    internals.install_current_parallel({"MF_PARALLEL_NUM_NODES": "3",
-                                        "MF_PARALLEL_NODE_INDEX": "2"})
+    for name, value in (("AWS_BATCH_JOB_NUM_NODES", "3"), ("AWS_BATCH_JOB_NODE_INDEX", "2"),
+                        ("AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS", "10.0.0.1"),
+                        # what task_pre_step sets, restored after the test
+                        ("MF_PARALLEL_MAIN_IP", ""), ("MF_PARALLEL_NUM_NODES", ""),
+                        ("MF_PARALLEL_NODE_INDEX", "")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_BATCH_JOB_ID", raising=False)  # no sidecars, no ECS metadata
+    without_class_attribute(monkeypatch, type(current), "parallel")
+
+    def node_index_registered():
+        metadata = Provider("local")
+        BatchDecorator().task_pre_step("train", None, metadata, "5", "7", None, None, 0, 0, None,
+                                       [])
+        return {datum.field: datum.value for *_, data in metadata.registered
+                for datum in data}.get("parallel-node-index")
+
     try:
-        require((current.parallel.num_nodes, current.parallel.node_index) == (3, 2),
-                "current.parallel", "a property on current's class is read as current.parallel")
-    finally:
-        if not had:
-            delattr(type(current), "parallel")
+        node_index_registered()
+        reads_it = False
+    except AttributeError as missing:
+        reads_it = "parallel" in str(missing)
+    require(reads_it, "BatchDecorator.task_pre_step", "on a node of a multi-node job it reads "
+            "current.parallel, which nothing but @parallel (and install_current_parallel) "
+            "defines")
+    internals.install_current_parallel(os.environ)
+    index = node_index_registered()
+    require(index == 2, "BatchDecorator.task_pre_step", "it sets MF_PARALLEL_NODE_INDEX from "
+            "AWS_BATCH_JOB_NODE_INDEX before it reads current.parallel.node_index (registered "
+            "as the task's parallel-node-index); got %r" % (index,))
+    require((current.parallel.num_nodes, current.parallel.main_ip) == (3, "10.0.0.1"),
+            "current.parallel", "a property on current's class is read as current.parallel")
 
 
 # -- the flow's graph and the task's role ----------------------------------------------------
@@ -262,16 +330,25 @@ def test_plugins_deployer_impl_providers():
             "got %r" % commands)
 
 
-def test_metaflow_config_spin_allowed_decorators():
-    from metaflow import metaflow_config
-
+def test_metaflow_config_spin_allowed_decorators(tmp_path):
+    """A member's spin-step is told which decorators to run, and where its own datastore is, by
+    the variables spinstep.py sets: Metaflow's configuration reads them when it is imported
+    (in a fresh process, as a member's is)."""
     require(isinstance(internals.spin_allowed_decorators(), list),
             "metaflow_config.SPIN_ALLOWED_DECORATORS", "it is a list of decorator names")
-    source = source_of(metaflow_config)
-    for name in ("SPIN_ALLOWED_DECORATORS", "DATASTORE_SYSROOT_SPIN"):
-        require(("from_conf(\n    \"%s\"" % name in source or 'from_conf("%s"' % name in source)
-                and internals.SPIN_ALLOWED_ENV.startswith("METAFLOW_"),
-                "metaflow_config.%s" % name, "it is read from METAFLOW_%s" % name)
+    allowed, sysroot = ["card", "torch_distributed"], str(tmp_path / "spin")
+    env = dict(os.environ, METAFLOW_HOME=str(tmp_path), **{
+        internals.SPIN_ALLOWED_ENV: json.dumps(allowed), internals.SPIN_SYSROOT_ENV: sysroot})
+    probe = ("import json; from metaflow import metaflow_config as c; "
+             "print(json.dumps([c.SPIN_ALLOWED_DECORATORS, c.DATASTORE_SYSROOT_SPIN]))")
+    done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    read = json.loads(done.stdout.splitlines()[-1])
+    require(read[0] == allowed, "metaflow_config.SPIN_ALLOWED_DECORATORS",
+            "it is read from %s, a JSON list; got %r" % (internals.SPIN_ALLOWED_ENV, read[0]))
+    require(read[1] == sysroot, "metaflow_config.DATASTORE_SYSROOT_SPIN",
+            "it is read from %s; got %r" % (internals.SPIN_SYSROOT_ENV, read[1]))
 
 
 # -- datastore and artifacts ---------------------------------------------------------------------
@@ -313,16 +390,28 @@ def test_an_attempt_file_round_trips_through_a_real_datastore(tmp_path):
                                        "1.torch_distributed_gang"))
 
 
-def test_task_datastore_persist_walks_the_flow():
-    from metaflow.datastore.task_datastore import TaskDataStore
+def test_task_datastore_persist_walks_the_flow(tmp_path):
+    """Metaflow's TaskDataStore.persist saves the attributes the flow instance holds when it
+    runs, private ones too: what drop_artifacts deleted from it is not saved."""
+    store = internals.flow_datastore_at("GangFlow", "local@" + str(tmp_path))
 
-    require("dir(flow)" in source_of(TaskDataStore.persist), "TaskDataStore.persist",
-            "it saves the flow instance's attributes (dir(flow)), so one deleted is not saved")
-    flow = types.SimpleNamespace(kept=1)
-    before = internals.artifact_names(flow)
-    flow.x, flow._private = 1, 2
-    internals.drop_artifacts(flow, internals.artifact_names(flow) - before)
-    assert vars(flow) == {"kept": 1, "_private": 2}
+    def saved(attempt, drop):
+        flow = _Flow(kept=1)
+        before = internals.artifact_names(flow)
+        flow.body_set, flow._private = 1, 2
+        if drop:
+            internals.drop_artifacts(flow, internals.artifact_names(flow) - before)
+        task = store.get_task_datastore("5", "train", "7", attempt=attempt, mode="w")
+        task.init_task()
+        task.persist(flow)
+        task.done()
+        done = store.get_task_datastore("5", "train", "7", attempt=attempt, mode="r")
+        return {name for name in ("kept", "body_set", "_private") if name in done}
+
+    require(saved(0, drop=False) == {"kept", "body_set", "_private"}, "TaskDataStore.persist",
+            "it saves every attribute of the flow instance (it walks dir(flow))")
+    require(saved(1, drop=True) == {"kept", "_private"}, "TaskDataStore.persist",
+            "an attribute deleted from the flow instance (drop_artifacts) is not saved")
 
 
 # -- rank 0's hand-back (mf/handback.py) -------------------------------------------------------
@@ -501,23 +590,55 @@ def test_card_components_reach_another_collector_rendered():
 
 # -- @card -------------------------------------------------------------------------------------
 
-def test_card_decorator_private_attributes():
+def test_card_decorator_private_attributes(monkeypatch):
+    """render_failed_card asks @card's creator for the render @card's own task_finished asks
+    for after a successful attempt, from what @card kept of its card (step_init,
+    task_pre_step)."""
+    from metaflow import current
     from metaflow.plugins.cards.card_creator import CardCreator
     from metaflow.plugins.cards.card_decorator import CardDecorator
 
-    deco = CardDecorator()
-    for name in ("_card_uuid", "_user_set_card_id", "_logger", "card_creator"):
-        require(hasattr(deco, name), "CardDecorator.%s" % name,
-                "@card keeps what rendering its cards needs in it")
-    for name in ("_is_runtime_card", "card_options"):
-        require("self.%s =" % name in source_of(CardDecorator), "CardDecorator.%s" % name,
-                "@card keeps what rendering its cards needs in it")
     names = set(params_of(CardCreator.create))
     wanted = {"card_uuid", "user_set_card_id", "runtime_card", "decorator_attributes",
               "card_options", "logger", "mode", "final"}
     require(wanted <= names, "CardCreator.create", "it takes %s" % sorted(wanted))
+    # @card's class-wide state of the task (its cards, events and creator), and current.card
+    for name, value in (("total_decos_on_step", {}), ("_called_once", {}), ("step_counter", 0),
+                        ("task_finished_decos", 0), ("card_creator", None),
+                        ("_GLOBAL_CARD_INFO", {}), ("_config_values", None),
+                        ("_config_file_name", None)):
+        monkeypatch.setattr(CardDecorator, name, value, raising=False)
+    without_class_attribute(monkeypatch, type(current), "card")
+    deco = CardDecorator(attributes={"type": "blank", "id": "loss", "options": {"x": 1}})
+    deco.external_init()
     require(internals.render_failed_card(deco) is False, "CardDecorator._card_uuid",
             "it is None until @card made a card")
+    deco.step_init(_FLOW, None, "train", [deco], Environment(), s3_datastore(),
+                   lambda *a, **k: None)
+    deco.task_pre_step("train", None, Provider("local"), "5", "7", _FLOW, None, 0, 0, None, [])
+    for name in ("_card_uuid", "_user_set_card_id", "_is_runtime_card", "card_options",
+                 "_logger", "card_creator"):
+        require(hasattr(deco, name), "CardDecorator.%s" % name,
+                "@card keeps what rendering its card needs in it (step_init, task_pre_step)")
+
+    asked = []
+
+    class Creator:
+        def create(self, **options):
+            asked.append(options)
+
+    monkeypatch.setattr(CardDecorator, "card_creator", Creator())
+    rendered = internals.render_failed_card(deco)
+    deco.task_finished("train", _FLOW, None, True, 0, 0)
+    require(rendered and len(asked) >= 2 and asked[0] == asked[1], "CardDecorator.task_finished",
+            "a successful attempt's cards are rendered with CardCreator.create(mode='render', "
+            "final=True, ...) from @card's _card_uuid, _user_set_card_id, _is_runtime_card, "
+            "attributes, card_options and _logger, as render_failed_card does; ours %r, "
+            "@card's %r" % (asked[:1], asked[1:2]))
+    require(asked[0]["mode"] == "render" and asked[0]["card_uuid"] is not None
+            and asked[0]["user_set_card_id"] == "loss" and asked[0]["card_options"] == {"x": 1},
+            "CardDecorator.task_pre_step", "it keeps the card's uuid, id and options; got %r"
+            % asked[0])
 
 
 def test_card_types_of_extensions_and_their_base():
@@ -591,7 +712,39 @@ def test_the_metadata_type_of_this_process(monkeypatch):
 
 # -- AWS Batch and Step Functions ------------------------------------------------------------------
 
-def test_batch_create_job():
+# What `batch step` gives Batch.launch_job for a task (batch_cli.step)
+TASK_SPEC = {"flow_name": "GangFlow", "step_name": "train", "run_id": "5", "task_id": "7",
+             "retry_count": "0"}
+
+
+def _job_args(**changed):
+    attrs = dict({"metaflow.%s" % k: v for k, v in TASK_SPEC.items()}, **{"metaflow.user": "me"})
+    return dict(dict(step_name="train", step_cli="python flow.py step train", task_spec=TASK_SPEC,
+                     code_package_metadata="{}", code_package_sha="sha",
+                     code_package_url="s3://bucket/pkg", code_package_ds="s3",
+                     image="python:3.11", queue="q", iam_role="arn:aws:iam::1:role/task",
+                     cpu="1", gpu="0", memory="4096", attrs=attrs), **changed)
+
+
+def _aws_batch(monkeypatch, api):
+    """Metaflow's batch modules on the AWS Batch API `api`, submitted jobs starting at once."""
+    from metaflow.plugins.aws.batch import batch as batch_module, batch_client as client_module
+
+    monkeypatch.setattr(batch_module, "BatchClient", lambda: batch_client(api))
+    monkeypatch.setattr(client_module, "RunningJob", SubmittedJob)
+    return batch_module
+
+
+def _batch(monkeypatch, api, flow_datastore=None):
+    return _aws_batch(monkeypatch, api).Batch(Provider("local"), Environment(), flow_datastore)
+
+
+def test_batch_create_job(monkeypatch):
+    """`step-functions create` builds each step's job with Batch.create_job
+    (StepFunctions._batch), on a Batch that keeps the flow's datastore: wrap_batch_create_job's
+    build is given the gang step's, and its create(num_parallel=N) registers an N-node job
+    definition."""
+    from metaflow import FlowSpec, batch, step
     from metaflow.plugins.aws.batch.batch import Batch
     from metaflow.plugins.aws.step_functions import step_functions
 
@@ -599,8 +752,65 @@ def test_batch_create_job():
     wanted = {"step_name", "step_cli", "task_spec", "code_package_metadata", "code_package_url",
               "queue", "env", "num_parallel", "offload_command_to_s3"}
     require(wanted <= names, "Batch.create_job", "it takes %s" % sorted(wanted - names))
-    require(".create_job(\n" in source_of(step_functions.StepFunctions._batch),
-            "StepFunctions._batch", "it builds each step's job with Batch.create_job")
+
+    class SfnFlow(FlowSpec):
+        @batch(queue="q", image="python:3.11")
+        @step
+        def start(self):
+            self.next(self.train)
+
+        @batch(queue="q", image="python:3.11")
+        @step
+        def train(self):
+            self.next(self.end)
+
+        @batch(queue="q", image="python:3.11")
+        @step
+        def end(self):
+            pass
+
+    api = BatchApi()
+    _aws_batch(monkeypatch, api)
+    monkeypatch.setattr(step_functions, "StepFunctionsClient", lambda: None)
+    monkeypatch.setattr(step_functions, "SFN_IAM_ROLE", "arn:aws:iam::1:role/sfn")
+    monkeypatch.setattr(Batch, "create_job", Batch.create_job)  # restored after the test
+    monkeypatch.setattr(internals, "_BATCH_JOB_BUILDS", {})
+    built = []
+
+    def build(create, batch_obj, args):
+        job = create(num_parallel=3)
+        built.append((batch_obj, args, job))
+        return job
+
+    internals.wrap_batch_create_job("train", build)
+    flow, datastore, environment = SfnFlow(use_cli=False), s3_datastore(), Environment()
+    graph = flow._graph
+    for node in graph:  # what the CLI does for `step-functions create` (step_init of each step)
+        for deco in node.decorators:
+            deco.external_init()
+            deco.step_init(flow, graph, node.name, node.decorators, environment, datastore,
+                           lambda *a, **k: None)
+    step_functions.StepFunctions("sfnflow", graph, flow, "{}", "sha", "s3://bucket/pkg", "token",
+                                 Provider("local"), datastore, environment,
+                                 Provider("nullSidecarLogger"), Provider("nullSidecarMonitor"))
+    require([args["step_name"] for _, args, _ in built] == ["train"], "StepFunctions._batch",
+            "it builds each step's job with Batch.create_job (so wrap_batch_create_job's build "
+            "is called for the gang step, once); it was called for %r"
+            % [args["step_name"] for _, args, _ in built])
+    batch_obj, args, job = built[0]
+    require(args["queue"] == "q" and args["task_spec"]["step_name"] == "train",
+            "StepFunctions._batch", "it gives create_job the step's queue and task_spec; got "
+            "queue %r, task_spec %r" % (args["queue"], args["task_spec"]))
+    require(internals.batch_orig_datastore(batch_obj) == "s3@s3://bucket/metaflow",
+            "StepFunctions._batch", "its Batch keeps the flow datastore it compiles for "
+            "(Batch.flow_datastore)")
+    multinode = [d for d in api.definitions if d.get("type") == "multinode"]
+    require([d["nodeProperties"]["numNodes"] for d in multinode] == [3]
+            and internals.job_payload(job)["jobDefinition"].endswith(
+                multinode[0]["jobDefinitionName"]) and len(api.definitions) == 3,
+            "Batch.create_job(num_parallel=N)", "it registers an N-node (multinode) job "
+            "definition for the job it builds, a one-node one without num_parallel; registered "
+            "%r" % api.definitions)
 
 
 def test_batch_create_job_is_wrapped_per_step(monkeypatch):
@@ -612,6 +822,7 @@ def test_batch_create_job_is_wrapped_per_step(monkeypatch):
         return ("metaflow's", step_name, num_parallel)
 
     monkeypatch.setattr(Batch, "create_job", create_job)
+    monkeypatch.setattr(internals, "_BATCH_JOB_BUILDS", {})  # this test's steps only
     internals.wrap_batch_create_job(
         "train", lambda create, batch, args: ("ours", create(num_parallel=3), args["queue"]))
     batch = object.__new__(Batch)
@@ -631,29 +842,57 @@ def test_batch_create_job_is_wrapped_per_step(monkeypatch):
     assert Batch.create_job(batch, "other", **common) == ("metaflow's", "other", 0)
 
 
-def test_batch_launch_job_and_wait():
-    from metaflow.plugins.aws.batch.batch import Batch
-
+def test_batch_launch_job_and_wait(monkeypatch):
+    """show_child_nodes: Batch.launch_job submits the job create_job built and keeps it as
+    self.job, its num_parallel argument as self.num_parallel (which show_child_nodes changes
+    after it); Batch.wait prints the state of the child nodes when self.num_parallel > 1."""
+    api = BatchApi()
+    batch_module = _aws_batch(monkeypatch, api)
+    Batch = batch_module.Batch
     require("step_name" in params_of(Batch.launch_job), "Batch.launch_job",
             "it takes step_name")
-    require("self.job = " in source_of(Batch.launch_job), "Batch.launch_job",
-            "it keeps the submitted job as self.job")
-    require("self.num_parallel > 1" in source_of(Batch.wait), "Batch.wait",
-            "it shows the child nodes when self.num_parallel says there are some")
+    monkeypatch.setattr(Batch, "launch_job", Batch.launch_job)  # restored after the test
+    monkeypatch.setattr(internals, "_CHILD_NODES", {})
+    batch = _batch(monkeypatch, api)
+    batch.launch_job(**_job_args())
+    require(len(api.submitted) == 1 and getattr(getattr(batch, "job", None), "id", None)
+            == "job-1" and batch.num_parallel == 0, "Batch.launch_job",
+            "it keeps the job it submitted as self.job, and its num_parallel argument as "
+            "self.num_parallel")
+    internals.show_child_nodes("train", 3)
+    batch.launch_job(**_job_args())
+    assert batch.job.id == "job-2" and batch.num_parallel == 3
+    # its wait, for a job that starts at once, its logs not tailed
+    monkeypatch.setattr(batch_module, "S3Tail", lambda location: None)
+    monkeypatch.setattr(batch_module, "tail_logs", lambda *args, **kwargs: None)
+    said = []
+    batch.wait("s3://bucket/out", "s3://bucket/err",
+               echo=lambda msg, stream="stderr", batch_id=None, **kw: said.append(msg))
+    require(any(re.search(r"parallel node status: \[\w+:2\]", m) for m in said), "Batch.wait",
+            "it prints the state of the job's self.num_parallel - 1 child nodes when "
+            "self.num_parallel > 1; it printed %r" % said)
 
 
-def test_batch_client_fargate_refusal():
+def test_batch_client_fargate_refusal(monkeypatch):
+    """What create_gang_job tells apart: Batch.create_job of a multi-node job on a queue of a
+    Fargate compute environment raises a BatchJobException naming Fargate."""
     from metaflow.plugins.aws.batch import batch_client
 
-    require('BatchJobException("Fargate does not support multinode jobs.")'
-            in source_of(batch_client), "batch_client.BatchJobException",
-            "a multi-node job on Fargate is refused with a BatchJobException naming Fargate")
-    assert internals.is_fargate_refusal(
-        batch_client.BatchJobException("Fargate does not support multinode jobs."))
+    try:
+        _batch(monkeypatch, BatchApi(platform="FARGATE")).create_job(**_job_args(num_parallel=2))
+        refusal = None
+    except Exception as ex:  # noqa: BLE001 - what Metaflow raised is the point
+        refusal = ex
+    require(internals.is_fargate_refusal(refusal), "Batch.create_job",
+            "a multi-node job (num_parallel > 1) on a Fargate queue is refused with a "
+            "BatchJobException naming Fargate; got %s %s" % (type(refusal).__name__, refusal))
+    _batch(monkeypatch, BatchApi(platform="EC2")).create_job(**_job_args(num_parallel=2))
     assert not internals.is_fargate_refusal(batch_client.BatchJobException("No IAM role"))
 
 
-def test_batch_command():
+def test_batch_command(monkeypatch):
+    """batch_command: Batch._command wraps a shell command in what every Batch job runs (the
+    code package's download, log capture) as the container's argv."""
     from metaflow.plugins.aws.batch.batch import Batch
 
     names = params_of(Batch._command)
@@ -662,42 +901,124 @@ def test_batch_command():
             "Batch._command", "it takes (environment, code_package_metadata, "
             "code_package_url, step_name, step_cmds, task_spec, offload_command_to_s3); "
             "got %r" % names)
+    command = internals.batch_command(_batch(monkeypatch, BatchApi()), _job_args(), "train",
+                                      "echo agent", TASK_SPEC)
+    require(command[:2] == ["bash", "-c"] and "echo agent" in command[-1]
+            and "echo fetch s3://bucket/pkg" in command[-1], "Batch._command",
+            "it returns bash -c <the code package's download && the command>; got %r"
+            % command)
 
 
-def test_batch_flow_datastore_and_environment():
-    from metaflow.plugins.aws.batch.batch import Batch
-
-    source = source_of(Batch.__init__)
-    for name in ("flow_datastore", "environment"):
-        require("self.%s = %s" % (name, name) in source, "Batch.%s" % name,
+def test_batch_flow_datastore_and_environment(monkeypatch, tmp_path):
+    datastore = internals.flow_datastore_at("GangFlow", "local@" + str(tmp_path))
+    batch = _batch(monkeypatch, BatchApi(), datastore)
+    for name, given in (("flow_datastore", datastore), ("environment", batch.environment)):
+        require(getattr(batch, name, None) is given, "Batch.%s" % name,
                 "a Batch object keeps the %s it was made with" % name)
+    require(isinstance(batch.environment, Environment)
+            and internals.batch_orig_datastore(batch) == "local@%s" % tmp_path,
+            "Batch.flow_datastore", "a Batch object keeps the flow datastore it was made with")
 
 
-def test_batch_job_payload_and_num_parallel():
-    from metaflow.plugins.aws.batch.batch_client import BatchJob
-
-    job = BatchJob(client=None).job_name("j").command(["x"])
+def test_batch_job_payload_and_num_parallel(monkeypatch):
+    """submit_as_built: BatchJob.execute submits the payload as it is once num_parallel is 0,
+    where it would rewrite a multi-node job's (num_parallel >= 1) into node overrides."""
+    api = BatchApi()
+    batch = _batch(monkeypatch, api)
+    job = batch.create_job(**_job_args(num_parallel=2))
     require(isinstance(internals.job_payload(job), dict), "BatchJob.payload",
             "it holds the SubmitJob payload as a dict tree")
-    require('getattr(self, "num_parallel", 0) >= 1' in source_of(BatchJob.execute),
-            "BatchJob.execute", "it rewrites the node commands only when num_parallel >= 1")
-    internals.submit_as_built(job, {"jobName": "g"})
-    assert dict(job.payload) == {"jobName": "g"} and job.num_parallel == 0
+    job.execute()
+    require("nodeOverrides" in api.submitted[0] and "containerOverrides" not in api.submitted[0],
+            "BatchJob.execute", "it rewrites a multi-node job's container overrides into node "
+            "overrides (what submit_as_built prevents); it submitted %r" % api.submitted[0])
+    job = batch.create_job(**_job_args(num_parallel=2))
+    built = json.loads(json.dumps(internals.job_payload(job)))
+    built["nodeOverrides"] = {"nodePropertyOverrides": [{"targetNodes": "0:", "containerOverrides":
+                                                         {"command": ["gang"]}}]}
+    internals.submit_as_built(job, built)
+    job.execute()
+    require(api.submitted[1] == built, "BatchJob.execute", "it submits the payload as it is "
+            "when num_parallel is 0; it submitted %r" % api.submitted[1])
 
 
-def test_batch_cli_step_context():
+@pytest.mark.parametrize("trampoline", ["batch", "kubernetes"])
+def test_batch_cli_step_context(monkeypatch, tmp_path, trampoline):
+    """TrampolineCli, made where `batch step` (`kubernetes step`) launches the task, reads the
+    options, entrypoint and top-level options batch_cli.step (kubernetes_cli.step) gives the
+    task's command."""
+    import importlib
+
     from metaflow import util
-    from metaflow.plugins.aws.batch import batch_cli
+    from metaflow._vendor import click
+    from metaflow.graph import FlowGraph
 
-    step = batch_cli.batch.commands["step"]
-    names = {p.name for p in step.params}
+    module, launcher = {"batch": ("metaflow.plugins.aws.batch.batch_cli", "Batch"),
+                        "kubernetes": ("metaflow.plugins.kubernetes.kubernetes_cli",
+                                       "Kubernetes")}[trampoline]
+    trampoline_cli = importlib.import_module(module)
+    where = "%s.step" % module.rsplit(".", 1)[1]
+    seen = {}
+
+    class Launcher:
+        """What the command launches the task with (Batch, Kubernetes): the command it is
+        given, and TrampolineCli made in its launch_job."""
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def launch_job(self, *args, **kwargs):
+            seen["step_cli"] = kwargs.get("step_cli") or args[1]
+            try:
+                seen["cli"] = internals.TrampolineCli(kwargs.get("step_name") or args[0])
+            except Exception as ex:  # noqa: BLE001 - reported below
+                seen["error"] = ex
+
+        def wait(self, *args, **kwargs):
+            pass
+
+    group = getattr(trampoline_cli, trampoline)
+    names = {p.name for p in group.commands["step"].params}
     wanted = {"run_id", "task_id", "split_index", "retry_count", "max_user_code_retries",
               "namespace", "executable", "input_paths"}
-    require(wanted <= names, "batch_cli.step", "its options include %s" % sorted(wanted - names))
-    source = source_of(step.callback)
-    for part in ("ctx.parent.parent.params", "ctx.obj.environment.executable(",
-                 "ctx.obj.flow_datastore"):
-        require(part in source, "batch_cli.step", "it reads %s as we do" % part)
+    require(wanted <= names, where, "its options include %s" % sorted(wanted - names))
+    monkeypatch.setattr(trampoline_cli, launcher, Launcher)
+
+    @click.group()
+    @click.option("--quiet", is_flag=True)
+    @click.option("--datastore")
+    @click.option("--with", "decospecs", multiple=True)
+    def start(quiet, datastore, decospecs):
+        """Metaflow's top-level group (cli.py: start), as the step command reads it."""
+
+    start.add_command(group, trampoline)
+    datastore = internals.flow_datastore_at("ParallelFlow", "local@" + str(tmp_path))
+    obj = types.SimpleNamespace(
+        environment=Environment(), flow_datastore=datastore, graph=FlowGraph(ParallelFlow),
+        flow=types.SimpleNamespace(name="ParallelFlow"), metadata=Provider("service"),
+        monitor=Provider("nullSidecarMonitor"), echo_always=lambda *a, **k: None)
+    start.main(["--quiet", "--datastore", "local", "--with", "retry", trampoline, "step", "train",
+                "{}", "sha", "s3://bucket/pkg", "--executable", "/opt/python", "--run-id", "5",
+                "--task-id", "7", "--input-paths", "5/start/1", "--split-index", "2",
+                "--retry-count", "0", "--max-user-code-retries", "3", "--namespace", "user:me"],
+               obj=obj, standalone_mode=False)
+    require("error" not in seen, where, "the click context of its launch_job has "
+            "what TrampolineCli reads (ctx.params, ctx.obj.environment, ctx.obj.flow_datastore, "
+            "ctx.parent.parent.params); %r" % seen.get("error"))
+    cli = seen["cli"]
+    given = {"run_id": "5", "task_id": "7", "input_paths": "5/start/1", "split_index": "2",
+             "retry_count": 0, "max_user_code_retries": 3, "namespace": "user:me",
+             "executable": "/opt/python"}
+    got = {name: cli.params.get(name) for name in given}
+    require(got == given, where, "its options keep these names and values in its "
+            "click context: %r; got %r" % (given, got))
+    loader = "%s -u %s %s step train " % (cli.executable, cli.script, " ".join(cli.top_args))
+    require(seen["step_cli"].startswith(loader), where,
+            "its task's command starts with the step's executable, the flow's file and the "
+            "top-level options, as TrampolineCli rebuilds them (%r); it is %r"
+            % (loader, seen["step_cli"]))
+    require(cli.orig_datastore == "local@%s" % tmp_path, where,
+            "its click context's obj.flow_datastore is the run's")
     require(list(util.dict_to_cli_options({"quiet": True, "datastore": "s3"})) ==
             ["--quiet", "--datastore", "s3"], "util.dict_to_cli_options",
             "it turns the top-level options back into argv words")
@@ -738,76 +1059,178 @@ def _argo():
     return argo_workflows
 
 
-def test_argo_workflows_compile_workflow_template(monkeypatch):
-    argo_workflows = _argo()
-    ArgoWorkflows = argo_workflows.ArgoWorkflows
-    require("self._workflow_template = self._compile_workflow_template()"
-            in source_of(ArgoWorkflows.__init__), "ArgoWorkflows.__init__",
-            "it compiles the WorkflowTemplate once, with _compile_workflow_template()")
-    for method in ("__str__", "deploy"):
-        require("self._workflow_template" in source_of(getattr(ArgoWorkflows, method)),
-                "ArgoWorkflows.%s" % method, "it prints or deploys the compiled template")
-    compiled = argo_workflows.WorkflowTemplate()
-    require(compiled.to_json() is compiled.payload, "WorkflowTemplate.to_json",
-            "it returns the payload tree that __str__ and deploy serialise")
-    monkeypatch.setattr(ArgoWorkflows, "_compile_workflow_template", lambda self: compiled)
-    seen = []
-    internals.wrap_argo_workflow(lambda argo, workflow: seen.append((argo, workflow)))
-    argo = ArgoWorkflows.__new__(ArgoWorkflows)
-    assert ArgoWorkflows._compile_workflow_template(argo) is compiled
-    assert seen == [(argo, compiled.payload)]
+def _compile_argo(monkeypatch, home, build=None):
+    """`argo-workflows create` of a flow (start, train_big, end), in this process: the compiler
+    made as the CLI makes it (argo_workflows_cli.make_flow), after step_init of each step's
+    decorators (@kubernetes, and @environment as --with gives it), with
+    wrap_argo_workflow(build) when `build` is given. Returns the compiler and what it was
+    given. METAFLOW_HOME is `home` (ob-metaflow reads the Outerbounds platform's configuration
+    there). Compiling needs the Kubernetes client library: its stand-in where it is not
+    installed."""
+    from metaflow import FlowSpec, kubernetes, step
+    from metaflow.plugins.environment_decorator import EnvironmentDecorator
+
+    ArgoWorkflows = _argo().ArgoWorkflows
+    monkeypatch.setattr(ArgoWorkflows, "_compile_workflow_template",
+                        ArgoWorkflows._compile_workflow_template)  # restored after the test
+    monkeypatch.setenv("METAFLOW_HOME", home)
+    if not kubernetes_installed():
+        monkeypatch.setitem(sys.modules, "kubernetes", kubernetes_package(KubernetesSdk(),
+                                                                          KubeConfig()))
+    if build is not None:
+        internals.wrap_argo_workflow(build)
+
+    class ArgoFlow(FlowSpec):
+        @kubernetes
+        @step
+        def start(self):
+            self.next(self.train_big)
+
+        @kubernetes
+        @step
+        def train_big(self):
+            self.next(self.end)
+
+        @kubernetes
+        @step
+        def end(self):
+            pass
+
+    flow = ArgoFlow(use_cli=False)
+    graph = flow._graph
+    for node in graph:  # the CLI adds @environment to every step, as --with does
+        node.decorators.append(EnvironmentDecorator(attributes={"vars": {
+            "GREETING": "hello world"} if node.name == "train_big" else {}},
+            statically_defined=False))
+    given = dict(flow=flow, graph=graph, flow_datastore=s3_datastore(),
+                 metadata=Provider("local"), environment=Environment(),
+                 event_logger=Provider("nullSidecarLogger"),
+                 monitor=Provider("nullSidecarMonitor"), namespace="user:contract",
+                 code_package_url="s3://bucket/pkg", code_package_metadata="{}",
+                 auto_emit_argo_events=False)
+    for node in graph:
+        for deco in node.decorators:
+            deco.external_init()
+            deco.step_init(flow, graph, node.name, node.decorators, given["environment"],
+                           given["flow_datastore"], lambda *a, **k: None)
+    argo = ArgoWorkflows(
+        "argoflow", graph, flow, given["code_package_metadata"], "sha",
+        given["code_package_url"], "token", given["metadata"], given["flow_datastore"],
+        given["environment"], given["event_logger"], given["monitor"],
+        namespace=given["namespace"], username="me", max_workers=10,
+        auto_emit_argo_events=given["auto_emit_argo_events"])
+    return argo, given
 
 
-def test_argo_workflows_sanitize():
-    require(internals.argo_template_name("train_big") == "train-big", "ArgoWorkflows._sanitize",
-            "a step's template is named after the step, underscores as hyphens")
+@pytest.fixture(scope="module")
+def argo_compiled(tmp_path_factory):
+    """One _compile_argo whose build marks the template it is given, then printed as
+    `argo-workflows create --only-json` prints it, and deployed (to a stand-in ArgoClient)."""
+    built, deployed = [], []
+
+    def build(argo, workflow):
+        built.append(argo)
+        workflow["torchDistributedContract"] = "built"
+
+    class ArgoClient:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def get_workflow_template(self, name):
+            return None
+
+        def register_workflow_template(self, name, body):
+            deployed.append(json.loads(json.dumps(body)))
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(_argo(), "ArgoClient", ArgoClient)
+        argo, given = _compile_argo(monkeypatch, outerbounds_home(tmp_path_factory.mktemp("argo")),
+                                    build)
+        printed = json.loads(str(argo))
+        argo.deploy()
+    return types.SimpleNamespace(argo=argo, given=given, built=built, printed=printed,
+                                 deployed=deployed)
 
 
-def test_argo_workflows_step_command_words():
+def _argo_container(workflow, step_name):
+    return [t["container"] for t in workflow["spec"]["templates"]
+            if t.get("name") == internals.argo_template_name(step_name) and "container" in t]
+
+
+def test_argo_workflows_compile_workflow_template(argo_compiled):
+    compiled = argo_compiled
+    require(compiled.built == [compiled.argo], "ArgoWorkflows.__init__",
+            "it compiles the WorkflowTemplate once, with _compile_workflow_template() (which "
+            "wrap_argo_workflow wraps); it was compiled %d times" % len(compiled.built))
+    require(compiled.printed.get("torchDistributedContract") == "built", "ArgoWorkflows.__str__",
+            "it prints (--only-json) the payload of the template _compile_workflow_template "
+            "returned, as the build changed it")
+    require([d.get("torchDistributedContract") for d in compiled.deployed] == ["built"],
+            "ArgoWorkflows.deploy", "it deploys the payload of that template")
+
+
+def test_argo_workflows_sanitize(argo_compiled):
+    names = [t.get("name") for t in argo_compiled.printed["spec"]["templates"]]
+    require(internals.argo_template_name("train_big") == "train-big"
+            and len(_argo_container(argo_compiled.printed, "train_big")) == 1,
+            "ArgoWorkflows._sanitize", "a step's container template is named after the step, "
+            "underscores as hyphens; the templates: %r" % names)
+
+
+def test_argo_workflows_step_command_words(argo_compiled):
     """internals.argo_step_words rebuilds the step command's entrypoint and top-level options
-    as _container_templates writes them (tests/emulation/test_deploy.py checks the compiled
-    command contains them verbatim)."""
-    source = source_of(_argo().ArgoWorkflows._container_templates)
-    for piece in ("entrypoint = [executable, script_name]",
-                  "not decorator.statically_defined",
-                  "and decorator.inserted_by is None",
-                  "top_opts_dict.update(deco.get_top_level_options())",
-                  "list(dict_to_cli_options(top_opts_dict))",
-                  '"--quiet"', '"--metadata=%s" % self.metadata.TYPE',
-                  '"--environment=%s" % self.environment.TYPE',
-                  '"--datastore=%s" % self.flow_datastore.TYPE',
-                  '"--datastore-root=%s" % self.flow_datastore.datastore_root',
-                  '"--event-logger=%s" % self.event_logger.TYPE',
-                  '"--monitor=%s" % self.monitor.TYPE', '"--no-pylint"',
-                  '"--with=argo_workflows_internal:auto-emit-argo-events=%i"'):
-        require(piece in source, "ArgoWorkflows._container_templates",
-                "the step command's top-level options are built with %s" % piece)
+    as _container_templates writes them in the step's container: through a pod command's
+    quoting (argo_pod_command, as the node agent's go), they are the words before `step`."""
+    entrypoint, top_level = internals.argo_step_words(argo_compiled.argo, "train_big")
+    assert any("environment:vars=" in word for word in top_level)  # the --with decorator
+    pod = internals.argo_pod_command(argo_compiled.argo, "train_big", "argo-w", "t-1", "0",
+                                     [" ".join([*entrypoint, *top_level]) + " step train_big"])
+    loader = pod[-1].split("echo bootstrap && ", 1)[1].split(" step train_big", 1)[0]
+    [container] = _argo_container(argo_compiled.printed, "train_big")
+    command = container["command"][-1]
+    require(loader + " step train_big " in command, "ArgoWorkflows._container_templates",
+            "the step's container runs <executable> <flow file> <--with of the step's "
+            "decorators not in the flow's code> <flow decorators' options> --quiet "
+            "--metadata= --environment= --datastore= --datastore-root= --event-logger= "
+            "--monitor= --no-pylint --with=argo_workflows_internal:auto-emit-argo-events= "
+            "step <step>, as argo_step_words rebuilds it (%r); its command: %r"
+            % (loader, command))
 
 
-def test_argo_workflows_attributes():
-    source = source_of(_argo().ArgoWorkflows.__init__)
-    for name in ("flow", "graph", "flow_datastore", "metadata", "environment", "event_logger",
-                 "monitor", "namespace", "code_package_url", "code_package_metadata",
-                 "auto_emit_argo_events"):
-        require("self.%s = %s" % (name, name) in source, "ArgoWorkflows.__init__",
-                "it keeps its %r as an attribute" % name)
+def test_argo_workflows_attributes(argo_compiled):
+    argo = argo_compiled.argo
+    for name, value in argo_compiled.given.items():
+        require(getattr(argo, name, None) == value, "ArgoWorkflows.%s" % name,
+                "the compiler keeps the %s it was made with" % name)
     Kubernetes, _, _ = _kubernetes()
     require(params_of(Kubernetes.__init__) == ["self", "datastore", "metadata", "environment"],
             "Kubernetes.__init__", "it takes the datastore, metadata and environment")
-    argo = types.SimpleNamespace(flow_datastore=types.SimpleNamespace(
-        TYPE="s3", datastore_root="s3://b/mf"), namespace="user:ana")
-    assert internals.argo_orig_datastore(argo) == "s3@s3://b/mf"
-    assert internals.argo_namespace(argo) == "user:ana"
+    assert internals.argo_orig_datastore(argo) == "s3@s3://bucket/metaflow"
+    assert internals.argo_namespace(argo) == "user:contract"
+    command = internals.argo_pod_command(argo, "train_big", "argo-w", "t-1", "0", ["echo agent"])
+    require(command[:2] == ["bash", "-c"] and "echo agent" in command[-1]
+            and "echo fetch s3://bucket/pkg" in command[-1], "Kubernetes._command",
+            "it returns bash -c <the code package's download && the step commands>; got %r"
+            % command)
     # argo_pod_command calls Kubernetes._command with the arguments its signature names
     test_kubernetes_command_has_the_signature_we_call()
 
 
-def test_argo_workflows_task_id_export():
-    source = source_of(_argo().ArgoWorkflows._container_templates)
-    for piece in ("\"$(echo %s | md5sum | cut -d ' ' -f 1 | tail -c 9)\"",
-                  '"(t-%s)" % _task_id_base', '"export METAFLOW_TASK_ID=" "%s" % task_str'):
-        require(piece in source, "ArgoWorkflows._container_templates",
-                "a step's container computes its task id with %s" % piece)
+def test_argo_workflows_task_id_export(argo_compiled):
+    """argo_with_task_id replaces the task id a step's container computes (export
+    METAFLOW_TASK_ID=(t-<md5 of the step, the workflow's creation time and the input paths>)),
+    exactly once, by another."""
+    [container] = _argo_container(argo_compiled.printed, "train_big")
+    try:
+        replaced = internals.argo_with_task_id(container["command"][-1], "${GANG_TASK_ID}",
+                                               "train_big")
+    except TorchDistributedCompileError as ex:
+        replaced = str(ex)
+    require("export METAFLOW_TASK_ID=${GANG_TASK_ID} && " in replaced
+            and "METAFLOW_TASK_ID=(t-" not in replaced, "ArgoWorkflows._container_templates",
+            "a step's container computes its task id with export METAFLOW_TASK_ID=(t-$(echo "
+            "<step>-{{workflow.creationTimestamp}}-... | md5sum | cut -d ' ' -f 1 | tail -c 9)); "
+            "got %r" % replaced)
     command = ("mkdir -p $PWD/.logs && export INPUT_PATHS=x && export METAFLOW_TASK_ID="
                "(t-$(echo train-{{workflow.creationTimestamp}}-$(echo $INPUT_PATHS)- | md5sum | "
                "cut -d ' ' -f 1 | tail -c 9)) && export MF_PATHSPEC=F/r/train/$METAFLOW_TASK_ID")
@@ -895,100 +1318,219 @@ def test_the_jobset_exposes_control_and_worker_specs():
     assert spec._kwargs["environment_variables"] == {"A": "1"}
 
 
-def test_the_jobsets_control_command_and_its_pods_stop_grace():
-    """jobset_control_command reads the command Metaflow gave the control pod; jobset_stop_grace
-    changes the manifest KubernetesJobSet.execute submits, where JobSetSpec.dump writes the
-    pods' terminationGracePeriodSeconds (0) inside template.spec.template.spec."""
-    _, JobSetSpec, KubernetesJobSet = _kubernetes()
-    require('command=self._kwargs["command"]' in source_of(JobSetSpec.dump), "JobSetSpec.dump",
-            "the pod's command is the one its command() setter stored")
-    require("termination_grace_period_seconds=0" in source_of(JobSetSpec.dump)
-            and "client.V1PodTemplateSpec(" in source_of(JobSetSpec.dump)
-            and "client.V1JobTemplateSpec(" in source_of(JobSetSpec.dump), "JobSetSpec.dump",
-            "it writes the pods' stop grace (0) in the pod spec of its Job template")
-    require("body=self.dump()" in source_of(KubernetesJobSet.execute), "KubernetesJobSet.execute",
-            "it submits what the JobSet's dump() returns")
+# What `kubernetes step` gives Kubernetes.create_jobset (kubernetes_cli.step), for 3 pods
+JOBSET_ARGS = dict(
+    flow_name="GangFlow", run_id="5", step_name="train", task_id="7", attempt="0", user="me",
+    code_package_metadata="{}", code_package_sha="sha", code_package_url="s3://bucket/pkg",
+    code_package_ds="s3", step_cli="python flow.py step train --run-id 5 --task-id 7",
+    docker_image="python:3.11", docker_image_pull_policy=None, image_pull_secrets=None,
+    service_account=None, secrets=None, node_selector=None, namespace="default", cpu="1",
+    gpu=None, gpu_vendor="nvidia", disk="10240", memory="4096", use_tmpfs=False,
+    tmpfs_tempdir=False, tmpfs_size=None, tmpfs_path=None, run_time_limit=3600, env={},
+    persistent_volume_claims=None, tolerations=None, labels=None, annotations=None,
+    shared_memory=None, port=3339, num_parallel=3, qos="burstable", extended_resources=None,
+    security_context=None)
 
-    class Control:
-        _kwargs = {"command": ["bash", "-c", "task"]}
 
-    class Built:
-        control = Control()
+def _jobset_of(monkeypatch, home):
+    """Kubernetes.create_jobset's JobSet of a task of JOBSET_ARGS (unsubmitted), made through
+    Metaflow's KubernetesClient on the Kubernetes client library (its stand-in where it is not
+    installed) whose API server keeps what is submitted; and that library. METAFLOW_HOME is
+    `home` (see outerbounds_home)."""
+    from metaflow.plugins.kubernetes import kubernetes as kubernetes_module
+    from metaflow.plugins.kubernetes.kubernetes_client import KubernetesClient
 
-        def dump(self):
-            job = {"template": {"spec": {"template": {"spec": {
-                "terminationGracePeriodSeconds": 0}}}}}
-            return {"spec": {"replicatedJobs": [job, json.loads(json.dumps(job))]}}
+    sdk = SubmittingSdk(kubernetes_sdk())
 
-    jobset = Built()
-    assert internals.jobset_control_command(jobset) == ["bash", "-c", "task"]
+    class Client(KubernetesClient):
+        """Metaflow's KubernetesClient on `sdk`, with no cluster's configuration to load."""
+
+        def __init__(self):
+            self._client, self._client_refresh_timestamp, self._namespace = \
+                sdk, time.time(), "default"
+
+    monkeypatch.setattr(kubernetes_module, "KubernetesClient", Client)
+    monkeypatch.setenv("METAFLOW_HOME", home)
+    kube = kubernetes_module.Kubernetes(s3_datastore(), Provider("local"), Environment())
+    accepted = params_of(kubernetes_module.Kubernetes.create_jobset)
+    return kube.create_jobset(**{k: v for k, v in JOBSET_ARGS.items() if k in accepted}), sdk
+
+
+def test_the_jobsets_control_command_and_its_pods_stop_grace(monkeypatch, tmp_path):
+    """jobset_control_command reads the command Metaflow gave the control pod, jobset_pods
+    gives the pods of the JobSet's replicated jobs theirs (KubernetesJobSet.control, .worker),
+    jobset_stop_grace changes what KubernetesJobSet.execute submits (JobSetSpec.dump writes
+    the pods' terminationGracePeriodSeconds, 0, with no setter)."""
+    from metaflow.plugins.kubernetes.kubernetes_jobsets import KubernetesJobsetException
+
+    jobset, sdk = _jobset_of(monkeypatch, outerbounds_home(tmp_path))
+    control_command = internals.jobset_control_command(jobset)
+    internals.jobset_pods(jobset, ["bash", "-c", "agent"], {"AGENT": "1"}, {"NODE_ZERO": "1"})
     internals.jobset_stop_grace(jobset, 40)
-    assert [j["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-            for j in jobset.dump()["spec"]["replicatedJobs"]] == [40, 40]
+    with pytest.raises(KubernetesJobsetException):  # what the stand-in API server answers
+        jobset.execute()
+    require(len(sdk.submitted) == 1, "KubernetesJobSet.execute",
+            "it submits the JobSet (CustomObjectsApi.create_namespaced_custom_object)")
+    pods = {job["replicas"]: job["template"]["spec"]["template"]["spec"]
+            for job in sdk.submitted[0]["spec"]["replicatedJobs"]}
+    require(sorted(pods) == [1, 2], "KubernetesJobSet.dump", "its replicated jobs are the "
+            "control pod (1 replica) and the workers (num_parallel - 1); got replicas %r"
+            % sorted(pods))
+    control, worker = pods[1]["containers"][0], pods[2]["containers"][0]
+    require(control["command"] == control_command and "step train" in control_command[-1],
+            "JobSetSpec.dump", "the control pod runs the command its command() setter stored, "
+            "the task's own (which jobset_control_command reads); it runs %r, the setter's %r"
+            % (control["command"], control_command))
+    require(worker["command"] == ["bash", "-c", "agent"]
+            and {"name": "AGENT", "value": "1"} in worker["env"]
+            and {"name": "NODE_ZERO", "value": "1"} in control["env"]
+            and {"name": "AGENT", "value": "1"} not in control["env"],
+            "KubernetesJobSet.worker and .control", "each is the JobSetSpec of its replicated "
+            "job's pods, whose command and environment it sets")
+    graces = [pods[1].get("terminationGracePeriodSeconds"),
+              pods[2].get("terminationGracePeriodSeconds")]
+    require(graces == [40, 40], "JobSetSpec.dump and KubernetesJobSet.execute", "dump() writes "
+            "the pods' stop grace at template.spec.template.spec.terminationGracePeriodSeconds "
+            "of each replicated job, and execute submits what the JobSet's dump() returns; the "
+            "pods' were %r" % graces)
 
 
 # -- the preflight command -----------------------------------------------------------------------
 
-def test_plugin_cli_groups_of_the_vendored_click():
-    """Metaflow lazily loads an extension's CLIS_DESC groups and accepts only groups of its
-    vendored click; ours is listed under its name."""
-    from metaflow import plugins
-    from metaflow.cli_components.utils import LazyPluginCommandCollection
+@pytest.fixture(scope="module")
+def metaflow_cli(tmp_path_factory):
+    """Metaflow's CLI (cli.main), in this process, on a two-step flow:
+    `--datastore=local --datastore-root=<dir> --with retry torch-distributed --help`. Its exit
+    code, what it printed, the datastore's root, and the click context object of each
+    step_init Metaflow ran (of the @retry that --with gave each step)."""
+    from metaflow import FlowSpec, cli, current, step
+    from metaflow._vendor import click
+    from metaflow.plugins.retry_decorator import RetryDecorator
 
-    click = internals.cli_click()
-    require("isinstance(cmd_object, click.Group)" in source_of(
-        LazyPluginCommandCollection._lazy_load) and click.__name__ == "metaflow._vendor.click",
-        "cli_components.utils.LazyPluginCommandCollection",
-        "it accepts a plugin CLI that is a group of metaflow._vendor.click")
+    class CliFlow(FlowSpec):
+        @step
+        def start(self):
+            self.next(self.end)
+
+        @step
+        def end(self):
+            pass
+
+    inits, root, printed = [], str(tmp_path_factory.mktemp("cli")), io.StringIO()
+    step_init = RetryDecorator.step_init
+
+    def recorded_step_init(self, *args, **kwargs):
+        inits.append(click.get_current_context().obj)
+        return step_init(self, *args, **kwargs)
+
+    saved = dict(vars(current))  # cli.start sets the flow's name and graph on `current`
+    with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stdout(printed):
+        monkeypatch.setattr(RetryDecorator, "step_init", recorded_step_init)
+        without_class_attribute(monkeypatch, type(current), "graph")
+        try:
+            code = cli.main(CliFlow(use_cli=False), handle_exceptions=False, args=[
+                "--no-pylint", "--quiet", "--datastore=local", "--datastore-root=" + root,
+                "--with", "retry", "torch-distributed", "--help"])
+        finally:
+            vars(current).clear()
+            vars(current).update(saved)
+    return types.SimpleNamespace(code=code, printed=printed.getvalue(), root=root, inits=inits)
+
+
+def test_plugin_cli_groups_of_the_vendored_click(metaflow_cli):
+    """Metaflow's CLI lazily loads an extension's CLIS_DESC group, built with its vendored
+    click (cli_click), as one of its commands: ours is listed under its name."""
+    from metaflow import plugins
+
     require("torch-distributed" in plugins.get_plugin_cli_path(), "plugins.get_plugin_cli_path",
             "it lists the CLIS_DESC of extensions by name")
+    require(metaflow_cli.code == 0 and "preflight" in metaflow_cli.printed,
+            "cli_components.utils.LazyPluginCommandCollection", "Metaflow's CLI runs the group "
+            "of an extension's CLIS_DESC built with %s (`torch-distributed --help` lists "
+            "preflight); exit %r, printed %r" % (internals.cli_click().__name__,
+                                                   metaflow_cli.code, metaflow_cli.printed))
 
 
-def test_cli_object_graph_and_datastore(tmp_path):
-    """cli.py's start keeps the graph and the flow datastore on the context object, and
-    initialises the step decorators (step_init) for every command but run, resume and spin."""
-    from metaflow import cli
-    from metaflow.datastore.flow_datastore import FlowDataStore
-    from metaflow.graph import FlowGraph
-    from metaflow.plugins.datastores.local_storage import LocalStorage
-
-    start = source_of(cli.start.callback)
-    require("ctx.obj.graph = " in start and "ctx.obj.flow_datastore = " in start, "cli.start",
-            "it sets ctx.obj.graph and ctx.obj.flow_datastore")
-    require('not in ("run", "resume", "spin")' in start and "_init_step_decorators" in start,
-            "cli.start", "it runs step_init for commands other than run, resume and spin")
-    obj = types.SimpleNamespace(
-        graph=FlowGraph(ParallelFlow),
-        flow_datastore=FlowDataStore("ContractFlow", storage_impl=LocalStorage,
-                                     ds_root=str(tmp_path)))
-    steps, kind, root = internals.cli_flow_steps(obj)
-    require({name for name, _ in steps} == {"start", "train", "join", "end"} and all(
-        isinstance(decos, list) for _, decos in steps) and (kind, root) == ("local",
-                                                                            str(tmp_path)),
-        "FlowGraph iteration, DAGNode.decorators",
-        "iterating a graph gives its nodes, each with its name and decorators")
+def test_cli_object_graph_and_datastore(metaflow_cli):
+    """cli.py's start keeps the graph and the flow datastore on the click context's object,
+    and runs step_init of the step decorators (--with included) for every command but run,
+    resume and spin, before the command: what preflight reads (cli_flow_steps)."""
+    inits = metaflow_cli.inits
+    require(len(inits) == 2 and inits[0] is inits[1], "cli.start",
+            "it runs step_init of each step's decorators (--with included) for a command of an "
+            "extension's group, with the CLI's context object; it ran %d" % len(inits))
+    steps, kind, root = internals.cli_flow_steps(inits[0])
+    require({name for name, _ in steps} == {"start", "end"}
+            and all([d.name for d in decos] == ["retry"] for _, decos in steps),
+            "cli.start (ctx.obj.graph)", "iterating the graph on the context object gives its "
+            "steps, each with its name and its decorators; got %r"
+            % [(name, [d.name for d in decos]) for name, decos in steps])
+    require((kind, root) == ("local", metaflow_cli.root), "cli.start (ctx.obj.flow_datastore)",
+            "the context object keeps the flow datastore of --datastore and --datastore-root; "
+            "got %r" % ((kind, root),))
 
 
-def test_get_aws_client():
+def test_get_aws_client(monkeypatch):
+    """aws_client: get_aws_client makes the client of a service with the provider
+    METAFLOW_DEFAULT_AWS_CLIENT_PROVIDER names, given client_params (region_name)."""
+    from metaflow import metaflow_config, plugins
     from metaflow.plugins.aws import aws_client
 
     require(params_of(aws_client.get_aws_client)[0] == "module" and "client_params" in
             params_of(aws_client.get_aws_client), "aws_client.get_aws_client",
             "it takes the service's name first, and client_params (region_name)")
-    require("DEFAULT_AWS_CLIENT_PROVIDER" in source_of(aws_client.get_aws_client),
-            "aws_client.get_aws_client", "it uses Metaflow's configured client provider")
+    asked = []
+
+    class AwsClientProvider:
+        name = "torch-distributed-contract"
+
+        @staticmethod
+        def get_client(module, with_error=False, role_arn=None, session_vars=None,
+                       client_params=None):
+            asked.append((module, client_params))
+            return "the provider's client"
+
+    monkeypatch.setattr(aws_client, "cached_provider_class", None)  # as in a new process
+    monkeypatch.setattr(metaflow_config, "DEFAULT_AWS_CLIENT_PROVIDER", AwsClientProvider.name)
+    monkeypatch.setattr(plugins, "AWS_CLIENT_PROVIDERS",
+                        [*plugins.AWS_CLIENT_PROVIDERS, AwsClientProvider])
+    client = internals.aws_client("batch", "eu-west-1")
+    require(client == "the provider's client" and asked == [("batch", {"region_name":
+                                                                      "eu-west-1"})],
+            "aws_client.get_aws_client", "it makes the client with the provider (of "
+            "plugins.AWS_CLIENT_PROVIDERS) that metaflow_config.DEFAULT_AWS_CLIENT_PROVIDER "
+            "names, given the service and client_params; the provider was asked %r" % asked)
 
 
-def test_kubernetes_client_get():
+def test_kubernetes_client_get(monkeypatch):
+    """kubernetes_client: KubernetesClient() loads the configuration as Metaflow's own
+    Kubernetes calls do (KUBECONFIG, else in a pod its service account, else ~/.kube/config)
+    and get() returns the `kubernetes.client` it configured. The library is stood in, its
+    loaders recording which Metaflow called."""
     from metaflow.plugins.kubernetes.kubernetes_client import KubernetesClient
 
-    require(params_of(KubernetesClient.__init__) == ["self"] and "return self._client"
-            in source_of(KubernetesClient.get) and "self._client = client"
-            in source_of(KubernetesClient._refresh_client), "KubernetesClient.get",
-            "KubernetesClient() loads the configuration and get() returns kubernetes.client")
+    require(params_of(KubernetesClient.__init__) == ["self"], "KubernetesClient.__init__",
+            "it takes no argument")
+    client = types.ModuleType("kubernetes.client")
+    for environ, loader in (({"KUBECONFIG": "/etc/kubeconfig"}, "kube_config"),
+                            ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "incluster_config"),
+                            ({}, "kube_config")):
+        config = KubeConfig()
+        monkeypatch.setitem(sys.modules, "kubernetes", kubernetes_package(client, config))
+        for name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in environ.items():
+            monkeypatch.setenv(name, value)
+        got = internals.kubernetes_client()
+        require(got is client and config.loaded == [loader], "KubernetesClient",
+                "with %s set it loads the configuration with kubernetes.config.load_%s, and "
+                "get() returns kubernetes.client; it loaded %r" % (
+                    " ".join(environ) or "neither KUBECONFIG nor KUBERNETES_SERVICE_HOST",
+                    loader, config.loaded))
 
 
-def test_where_ob_metaflow_differs_kubernetes_and_argo_need_the_outerbounds_platform():
+def test_where_ob_metaflow_differs_kubernetes_and_argo_need_the_outerbounds_platform(
+        monkeypatch, tmp_path):
     """Where ob-metaflow (2.19.39.1) differs from metaflow (2.19.39) in what internals.py
     reaches: its Kubernetes.create_jobset and ArgoWorkflows.__init__ stop unless the Metaflow
     configuration has OBP_PERIMETER and OBP_INTEGRATIONS_URL (written by `outerbounds
@@ -996,17 +1538,23 @@ def test_where_ob_metaflow_differs_kubernetes_and_argo_need_the_outerbounds_plat
     Outerbounds deployment only, and CI's Kubernetes and Argo emulations run against metaflow.
     Its JobSets also name their replicated jobs `c` and `w` (metaflow: `control`, `worker`);
     we reach them through KubernetesJobSet.control and .worker only (jobset_pods), never by
-    name. The rest of what we rely on is the same (this file passes against both)."""
-    argo_workflows = _argo()
-    Kubernetes, _, _ = _kubernetes()
+    name (test_the_jobsets_control_command_and_its_pods_stop_grace tells them apart by their
+    replicas). The rest of what we rely on is the same (this file passes against both)."""
     ob = internals.metaflow_distributions()[0][0] == "ob-metaflow"
-    for where, function in (("Kubernetes.create_jobset", Kubernetes.create_jobset),
-                            ("ArgoWorkflows.__init__", argo_workflows.ArgoWorkflows.__init__)):
-        require(("OBP_PERIMETER" in source_of(function)) is ob, where,
-                "it needs the Outerbounds platform's configuration in ob-metaflow only")
-    for name in ("worker", "control"):
-        require("def %s(self)" % name in source_of(_kubernetes()[2]),
-                "KubernetesJobSet.%s" % name, "it is the handle on a replicated job, by role")
+    home = outerbounds_home(tmp_path, platform=False)
+    for where, make in (("Kubernetes.create_jobset", lambda: _jobset_of(monkeypatch, home)),
+                        ("ArgoWorkflows.__init__", lambda: _compile_argo(monkeypatch, home))):
+        try:
+            make()
+            refusal = None
+        except Exception as ex:  # noqa: BLE001 - what it raised is the point
+            refusal = ex
+        if ob:
+            require("OBP_PERIMETER" in str(refusal), where, "in ob-metaflow it stops without "
+                    "the Outerbounds platform's configuration; got %r" % (refusal,))
+        else:
+            require(refusal is None, where, "in metaflow it needs no Outerbounds platform's "
+                    "configuration; got %s %s" % (type(refusal).__name__, refusal))
 
 
 def test_every_internal_has_a_contract_test():
