@@ -26,6 +26,12 @@ GANG_KEY_WAIT = 2.0
 ROUND_RESTART = "restart"
 ROUND_END = "end"
 
+# A read of a key is a compare-and-set with this as both the expected and the new value: the
+# store answers with the key's value, or with this when the key is not there, and changes
+# nothing. One request, where TCPStore's check then get takes three (get waits for the key
+# first), and it never waits: a key deleted meanwhile reads as absent. No sealed value is this.
+_PROBE = b"\x00mftd-read"
+
 
 def bind_listener(host, port=0):
     """A listening socket for the store on the address `host` only (the one its peers reach:
@@ -180,9 +186,10 @@ class ControlPlane:
     def _read(self, key, kind):
         """The payload under `key` if it is there and opens under this attempt's secret; None
         otherwise (a value that does not open is counted in sealed.IGNORED as `kind`)."""
-        if not self._store.check([key]):
+        value = self._store.compare_set(key, _PROBE, _PROBE)
+        if value == _PROBE:
             return None
-        return self._open(key, self._store.get(key), kind)
+        return self._open(key, value, kind)
 
     def _open(self, key, value, kind):
         payload = sealed.unseal(self._secret, self.gang_id, key, value)
