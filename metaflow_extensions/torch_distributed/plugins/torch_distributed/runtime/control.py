@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import pickle
+import secrets
 import socket
 import time
 from datetime import timedelta
@@ -31,6 +32,13 @@ ROUND_END = "end"
 # nothing. One request, where TCPStore's check then get takes three (get waits for the key
 # first), and it never waits: a key deleted meanwhile reads as absent. No sealed value is this.
 _PROBE = b"\x00mftd-read"
+
+# Keys whose value only says "look again": after a sealed message the other side polls for,
+# its sender writes a fresh token there, so that the other side reads one key a poll instead
+# of every node's. Never sealed, and nothing is decided on them: a forged token costs a look,
+# a reverted one delays the news until the watch's next full look (supervisor.py).
+NODES_NEWS = naming.KEY_PREFIX + "news/nodes"  # written by nodes 1..N-1 for node 0
+LEADER_NEWS = naming.KEY_PREFIX + "news/leader"  # written by node 0 for the other nodes
 
 
 def bind_listener(host, port=0):
@@ -204,6 +212,26 @@ class ControlPlane:
         payload = self._read(key, kind)
         return None if payload is None else json.loads(payload.decode())
 
+    def _tell(self, news_key):
+        """Say that there is news (a fresh token under `news_key`, waited for as _set does):
+        after the message, so that whoever sees the token finds the message."""
+        self._store.set(news_key, secrets.token_hex(8))
+        self._store.check([news_key])
+
+    def _news(self, news_key):
+        value = self._store.compare_set(news_key, _PROBE, _PROBE)
+        return b"" if value == _PROBE else value
+
+    def nodes_news(self):
+        """The token the other nodes last wrote under NODES_NEWS (b"": none yet): it changes
+        after each check-in, finish, failure report, ranks still running and preemption."""
+        return self._news(NODES_NEWS)
+
+    def leader_news(self):
+        """The token node 0 last wrote under LEADER_NEWS (b"": none yet): it changes after
+        the gang's abort and preemption."""
+        return self._news(LEADER_NEWS)
+
     # -- the gang's messages ----------------------------------------------------------------------
 
     def put_gathered(self, seq, rank, obj):
@@ -240,18 +268,21 @@ class ControlPlane:
 
     def join(self, join_id):
         self._set(self._keys.joined(join_id), b"1")
+        self._tell(NODES_NEWS)
 
     def joined(self, join_id):
         return self._flag(self._keys.joined(join_id), "joined")
 
     def finish(self, node):
         self._set(self._keys.done(node), b"1")
+        self._tell(NODES_NEWS)
 
     def finished(self, node):
         return self._flag(self._keys.done(node), "done")
 
     def report_running(self, node, ranks):
         self._set(self._keys.running(node), json.dumps(list(ranks)).encode())
+        self._tell(NODES_NEWS)
 
     def running(self, node):
         """Ranks node `node` said were still running when it reported its failure."""
@@ -259,6 +290,7 @@ class ControlPlane:
 
     def report_failure(self, node, failure):
         self._set(self._keys.failure(node), failure.to_json().encode())
+        self._tell(NODES_NEWS)
 
     def failure(self, node):
         """The failure node `node` reported, or None."""
@@ -273,9 +305,11 @@ class ControlPlane:
 
     def beat(self, node):
         """Tell node 0 that node `node` is alive (see LeaderWatch._check_heartbeat): the count
-        of beats this client sent, so that a value replayed from earlier does not look new."""
+        of beats this client sent, so that a value replayed from earlier does not look new.
+        Waited for, as every message but a log chunk and a gathered value: a read from
+        another connection right after it sees it."""
         self._beats_sent += 1
-        self._put(self._keys.beat(node), str(self._beats_sent).encode())
+        self._set(self._keys.beat(node), str(self._beats_sent).encode())
 
     def beats(self, node):
         """How many heartbeats node `node` has sent (the highest count that opened)."""
@@ -288,7 +322,7 @@ class ControlPlane:
         """Where node `node`'s ranks stand ({rank: stacks report}), numbered by this client so
         that a value replayed from earlier is not taken for news (see progress)."""
         self._progress_sent += 1
-        self._put(self._keys.progress(node),
+        self._set(self._keys.progress(node),
                   json.dumps({"n": self._progress_sent, "ranks": reports}).encode())
 
     def progress(self, node):
@@ -351,9 +385,11 @@ class ControlPlane:
 
     def abort(self):
         self._set(self._keys.abort, b"1")
+        self._tell(LEADER_NEWS)
 
     def preempt_gang(self):
         self._set(self._keys.preempt, b"1")
+        self._tell(LEADER_NEWS)
 
     def gang_preempted(self):
         return self._flag(self._keys.preempt, "preempt")
@@ -369,6 +405,7 @@ class ControlPlane:
 
     def report_preempted(self, node):
         self._set(self._keys.preempted(node), b"1")
+        self._tell(NODES_NEWS)
 
     def node_preempted(self, node):
         return self._flag(self._keys.preempted(node), "preempted")
