@@ -15,6 +15,8 @@ Arms, each run for every size, one run at a time:
   after the same rank fails.
 - `store`: the remote log path (LogShipper -> store -> LogReceiver), which a local run never
   uses, measured by bench/scale_storelogs.py with the product's own classes.
+- `nocard`: the failing run of `ours` with the gang's card off, for what drawing the card of
+  a failed attempt adds to the task's end.
 
 Memory: PSS of every process of a run, sampled every few seconds except while CPU or logs are
 measured; a run whose processes pass --max-pss-gb, or that leaves less than --min-available-gb
@@ -52,7 +54,7 @@ FULL = dict(sizes=[1, 4, 16, 32, 64], nproc=8, rate=10000.0, idle_s=10.0, log_s=
             flow_bound_s=1200.0)
 QUICK = dict(sizes=[1, 4], nproc=8, rate=10000.0, idle_s=3.0, log_s=2.0, fail_idle_s=1.0,
              torchrun_cap_s=8.0, torchrun_bound_s=120.0, store_idle_s=2.0, flow_bound_s=300.0)
-ARMS = ("ours", "torchrun", "store")
+ARMS = ("ours", "torchrun", "store", "nocard")
 # Seconds torchrun's workers sleep once in (the gang's memory is sampled then).
 TORCHRUN_SLEEP_S = 3.0
 LOG_LINE = re.compile(rb"^\[MFLOG\|0\|([^|]+)Z\|[^]]*\]\[rank (\d+)\] SCALELOG (\d+) (\d+) "
@@ -245,8 +247,9 @@ def node0_pids(schedule):
     return task, pump, agents, ranks
 
 
-def run_ours(size, cfg, fail, guard_limits):
-    """One run of the scale flow; its measurements."""
+def run_ours(size, cfg, fail, guard_limits, card=True):
+    """One run of the scale flow; its measurements. Without `card`, the gang's own card is
+    off (METAFLOW_TORCH_DISTRIBUTED_CARD=0): what drawing it costs a failed task's end."""
     nproc = cfg["nproc"]
     world = size * nproc
     root = Path(tempfile.mkdtemp(prefix="td-scale-"))
@@ -257,9 +260,11 @@ def run_ours(size, cfg, fail, guard_limits):
                     METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK="off")
     if fail:
         settings["BENCH_FAIL_RANK"] = world - 1
+    if not card:
+        settings["METAFLOW_TORCH_DISTRIBUTED_CARD"] = 0
     env = base_env(root, settings)
-    record = dict(arm="ours", size=size, nproc=nproc, world=world, fail=fail,
-                  load_before=load_now())
+    record = dict(arm="ours" if card else "nocard", size=size, nproc=nproc, world=world,
+                  fail=fail, load_before=load_now())
     out = root / "out"
     started = time.time()
     with open(root / "run.log", "wb") as run_log:
@@ -632,7 +637,11 @@ def machine():
                        if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return dict(cpu=cpu, cores=os.cpu_count(),
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--",
+                            "metaflow_extensions"], capture_output=True, text=True).stdout
+    return dict(cpu=cpu, cores=os.cpu_count(), product_commit=head + ("+changes" if dirty else ""),
                 memory_gb=round(psutil.virtual_memory().total / 2**30, 1),
                 python=sys.version.split()[0], torch=torch.__version__,
                 metaflow=getattr(metaflow, "__version__", "?"), uptime_before=uptime())
@@ -726,6 +735,8 @@ def main(argv=None):
             go("torchrun", size, lambda: run_torchrun(size, cfg, True, limits))
         if "store" in args.arms and size > 1:
             go("store", size, lambda: run_store(size, cfg, limits))
+        if "nocard" in args.arms:
+            go("nocard", size, lambda: run_ours(size, cfg, True, limits, card=False))
     for size in args.store_sizes:
         go("store", size, lambda: run_store(size, cfg, limits))
     for rate in args.store_rates:

@@ -106,16 +106,30 @@ def targets(runs):
     ratio = ab / a1 if a1 and ab else None
     add("assembly, %d x %d over 1 x %d" % (big, runs.nproc, runs.nproc), ratio,
         "<= %g" % ASSEMBLY_RATIO, None if ratio is None else ratio <= ASSEMBLY_RATIO)
-    tr = runs.value("torchrun", big, "assembly_s")
-    add("assembly at %d x %d, ours over torchrun's (s / s)" % (big, runs.nproc),
-        ab / tr if ab and tr else None, "<= 1", None if not (ab and tr) else ab <= tr)
+    tr = runs.get("torchrun", big)
+    if tr is not None and tr.get("assembly_s") is None and ab is not None:
+        rows.append(("assembly at %d x %d, ours against torchrun's" % (big, runs.nproc),
+                     "%.2f s; torchrun: no worker in %.0f s" % (ab, tr["wall_s"]),
+                     "ours <= torchrun's", "met" if ab < tr["wall_s"] else "**missed**"))
+    else:
+        tr = tr and tr.get("assembly_s")
+        add("assembly at %d x %d, ours over torchrun's (s / s)" % (big, runs.nproc),
+            ab / tr if ab and tr else None, "<= 1", None if not (ab and tr) else ab <= tr)
+    for size in runs.sizes("torchrun"):
+        if size == big or runs.value("torchrun", size, "assembly_s") is None:
+            continue
+        ours, theirs = runs.value("ours", size, "assembly_s"), runs.value(
+            "torchrun", size, "assembly_s")
+        add("... at %d x %d (s / s)" % (size, runs.nproc), ours / theirs if ours and theirs
+            else None, "-", None)
     td = teardown_all(runs, big)
     named = runs.value("ours", big, "report_names_rank", fail=True)
     left = runs.value("ours", big, "left_after_120s", fail=True)
     add("teardown at %d x %d: failing rank's raise to every process gone (s)" % (
         big, runs.nproc), td, "< %g" % TEARDOWN_S, None if td is None else td < TEARDOWN_S)
-    add("... the report names the failing rank and its node", None, "yes",
-        None if named is None else bool(named) and not left)
+    rows.append(("... the report names the failing rank and its node; processes left",
+                 "%s; %s" % ("yes" if named else "no", fmt(left, "%d")), "yes; 0",
+                 "met" if named and not left else "**missed**"))
     for arm, label in (("ours", "local path"), ("store", "store path")):
         size = big if arm == "ours" else max(runs.sizes("store") or [0]) and big
         logs = runs.get(arm, size)
@@ -128,6 +142,13 @@ def targets(runs):
         add("logs at %d x %d, %s: worst delay (s)" % (size, runs.nproc, label),
             lg.get("delay_max_s"), "< %g" % LOG_DELAY_S,
             None if lg.get("delay_max_s") is None else lg["delay_max_s"] < LOG_DELAY_S)
+        if arm == "ours":
+            add("... leaving out each rank's last lines, which Metaflow's runtime holds (s)",
+                lg.get("delay_max_steady_s"), "< %g" % LOG_DELAY_S,
+                None if lg.get("delay_max_steady_s") is None
+                else lg["delay_max_steady_s"] < LOG_DELAY_S)
+        add("logs at %d x %d, %s: lines delivered a second" % (size, runs.nproc, label),
+            lg.get("delivered_per_s"), ">= %g" % LOG_RATE, None, "%.0f")
     cpu = node0_cpu(runs, big)
     add("idle control plane at %d nodes: node 0's CPU (%% of one core)" % big, cpu,
         "< %g" % IDLE_CPU_PCT, None if cpu is None else cpu < IDLE_CPU_PCT, "%.1f")
@@ -212,23 +233,22 @@ def store_table(runs):
             "%s / %s / %s" % (fmt(r.get("delay_p50_s")), fmt(r.get("delay_p99_s")),
                               fmt(r.get("delay_max_s"))),
             fmt(r.get("logging", {}).get("requests_per_s"), "%.0f"),
-            fmt(per_line(r), "%.1f"),
+            fmt(per_line(r), "%.2f"),
             fmt(r.get("logging", {}).get("cpu_pct", {}).get("all"), "%.1f"),
             fmt(r.get("idle", {}).get("requests_per_s"), "%.0f"),
         ))
     return report.table(
         ["nodes", "lines/s written", "lines/s delivered", "lost", "reordered",
          "delay p50 / p99 / worst (s)", "store requests/s while logging",
-         "requests per line", "node 0 CPU while logging (%)", "store requests/s idle"], rows)
+         "requests a line", "node 0 CPU while logging (%)", "store requests/s idle"], rows)
 
 
-def per_line(r):
-    """The store's requests per line delivered, from the burst's start until node 0 took the
-    last of it."""
-    window = r.get("until_stopped", {})
-    rps, span = window.get("requests_per_s"), window.get("window_s")
-    lines = r.get("lines_delivered")
-    return rps * span / lines if rps and span and lines else None
+def per_line(r, what="requests_per_s"):
+    """The store's requests (or bytes received, `what`="bytes_in_per_s") per line written,
+    over the burst (while every shipper is connected: ss counts live connections only)."""
+    rate = r.get("logging", {}).get(what)
+    lines = r.get("written_per_s")
+    return rate / lines if rate and lines else None
 
 
 def plot(runs, path, before=None):
@@ -265,12 +285,17 @@ def plot(runs, path, before=None):
         ax2.plot(xs, [r.value("ours", s, "idle.requests_per_s") for s in xs], style,
                  color="tab:red", label="store requests/s%s" % tag)
     ax2.set_ylabel("store requests/s", color="tab:red")
+    ax2.legend(loc="center left", fontsize=8)
     ax.set_title("Idle gang: node 0's cost (heartbeats and polling)")
     ax.legend(loc="upper left", fontsize=8)
     ax = axes[1][0]
-    xs = [s for s in sizes if runs.value("ours", s, "logs.delay_max_steady_s") is not None]
-    ax.plot(xs, [runs.value("ours", s, "logs.delay_max_steady_s") for s in xs], "o-",
-            label="local path, steady")
+    for r, tag, style in ((before, " (before)", "+--"), (runs, "", "o-")):
+        if r is None:
+            continue
+        xs = [s for s in r.sizes("ours") if r.value("ours", s, "logs.delay_max_steady_s")
+              is not None]
+        ax.plot(xs, [r.value("ours", s, "logs.delay_max_steady_s") for s in xs], style,
+                label="local path, steady%s" % tag)
     for r, tag, style in ((before, " (before)", "x--"), (runs, "", "s-")):
         if r is None:
             continue
@@ -312,7 +337,10 @@ def machine_line(runs):
                 "%.2f" % loads[-1] if loads else "?", m["uptime_before"]))
 
 
-def render(datas, sources, befores=(), before_sources=()):
+def render(datas, sources, befores=(), before_sources=(), fdlimit=None, fdlimit_source=None,
+           asides=()):
+    """The section. `asides`: [(name, results, path)] of runs the notes quote apart (their
+    figures prefixed with the name), such as a paired check."""
     runs = Runs(datas)
     data = runs.data
     prior = Runs(list(befores)) if befores else None
@@ -334,6 +362,10 @@ def render(datas, sources, befores=(), before_sources=()):
         out.append("Before the fix: %s." % "; ".join(
             "`%s` (run started %s)" % (src, d["started"])
             for src, d in zip(before_sources, befores)))
+    if fdlimit_source:
+        out.append("Open-file limit probe: `%s`." % fdlimit_source)
+    for name, _, source in asides:
+        out.append("Aside, `%s`: `%s`." % (name, source))
     out += ["", "Machine: %s" % machine_line(runs), ""]
     for d in datas:
         if d.get("note"):
@@ -394,55 +426,147 @@ def render(datas, sources, befores=(), before_sources=()):
         "default) for the failed node: nothing stops the gang. The bench stops watching after "
         "the cap and kills what is left.")
     out += ["", "### The store's log path (remote backends)", "", store_table(runs), ""]
-    out += analysis(runs, prior)
+    out += analysis(runs, prior, fdlimit, fdlimit_source, asides)
     out.append(report.SCALE_END)
     return "\n".join(out)
 
 
-def analysis(runs, prior):
+def analysis(runs, prior, fdlimit=None, fdlimit_source=None, asides=()):
     """The diagnosis and the estimates beyond 64 nodes, from the measured figures: the prose
     lives in scale_notes.md beside this script, with {placeholders} filled from the runs."""
     notes = (HERE / "scale_notes.md")
     if not notes.exists():
         return []
-    return [notes.read_text().format(**figures(runs, prior)).rstrip("\n"), ""]
+    text = notes.read_text().format(**figures(runs, prior, fdlimit, fdlimit_source, asides))
+    return [text.rstrip("\n"), ""]
 
 
-def figures(runs, prior):
-    """Every number the notes quote, by name."""
+def figures(runs, prior, fdlimit=None, fdlimit_source=None, asides=()):
+    """Every number the notes quote, by name: `<what>_<size>` of the main runs, the same with
+    `before_` of the runs before the fix, the estimates beyond the measured sizes, and the
+    open-file limit's probe (bench/scale_fdlimit.py)."""
     f = {}
-    big = max(runs.sizes("ours") or [1])
-    f["big"] = big
     for tag, r in (("", runs), ("before_", prior)):
-        if r is None:
-            continue
-        pts = [(s, r.value("ours", s, "idle.requests_per_s")) for s in r.sizes("ours")]
-        line = fit(pts)
-        f[tag + "req_per_node"] = "%.0f" % line[0] if line else "?"
-        cpu = fit([(s, node0_cpu(r, s)) for s in r.sizes("ours")])
-        f[tag + "cpu_per_node"] = "%.2f" % cpu[0] if cpu else "?"
-        for s in r.sizes("ours"):
-            f["%sidle_req_%d" % (tag, s)] = fmt(r.value("ours", s, "idle.requests_per_s"), "%.0f")
-            f["%sidle_cpu_%d" % (tag, s)] = fmt(node0_cpu(r, s), "%.1f")
-        for s in r.sizes("store"):
-            st = r.get("store", s)
-            f["%sstore_delay_%d" % (tag, s)] = fmt(st.get("delay_max_s"))
-            f["%sstore_rate_%d" % (tag, s)] = fmt(st.get("delivered_per_s"), "%.0f")
-            f["%sstore_req_%d" % (tag, s)] = fmt(st.get("logging", {}).get("requests_per_s"),
-                                                 "%.0f")
-            f["%sstore_per_line_%d" % (tag, s)] = fmt(per_line(st), "%.1f")
-            f["%sstore_idle_req_%d" % (tag, s)] = fmt(st.get("idle", {}).get("requests_per_s"),
-                                                      "%.0f")
-            f["%sstore_cpu_%d" % (tag, s)] = fmt(st.get("logging", {}).get("cpu_pct", {})
-                                                 .get("all"), "%.1f")
+        if r is not None:
+            f.update(_measured(r, tag))
+    f.update(_estimates(runs))
+    for name, data, _ in asides:
+        f.update(_measured(Runs([data]), name + "_"))
+    fdlimit = fdlimit or {}
+    f.update(fdlimit_file=fdlimit_source or "-", fdlimit_limit=fdlimit.get("limit", "-"),
+             fdlimit_clients=fdlimit.get("clients", "-"),
+             fdlimit_connected=fdlimit.get("connected", "-"))
     return f
 
 
-def write_docs(datas, sources, befores=(), before_sources=()):
+def _measured(r, tag):
+    f = {}
+
+    def put(name, value, spec="%.2f"):
+        f[tag + name] = fmt(value, spec)
+
+    for s in r.sizes("ours"):
+        put("idle_req_%d" % s, r.value("ours", s, "idle.requests_per_s"), "%.0f")
+        put("idle_cpu_%d" % s, node0_cpu(r, s), "%.1f")
+        put("idle_agents_cpu_%d" % s, r.value("ours", s, "idle.cpu_pct.agents"), "%.1f")
+        put("conn_%d" % s, r.value("ours", s, "idle.connections"), "%d")
+        put("assembly_%d" % s, r.value("ours", s, "assembly_s"))
+        put("checkin_%d" % s, r.value("ours", s, "last_checkin_s"))
+        put("agent_start_%d" % s, r.value("ours", s, "agent_start_median_s"))
+        put("gather_%d" % s, r.value("ours", s, "gather_s"), "%.3f")
+        put("local_rate_%d" % s, r.value("ours", s, "logs.delivered_per_s"), "%.0f")
+        put("local_steady_%d" % s, r.value("ours", s, "logs.delay_max_steady_s"))
+        put("local_max_%d" % s, r.value("ours", s, "logs.delay_max_s"))
+        put("local_lost_%d" % s, r.value("ours", s, "logs.lines_lost"), "%d")
+        put("logging_agents_cpu_%d" % s, r.value("ours", s, "logging.cpu_pct.agents"), "%.1f")
+        put("logging_runtime_cpu_%d" % s,
+            r.value("ours", s, "logging.cpu_pct.metaflow_runtime"), "%.1f")
+        put("pss_%d" % s, (r.value("ours", s, "pss_assembled_mb") or 0) / 1024 or None, "%.1f")
+        for key in ("detected_s", "teardown_members_s", "teardown_all_s", "report_s",
+                    "gang_ended_s"):
+            put("%s_%d" % (key.replace("_s", "").replace("teardown_", ""), s),
+                r.value("ours", s, key, True))
+        ended, said = r.value("ours", s, "gang_ended_s", True), r.value("ours", s, "report_s",
+                                                                      True)
+        put("task_end_%d" % s, said - ended if said is not None and ended is not None else None)
+        put("nocard_report_%d" % s, r.value("nocard", s, "report_s", True))
+        put("nocard_all_%d" % s, r.value("nocard", s, "teardown_all_s", True))
+    # every run, repeated sizes too: (size, how long after the last rank in its body the last
+    # node checked in)
+    lags = [(run["size"], run["last_checkin_s"] - run["assembly_s"])
+            for data in r.datas for run in data["runs"]
+            if run["arm"] == "ours" and run.get("last_checkin_s") is not None
+            and run.get("assembly_s") is not None]
+    late = [x for _, x in lags if x > 1.0]
+    put("checkin_lag_max", max(late or [x for _, x in lags] or [None]))
+    f[tag + "checkin_lag_runs"] = "%d of %d" % (len(late), len(lags))
+    put("checkin_lag_min_late", min(late, default=None))
+    put("checkin_lag_on_time", max((x for _, x in lags if x <= 1.0), default=None), "%.3f")
+    late_sizes = sorted({size for size, x in lags if x > 1.0})
+    f[tag + "checkin_late_sizes"] = " and ".join(
+        "%d x %d" % (size, r.nproc) for size in late_sizes) or "none"
+    f[tag + "checkin_on_time_sizes"] = " or ".join(
+        "%d x %d" % (size, r.nproc) for size in sorted({size for size, _ in lags})
+        if size not in late_sizes) or "none"
+    pumps = [r.value("ours", s, "logging.cpu_pct.pump") for s in r.sizes("ours")]
+    pumps = [p for p in pumps if p is not None]
+    put("pump_cpu_min", min(pumps) if pumps else None, "%.0f")
+    put("pump_cpu_max", max(pumps) if pumps else None, "%.0f")
+    for s in r.sizes("torchrun"):
+        put("tr_assembly_%d" % s, r.value("torchrun", s, "assembly_s"))
+        put("tr_wall_%d" % s, r.value("torchrun", s, "wall_s"), "%.0f")
+        put("tr_node_gone_%d" % s, r.value("torchrun", s, "teardown_failed_node_s", True))
+        put("tr_all_%d" % s, r.value("torchrun", s, "teardown_all_s", True))
+        put("tr_left_%d" % s, r.value("torchrun", s, "left_at_cap", True), "%d")
+    for s in r.sizes("store"):
+        st = r.get("store", s)
+        put("store_rate_%d" % s, st.get("delivered_per_s"), "%.0f")
+        put("store_written_%d" % s, st.get("written_per_s"), "%.0f")
+        put("store_delay_%d" % s, st.get("delay_max_s"))
+        put("store_p99_%d" % s, st.get("delay_p99_s"))
+        put("store_lost_%d" % s, st.get("lines_lost"), "%d")
+        put("store_per_line_%d" % s, per_line(st), "%.1f")
+        put("store_idle_req_%d" % s, st.get("idle", {}).get("requests_per_s"), "%.0f")
+        put("store_cpu_%d" % s, st.get("logging", {}).get("cpu_pct", {}).get("all"), "%.1f")
+    line = fit([(s, r.value("ours", s, "idle.requests_per_s")) for s in r.sizes("ours")])
+    put("req_per_node", line and line[0], "%.0f")
+    line = fit([(s, node0_cpu(r, s)) for s in r.sizes("ours")])
+    put("cpu_per_node", line and line[0], "%.2f")
+    return f
+
+
+def _estimates(r):
+    """Beyond the measured sizes: straight lines through the measured ones."""
+    f = {}
+    big = max(r.sizes("ours") or [1])
+    n = r.nproc
+    conn = r.value("ours", big, "idle.connections")
+    extra = conn - (big * n + big - 1) if conn is not None else 0
+    req = fit([(s, r.value("ours", s, "idle.requests_per_s")) for s in r.sizes("ours")])
+    cpu = fit([(s, node0_cpu(r, s)) for s in r.sizes("ours")])
+    gather = fit([(s * n, r.value("ours", s, "gather_s")) for s in r.sizes("ours")])
+    per_line_bytes = [per_line(r.get("store", s), "bytes_in_per_s") for s in r.sizes("store")]
+    per_line_bytes = [b for b in per_line_bytes if b]
+    f["conn_extra"] = "%d" % extra
+    f["bytes_per_line"] = fmt(max(per_line_bytes) if per_line_bytes else None, "%.0f")
+    for nodes in (256, 1000):
+        world = nodes * n
+        f["conn_est_%d" % nodes] = "%d" % (world + nodes - 1 + extra)
+        f["idle_req_est_%d" % nodes] = fmt(req and req[0] * nodes + req[1], "%.0f")
+        f["idle_cpu_est_%d" % nodes] = fmt(cpu and cpu[0] * nodes + cpu[1], "%.0f")
+        f["gather_est_%d" % nodes] = fmt(gather and gather[0] * world + gather[1], "%.1f")
+        f["log_mb_%d" % nodes] = fmt(max(per_line_bytes) * LOG_RATE / 1e6
+                                     if per_line_bytes else None, "%.1f")
+    return f
+
+
+def write_docs(datas, sources, befores=(), before_sources=(), fdlimit=None,
+               fdlimit_source=None, asides=()):
     plot(Runs(datas), PLOT, Runs(list(befores)) if befores else None)
     page = DOC.read_text()
-    DOC.write_text(report.replace_section(page, report.SCALE_START, report.SCALE_END,
-                                          render(datas, sources, befores, before_sources)))
+    DOC.write_text(report.replace_section(
+        page, report.SCALE_START, report.SCALE_END,
+        render(datas, sources, befores, before_sources, fdlimit, fdlimit_source, asides)))
     return [DOC, PLOT]
 
 
@@ -457,10 +581,20 @@ def main(argv=None):
     parser.add_argument("results", nargs="+")
     parser.add_argument("--before", nargs="*", default=[],
                         help="the results of the runs before a fix")
+    parser.add_argument("--fdlimit", help="a bench/scale_fdlimit.py result")
+    parser.add_argument("--aside", action="append", default=[], metavar="NAME=RESULTS",
+                        help="runs the notes quote apart as NAME_<figure>")
     args = parser.parse_args(argv)
     datas, sources = load(args.results)
     befores, before_sources = load(args.before)
-    for written in write_docs(datas, sources, befores, before_sources):
+    fdlimit, fdlimit_source = load([args.fdlimit]) if args.fdlimit else ([None], [None])
+    asides = []
+    for item in args.aside:
+        name, path = item.split("=", 1)
+        (data,), (source,) = load([path])
+        asides.append((name, data, source))
+    for written in write_docs(datas, sources, befores, before_sources, fdlimit[0],
+                              fdlimit_source[0], asides):
         print("wrote", written)
 
 
