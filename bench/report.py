@@ -22,6 +22,12 @@ ORDER = ["single", "torchrun", "parallel", "ours_fork", "ours_exec", "ours_prelo
 # the rest, which comes from a full run, as it is.
 SECTION_START = "<!-- world_size section: bench/report.py, from a `bench/run.py --only launch` run -->"
 SECTION_END = "<!-- end of the world_size section -->"
+# bench/scale_report.py writes the page's "Scale" section (issue 25), from a bench/scale.py run.
+SCALE_START = "<!-- scale section: bench/scale_report.py, from a `bench/scale.py` run -->"
+SCALE_END = "<!-- end of the scale section -->"
+# The sections other runs write, kept (in this order, at the end of the page) when this
+# script renders the rest.
+KEPT = ((SECTION_START, SECTION_END), (SCALE_START, SCALE_END))
 PHASES = [("proc", "rank 0 process started"), ("body", "work starts"),
           ("import", "torch imported"), ("init", "group formed"),
           ("collective", "all-reduce done")]
@@ -412,24 +418,45 @@ def render_world_size(data, source):
     return "\n".join(out)
 
 
+def _split(page, start, end):
+    """(`page` without the section between `start` and `end`, that section or None)."""
+    if start not in page:
+        return page, None
+    before, rest = page.split(start, 1)
+    inside, after = rest.split(end, 1)
+    return before.rstrip("\n") + "\n\n" + after.lstrip("\n"), start + inside + end
+
+
 def with_section(page, section):
-    """`page` with its world_size section replaced by `section` (appended if it has none)."""
-    if SECTION_START in page:
-        before, rest = page.split(SECTION_START, 1)
-        page = before + rest.split(SECTION_END, 1)[1].lstrip("\n")
+    """`page` without its kept sections, then `section` (the kept ones, as section_of gives
+    them) at its end."""
+    for start, end in KEPT:
+        page = _split(page, start, end)[0]
     return page.rstrip("\n") + "\n\n" + section + "\n"
 
 
 def section_of(page):
-    if SECTION_START not in page:
-        return None
-    return SECTION_START + page.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0] + SECTION_END
+    """The kept sections of `page`, in KEPT's order, or None."""
+    found = [_split(page, start, end)[1] for start, end in KEPT]
+    found = [f for f in found if f]
+    return "\n\n".join(found) if found else None
+
+
+def replace_section(page, start, end, text):
+    """`page` with the section between `start` and `end` replaced by `text`, the kept
+    sections at the end in KEPT's order."""
+    kept = []
+    for s_, e_ in KEPT:
+        page, found = _split(page, s_, e_)
+        kept.append(text if s_ == start else found)
+    return with_section(page, "\n\n".join(k for k in kept if k))
 
 
 def write_docs(data, source):
     old = DOC.read_text() if DOC.exists() else ""
     if data["parts"] == ["launch"]:
-        DOC.write_text(with_section(old, render_world_size(data, source)))
+        DOC.write_text(replace_section(old, SECTION_START, SECTION_END,
+                                       render_world_size(data, source)))
         return [DOC]
     res = Results(data)
     plot(res, data["config"]["sizes"], PLOT)

@@ -109,3 +109,26 @@ def test_a_shipper_whose_node_0_is_gone_keeps_quiet_after_one_note(capfd):
     shipper.close()
     err = capfd.readouterr().err
     assert err.count("cannot ship this node's output to node 0") == 1
+
+
+def test_a_burst_of_writes_reaches_node_0_as_a_few_chunks_in_order():
+    """Node 0 takes a chunk at a time (issue 25: one chunk per write made node 0's receiver
+    fall behind at 10,000 lines/s across 64 nodes): what a node's pump writes within a
+    shipping interval goes as one chunk per stream, each stream's lines in order."""
+    listener = bind_listener("127.0.0.1", 0)
+    port = listener.getsockname()[1]
+    host = ControlPlane.host(listener, GANG, SECRET, timeout=5)
+    listener.close()
+    shipper = LogShipper(spec(port))
+    for i in range(1000):
+        shipper(1, b"[rank 1] out %d\n" % i)
+        if i % 100 == 0:
+            shipper(2, b"[rank 1] err %d\n" % i)
+    shipper.close()
+    assert host.log_ended(1)
+    chunks, taken = host.take_logs(1, 0)
+    assert taken < 50, taken  # 1,010 writes
+    out = b"".join(data for fd, data in chunks if fd == 1)
+    err = b"".join(data for fd, data in chunks if fd == 2)
+    assert out == b"".join(b"[rank 1] out %d\n" % i for i in range(1000))
+    assert err == b"".join(b"[rank 1] err %d\n" % i for i in range(0, 1000, 100))

@@ -168,5 +168,16 @@ class Keys:
         in place): "restart" (the next round starts) or "end"."""
         return self._prefix + self._round + "word"
 
+    @property
+    def nodes_news(self) -> str:
+        """A token nodes 1..N-1 renew after each message for node 0 (unsealed: it only says
+        "look again", runtime/control.py)."""
+        return self._prefix + "news/nodes"
+
+    @property
+    def leader_news(self) -> str:
+        """A token node 0 renews after each message for the other nodes (as nodes_news)."""
+        return self._prefix + "news/leader"
+
     def gather(self, seq: int, rank: int) -> str:
         return "%sgather/%d/%d" % (self._prefix + self._round, seq, rank)

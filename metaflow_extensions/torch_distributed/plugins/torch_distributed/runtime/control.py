@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import pickle
+import secrets
 import socket
 import time
 from datetime import timedelta
@@ -31,6 +32,20 @@ GANG_KEY_WAIT = 2.0
 # Node 0's words on what follows a round, for the other nodes (restarts in place).
 ROUND_RESTART = "restart"
 ROUND_END = "end"
+
+# A read of a key is a compare-and-set with this as both the expected and the new value: the
+# store answers with the key's value, or with this when the key is not there, and changes
+# nothing. One request, where TCPStore's check then get takes three (get waits for the key
+# first), and it never waits: a key deleted meanwhile reads as absent. No sealed value is this.
+_PROBE = b"\x00mftd-read"
+
+# Keys whose value only says "look again" (naming.Keys.nodes_news, leader_news): after a
+# sealed message the other side polls for, its sender writes a fresh token there, so that the
+# other side reads one key a poll instead of every node's. Never sealed, and nothing is decided
+# on them: a forged token costs a look, a reverted one delays the news until the watch's next
+# full look (supervisor.py).
+NODES_NEWS = naming.Keys().nodes_news
+LEADER_NEWS = naming.Keys().leader_news
 
 
 def bind_listener(host: str, port: int = 0) -> socket.socket:
@@ -199,9 +214,16 @@ class ControlPlane:
     def _read(self, key: str, kind: str) -> Optional[bytes]:
         """The payload under `key` if it is there and opens under this attempt's secret; None
         otherwise (a value that does not open is counted in sealed.IGNORED as `kind`)."""
-        if not self._store.check([key]):
-            return None
-        return self._open(key, self._store.get(key), kind)
+        value = self._probe(key)
+        return None if value is None else self._open(key, value, kind)
+
+    def _probe(self, key: str) -> Optional[bytes]:
+        """The value under `key`, or None when it is absent, in one request that never waits:
+        a compare-and-set that changes nothing (it answers with the value, or sets the probe,
+        which no sealed value can be, over an absent key and answers with it)."""
+        # torch's stub says str; the store takes and answers bytes
+        value = self._store.compare_set(key, _PROBE, _PROBE)  # type: ignore[arg-type]
+        return None if value == _PROBE else bytes(value)
 
     def _open(self, key: str, value: bytes, kind: str) -> Optional[bytes]:
         payload = sealed.unseal(self._secret, self.gang_id, key, value)
@@ -215,6 +237,25 @@ class ControlPlane:
     def _json(self, key: str, kind: str) -> Any:
         payload = self._read(key, kind)
         return None if payload is None else json.loads(payload.decode())
+
+    def _tell(self, news_key: str) -> None:
+        """Say that there is news (a fresh token under `news_key`, waited for as _set does):
+        after the message, so that whoever sees the token finds the message."""
+        self._store.set(news_key, secrets.token_hex(8))
+        self._store.check([news_key])
+
+    def _news(self, news_key: str) -> bytes:
+        return self._probe(news_key) or b""
+
+    def nodes_news(self) -> bytes:
+        """The token the other nodes last wrote under NODES_NEWS (b"": none yet): it changes
+        after each check-in, finish, failure report, ranks still running and preemption."""
+        return self._news(NODES_NEWS)
+
+    def leader_news(self) -> bytes:
+        """The token node 0 last wrote under LEADER_NEWS (b"": none yet): it changes after
+        the gang's abort and preemption."""
+        return self._news(LEADER_NEWS)
 
     # -- the gang's messages ----------------------------------------------------------------------
 
@@ -253,18 +294,21 @@ class ControlPlane:
 
     def join(self, join_id: str) -> None:
         self._set(self._keys.joined(join_id), b"1")
+        self._tell(NODES_NEWS)
 
     def joined(self, join_id: str) -> bool:
         return self._flag(self._keys.joined(join_id), "joined")
 
     def finish(self, node: int) -> None:
         self._set(self._keys.done(node), b"1")
+        self._tell(NODES_NEWS)
 
     def finished(self, node: int) -> bool:
         return self._flag(self._keys.done(node), "done")
 
     def report_running(self, node: int, ranks: Iterable[int]) -> None:
         self._set(self._keys.running(node), json.dumps(list(ranks)).encode())
+        self._tell(NODES_NEWS)
 
     def running(self, node: int) -> List[int]:
         """Ranks node `node` said were still running when it reported its failure."""
@@ -272,6 +316,7 @@ class ControlPlane:
 
     def report_failure(self, node: int, failure: Failure) -> None:
         self._set(self._keys.failure(node), failure.to_json().encode())
+        self._tell(NODES_NEWS)
 
     def failure(self, node: int) -> Optional[Failure]:
         """The failure node `node` reported, or None."""
@@ -286,9 +331,11 @@ class ControlPlane:
 
     def beat(self, node: int) -> None:
         """Tell node 0 that node `node` is alive (see LeaderWatch._check_heartbeat): the count
-        of beats this client sent, so that a value replayed from earlier does not look new."""
+        of beats this client sent, so that a value replayed from earlier does not look new.
+        Waited for, as every message but a log chunk and a gathered value: a read from
+        another connection right after it sees it."""
         self._beats_sent += 1
-        self._put(self._keys.beat(node), str(self._beats_sent).encode())
+        self._set(self._keys.beat(node), str(self._beats_sent).encode())
 
     def beats(self, node: int) -> int:
         """How many heartbeats node `node` has sent (the highest count that opened)."""
@@ -301,7 +348,7 @@ class ControlPlane:
         """Where node `node`'s ranks stand ({rank: stacks report}), numbered by this client so
         that a value replayed from earlier is not taken for news (see progress)."""
         self._progress_sent += 1
-        self._put(self._keys.progress(node),
+        self._set(self._keys.progress(node),
                   json.dumps({"n": self._progress_sent, "ranks": reports}).encode())
 
     def progress(self, node: int) -> Dict[int, Report]:
@@ -364,9 +411,11 @@ class ControlPlane:
 
     def abort(self) -> None:
         self._set(self._keys.abort, b"1")
+        self._tell(LEADER_NEWS)
 
     def preempt_gang(self) -> None:
         self._set(self._keys.preempt, b"1")
+        self._tell(LEADER_NEWS)
 
     def gang_preempted(self) -> bool:
         return self._flag(self._keys.preempt, "preempt")
@@ -382,6 +431,7 @@ class ControlPlane:
 
     def report_preempted(self, node: int) -> None:
         self._set(self._keys.preempted(node), b"1")
+        self._tell(NODES_NEWS)
 
     def node_preempted(self, node: int) -> bool:
         return self._flag(self._keys.preempted(node), "preempted")

@@ -11,21 +11,25 @@ import queue
 import sys
 import threading
 import time
-from typing import Callable, Iterable, Mapping, Optional, Tuple
+from typing import Callable, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.gangspec import GangSpec
 from ..runtime.control import ControlPlane
 
 # Seconds between two looks for new chunks on node 0.
 POLL_INTERVAL = 0.1
+# Seconds a remote node's shipper gathers its pump's writes into one chunk: node 0 takes a
+# chunk, not a write, at a time (two requests each), however many lines its ranks print.
+SHIP_INTERVAL = POLL_INTERVAL / 2
 # Seconds a remote node's pump spends shipping what is left when its ranks are done.
 CLOSE_TIMEOUT = 10.0
 
 
 class LogShipper:
-    """The pump's sink on a remote node: ships each write to node 0, in order, from a thread of
+    """The pump's sink on a remote node: ships its writes to node 0, in order, from a thread of
     the pump process, so the pump's local writes never wait for the network or for node 0 to
-    come up. On any store error it stops shipping (the local copy goes on)."""
+    come up. What the pump wrote within SHIP_INTERVAL s goes as one chunk per stream. On any
+    store error it stops shipping (the local copy goes on)."""
 
     def __init__(self, spec: GangSpec) -> None:
         self.spec = spec
@@ -50,15 +54,43 @@ class LogShipper:
             control = ControlPlane.of_attempt(self.spec.attempt,
                                               self.spec.blueprint.rendezvous_timeout_s)
             while True:
-                item = self._queue.get()
-                if item is None:
+                writes, ended = self._gather()
+                for target_fd, data in _by_stream(writes):
+                    control.ship_log(self.spec.node, target_fd, data)
+                if ended:
                     control.end_log(self.spec.node)
                     return
-                control.ship_log(self.spec.node, *item)
         except Exception as ex:  # noqa: BLE001 - node 0 gone: keep the local log going
             self._broken = True
             os.write(2, ("[node %d] cannot ship this node's output to node 0 any more (%s); "
                          "it stays in this node's own log\n" % (self.spec.node, ex)).encode())
+
+    def _gather(self) -> Tuple[List[Tuple[int, bytes]], bool]:
+        """(the writes queued within SHIP_INTERVAL s of the first, whether close() came)."""
+        writes: List[Tuple[int, bytes]] = []
+        item = self._queue.get()
+        deadline = time.monotonic() + SHIP_INTERVAL
+        while item is not None:
+            writes.append(item)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return writes, False
+            try:
+                item = self._queue.get(timeout=left)
+            except queue.Empty:
+                return writes, False
+        return writes, True
+
+
+def _by_stream(writes: Sequence[Tuple[int, bytes]]) -> List[Tuple[int, bytes]]:
+    """[(target fd, data)] with each run of writes to the same stream joined, in order."""
+    runs: List[Tuple[int, List[bytes]]] = []
+    for target_fd, data in writes:
+        if runs and runs[-1][0] == target_fd:
+            runs[-1][1].append(data)
+        else:
+            runs.append((target_fd, [data]))
+    return [(target_fd, b"".join(parts)) for target_fd, parts in runs]
 
 
 class LogReceiver:

@@ -46,6 +46,12 @@ TIMEOUT_SKEW_WAIT = 5.0
 _TIMEOUT_HINT = re.compile(r"time[sd]? ?out|timed out|Timeout", re.I)
 # Seconds between two heartbeats of a node agent.
 HEARTBEAT_INTERVAL = 1.0
+# Seconds between two full looks at the other side's messages in the store, whatever its news
+# key says (control.NODES_NEWS, LEADER_NEWS), and (node 0) between two readings of every
+# node's heartbeats. Between full looks a watch reads one news key a poll, so that what each
+# poll asks of node 0's store does not grow with the number of nodes; a news token a
+# forger reverted delays a message by at most this.
+FULL_LOOK_INTERVAL = 1.0
 
 
 def _num(seconds: float) -> str:
@@ -468,6 +474,8 @@ class LeaderWatch(Watch):
         # node -> its heartbeats when a restarted round was first looked at
         self._beats_before: Dict[int, int] = {}
         self._others_done_at: Optional[float] = None
+        self._news = _News(lambda: self.control.nodes_news(), clock)
+        self._next_beats = clock()  # when every node's heartbeats are read next
 
     def start(self) -> "LeaderWatch":
         if not self._pending_joins:
@@ -534,21 +542,30 @@ class LeaderWatch(Watch):
         if failure is not None:
             return failure
         now = time.time()
+        look = bool(self._watched or self._pending_joins) and self._news.look()
+        beats = self.heartbeat_timeout is not None and self.clock() >= self._next_beats
+        if beats and self.heartbeat_timeout is not None:
+            # nodes beat once a second: read as often, or twice a timeout if that is shorter
+            self._next_beats = self.clock() + min(HEARTBEAT_INTERVAL, self.heartbeat_timeout / 2)
         for node in list(self._nodes_left):
-            reported = None if node in self._seen_nodes else self.control.failure(node)
-            if reported is not None:
-                self._seen_nodes.add(node)
-                return reported
-            if self.control.finished(node):
-                self._nodes_left.discard(node)
-            elif self.heartbeat_timeout is not None:
+            if look:
+                reported = None if node in self._seen_nodes else self.control.failure(node)
+                if reported is not None:
+                    self._seen_nodes.add(node)
+                    return reported
+                if self.control.finished(node):
+                    self._nodes_left.discard(node)
+                    continue
+            if beats:
                 lost = self._check_heartbeat(node, now)
                 if lost is not None:
                     return lost
-        joins = self._check_joins(now)
+        # the rendezvous timeout is not put off by a quiet store: at its deadline, look
+        past_deadline = self.join_deadline is not None and self.clock() >= self.join_deadline
+        joins = self._check_joins(now) if look or past_deadline else None
         if joins is not None:
             return joins
-        if self.preempted is None and self.on_preempt is not None:
+        if look and self.preempted is None and self.on_preempt is not None:
             for node in self._other_nodes():
                 if self.control.node_preempted(node):
                     self.on_preempt(node)  # the whole gang: Leader._preempt_gang
@@ -716,6 +733,7 @@ class AgentWatch(Watch):
         self.progress = progress
         self.progress_interval = progress_interval
         self._next_progress = clock()
+        self._news = _News(lambda: self.control.leader_news(), clock)
 
     def _tick(self) -> None:
         for slot in self.slots:
@@ -737,20 +755,42 @@ class AgentWatch(Watch):
 
     def _check(self) -> Optional[F.Failure]:
         failure = super()._check()
-        if failure is None and self.control.aborted():
+        look = self._news.look()
+        if failure is None and look and self.control.aborted():
             raise GangAborted()
         if self.preempted is None and self.on_preempt is not None and (
-                self._sigterm_at or self.control.gang_preempted()):
+                self._sigterm_at or look):
             if self.control.gang_preempted():
                 self.on_preempt(0)  # node 0 preempted the gang: this node's ranks hear it
-            elif self.control.aborted():  # node 0 stops the gang (a local agent's SIGTERM)
-                raise GangAborted()
-            else:
+            elif self._sigterm_at and self.control.aborted():
+                raise GangAborted()  # node 0 stops the gang (a local agent's SIGTERM)
+            elif self._sigterm_at:
                 self.on_preempt(self.node, self._sigterm_at)  # this node's own SIGTERM
         return failure
 
     def _holding(self, symptom: F.Failure) -> None:
         self.control.report_running(self.node, self.running_ranks())
+
+
+class _News:
+    """When a watch looks at the other side's messages: when the news token (`read()`, the
+    control plane's nodes_news or leader_news) changed since the last look, or the last full
+    look is FULL_LOOK_INTERVAL s old. The token is read before the messages: one sent after
+    the reading changes the token again, and the next poll looks."""
+
+    def __init__(self, read: Callable[[], bytes], clock: Callable[[], float]) -> None:
+        self.read = read
+        self.clock = clock
+        self.seen: Optional[bytes] = None
+        self.next_full = clock()
+
+    def look(self) -> bool:
+        token = self.read()
+        if token == self.seen and self.clock() < self.next_full:
+            return False
+        self.seen = token
+        self.next_full = self.clock() + FULL_LOOK_INTERVAL
+        return True
 
 
 def _member_name(slot: Union[Slot, Place], topology: Topology) -> str:
