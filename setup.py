@@ -2,7 +2,7 @@ from setuptools import find_namespace_packages, setup
 
 # The release's version, here only: CHANGELOG.md's newest entry names it (tests/unit/
 # test_packaging.py) and the installed package reads it from its metadata.
-VERSION = "0.2.0"
+VERSION = "0.3.0"
 
 REPOSITORY = "https://github.com/metaflow-torch-distributed/metaflow-torch-distributed"
 
