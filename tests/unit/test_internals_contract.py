@@ -40,8 +40,8 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import (
     versions,
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import gangspec
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.versions import \
-    TESTED_METAFLOW, metaflow_version_supported
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.supported import \
+    TESTED_METAFLOW, metaflow_version_supported, parse_version
 from tests.unit.metaflow_stand_ins import (
     BatchApi,
     Environment,
@@ -1249,7 +1249,7 @@ def test_metaflow_version_get_version():
 
     require(callable(get_version) and VERSION, "metaflow_version.get_version",
             "it names the installed release")
-    require(versions._parse(get_version()) == versions._parse(VERSION),
+    require(parse_version(get_version()) == parse_version(VERSION),
             "metaflow_version.get_version", "on a node without package metadata it names the "
             "release the metadata names here; got %r, metadata %r" % (get_version(), VERSION))
 

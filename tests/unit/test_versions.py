@@ -10,9 +10,12 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import v
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
     TorchDistributedEnvironmentError,
 )
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import supported
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.supported import (
+    metaflow_version_supported,
+)
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.versions import (
     check_metaflow_version,
-    metaflow_version_supported,
 )
 
 
@@ -43,8 +46,8 @@ def test_metaflow_version_supported(version, supported):
 def test_range_matches_the_metaflow_extra():
     setup = (Path(__file__).parents[2] / "setup.py").read_text()
     low, high = re.search(r'"metaflow": \["metaflow>=([\d.]+),<([\d.]+)"\]', setup).groups()
-    assert versions.TESTED_METAFLOW[0] == versions._parse(low)
-    assert versions.TESTED_METAFLOW[1] == versions._parse(high)
+    assert supported.TESTED_METAFLOW[0] == supported.parse_version(low)
+    assert supported.TESTED_METAFLOW[1] == supported.parse_version(high)
 
 
 def test_installed_metaflow_passes():
@@ -93,9 +96,9 @@ def test_metaflow_installed_over_ob_metaflow_is_refused_with_the_fix(monkeypatch
 
 
 def test_the_docs_and_ci_name_the_tested_range():
-    """docs, versions.py, setup.py's extra and CI's other venvs (.ci/packages) agree."""
+    """docs, core/supported.py, setup.py's extra and CI's other venvs (.ci/packages) agree."""
     repo = Path(__file__).parents[2]
-    tested = versions.tested_range()
+    tested = supported.tested_range()
     assert tested == ">=2.19.0,<2.20"
     for page in ("README.md", "docs/index.md", "docs/scope.md", "docs/troubleshooting.md"):
         assert "`%s`" % tested in (repo / page).read_text() or \

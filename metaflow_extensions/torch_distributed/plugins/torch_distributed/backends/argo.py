@@ -34,7 +34,7 @@ from ..core.errors import TorchDistributedConfigError
 from ..core.gangspec import AgentOrder
 from ..mf import internals
 from ..mf.spinstep import Shell, SpinOptions, spin_env_additions
-from ..mf.versions import compile_error
+from ..core.supported import compile_error
 from ..runtime import preempt
 from . import kubernetes, trampoline
 from .base import Backend, GangStep

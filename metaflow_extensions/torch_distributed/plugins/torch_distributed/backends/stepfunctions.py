@@ -21,7 +21,7 @@ from ..core.errors import TorchDistributedConfigError
 from ..core.gangspec import AgentOrder
 from ..mf import internals
 from ..mf.spinstep import Shell, SpinOptions, shell_text, spin_env_additions, spin_step_words
-from ..mf.versions import compile_error
+from ..core.supported import compile_error
 from . import batch, trampoline
 from .base import Backend, GangStep
 

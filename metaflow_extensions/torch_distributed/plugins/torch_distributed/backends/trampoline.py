@@ -18,7 +18,7 @@ from ..core import naming
 from ..core.errors import TorchDistributedEnvironmentError
 from ..core.gangspec import AgentOrder, Attempt, GangSpec, Role, TaskIdentity
 from ..mf.spinstep import Shell, SpinOptions, shell_text, spin_step_words
-from ..mf.versions import compile_error
+from ..core.supported import compile_error
 from .base import AgentPlace
 
 _INPUT_PATHS_VAR = re.compile(r"^METAFLOW_INPUT_PATHS_(\d+)$")

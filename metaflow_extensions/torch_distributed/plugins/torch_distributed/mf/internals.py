@@ -6,8 +6,8 @@ needed. Everything else (private names, CLI plumbing, classes we wrap, undocumen
 reached through the small functions below, each with the reason we need it. Each one has a
 contract test in tests/unit/test_internals_contract.py that names what a Metaflow release broke;
 CI runs those tests against the oldest and the newest Metaflow of the supported range
-(versions.py), and tests/unit/test_internals_seam.py fails if another module reaches a
-private Metaflow name. Where each internal is described: reference/metaflow_internals.md.
+(core/supported.py), and tests/unit/test_internals_seam.py fails if another module reaches a
+private Metaflow name.
 """
 
 import inspect
@@ -16,6 +16,8 @@ import re
 import sys
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+from ..core.supported import compile_error
 
 # Metaflow ships no type information: its objects (flows, datastores, decorators, graphs, the
 # click context, the compilers and their jobs) are Any here.
@@ -682,8 +684,6 @@ def argo_with_task_id(command: str, task_id: str, step_name: str) -> str:
     only a container template's outputs can read; a JobSet's task id must be one Argo knows."""
     found = _ARGO_TASK_ID_EXPORT.findall(command)
     if len(found) != 1:
-        from ..mf.versions import compile_error  # versions imports this module
-
         raise compile_error(step_name, "Argo's container command of the step exports its task "
                             "id %d times, not once" % len(found))
     return _ARGO_TASK_ID_EXPORT.sub(lambda _: "export METAFLOW_TASK_ID=%s" % task_id, command)
