@@ -27,9 +27,12 @@ from .runner import NodeRunner, forget_round
 class Agent:
     """A node other than node 0: starts the node's ranks, checks in, watches, reports."""
 
-    def __init__(self, spec: GangSpec, topology: Topology) -> None:
+    def __init__(self, spec: GangSpec, topology: Topology,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.spec = spec
         self.topology = topology
+        self.clock, self.sleep = clock, sleep  # its waits (tests drive them)
 
     def run(self, step_func: Callable[..., object], args: Sequence[Any],
             decorator_name: str) -> int:
@@ -138,9 +141,9 @@ class Agent:
             return False
         if ask(control.report_stopped, self.spec.node) is False:
             return False
-        deadline = time.monotonic() + self.spec.blueprint.rendezvous_timeout_s + NODES_STOP_WAIT
+        deadline = self.clock() + self.spec.blueprint.rendezvous_timeout_s + NODES_STOP_WAIT
         word = None
-        while word is None and time.monotonic() < deadline:
+        while word is None and self.clock() < deadline:
             if supervisor.sigterm_at is not None:  # told to stop: node 0 must not restart
                 quietly(control.report_preempted, self.spec.node)
                 return False
@@ -149,7 +152,7 @@ class Agent:
             except Exception:  # noqa: BLE001 - any error of the store's: node 0 is gone
                 return False
             if word is None:
-                time.sleep(POLL_INTERVAL)
+                self.sleep(POLL_INTERVAL)
         if word != ROUND_RESTART:
             return False
         spec = dataclasses.replace(self.spec, restart_count=control.round + 1)
@@ -173,13 +176,13 @@ class Agent:
         still recording the attempt as preempted, is not heard (docs/reliability.md)."""
         if self.spec.attempt.backend != "kubernetes":
             return
-        deadline = time.monotonic() + self.spec.blueprint.preempt_grace_s + preempt.STOP_MARGIN_S
-        while time.monotonic() < deadline:
+        deadline = self.clock() + self.spec.blueprint.preempt_grace_s + preempt.STOP_MARGIN_S
+        while self.clock() < deadline:
             try:
                 control.aborted()
             except Exception:  # noqa: BLE001 - any error of the store's: node 0 is gone
                 return
-            time.sleep(0.2)
+            self.sleep(0.2)
 
     def _preempt_node(self, runner: NodeRunner, control: ControlPlane, origin: int,
                       at: Optional[float] = None) -> None:
@@ -202,13 +205,13 @@ class Agent:
         if self.spec.start_method != "exec":
             return
         pending = {naming.rank_join_id(s.rank) for s in runner.slots if s.rank is not None}
-        deadline = time.monotonic() + self.spec.blueprint.rendezvous_timeout_s
-        while pending and time.monotonic() < deadline:
+        deadline = self.clock() + self.spec.blueprint.rendezvous_timeout_s
+        while pending and self.clock() < deadline:
             pending = {j for j in pending if not control.joined(j)}
             if not pending or control.aborted() or any(
                     s.member.poll() is not None for s in runner.slots):
                 return
-            time.sleep(POLL_INTERVAL)
+            self.sleep(POLL_INTERVAL)
 
     def _exit_code(self, code: int, told_node_0: bool) -> int:
         """The exit status of a node that failed or was aborted. On Kubernetes a failed worker

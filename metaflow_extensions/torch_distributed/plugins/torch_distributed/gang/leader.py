@@ -375,7 +375,7 @@ class Leader:
         attempt.round_watch = self._watch(attempt, on_assembled)
         if spec.blueprint.max_restarts and self.topology.nodes > 1:
             # the other nodes wait for node 0's word after each round (Agent._next_round)
-            running.callback(_say_end, attempt)
+            running.callback(self._say_end, attempt)
         running.callback(_abort_if_failed, attempt)
 
     def _watch(self, attempt: _Attempt,
@@ -525,11 +525,11 @@ class Leader:
             signal.pthread_kill(self._main_thread, signal.SIGTERM)
 
     def _watchdog(self, attempt: _Attempt) -> None:
-        deadline = time.monotonic() + self.abort_grace
-        while time.monotonic() < deadline:
+        deadline = self.clock() + self.abort_grace
+        while self.clock() < deadline:
             if not self._body_running.is_set():
                 return
-            time.sleep(0.05)
+            self.sleep(0.05)
         # Rank 0 is stuck in native code (a collective or the rendezvous) and cannot be
         # interrupted: end the task. The runtime sees a failed attempt (retry/catch apply).
         failure = root_cause(attempt.watch.failures)
@@ -586,6 +586,15 @@ class Leader:
             member_exception = load_exception(runner.error_file(root.rank))
         return outcome, member_exception
 
+    def _say_end(self, attempt: _Attempt) -> None:
+        """Tell the other nodes, waiting after their round, that no round follows: they leave
+        (local agents are given AGENTS_LEAVE_WAIT s to, before the members are stopped)."""
+        quietly(attempt.control.say_word, ROUND_END)
+        agents = [s.member for s in attempt.runner.slots if s.rank is None]
+        deadline = self.clock() + AGENTS_LEAVE_WAIT
+        while any(a.poll() is None for a in agents) and self.clock() < deadline:
+            self.sleep(0.02)
+
     def _raise_failure(self, attempt: _Attempt, outcome: GangOutcome) -> NoReturn:
         failure = outcome.root_cause
         own = attempt.rank0_exception if failure.rank == 0 and attempt.runner.handback is None \
@@ -628,16 +637,6 @@ def users_own(ex: BaseException, summary: str) -> BaseException:
 def _running_pid(slot: Slot) -> Optional[int]:
     """The pid of `slot`'s process while it runs, else None."""
     return slot.member.pid if slot.member.returncode is None else None
-
-
-def _say_end(attempt: _Attempt) -> None:
-    """Tell the other nodes, waiting after their round, that no round follows: they leave
-    (local agents are given AGENTS_LEAVE_WAIT s to, before the members are stopped)."""
-    quietly(attempt.control.say_word, ROUND_END)
-    agents = [s.member for s in attempt.runner.slots if s.rank is None]
-    deadline = time.monotonic() + AGENTS_LEAVE_WAIT
-    while any(a.poll() is None for a in agents) and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 def _abort_if_failed(attempt: _Attempt) -> None:
