@@ -53,6 +53,7 @@ from ..runtime.control import (
     ControlPlane,
     bind_error,
     bind_listener,
+    ensure_file_limit,
     is_port_in_use,
     port_in_use_error,
 )
@@ -435,6 +436,7 @@ class Leader:
         """The store's listening socket, on the one address the gang's peers reach (locally
         the loopback address; remotely node 0's own, MASTER_ADDR), never every interface."""
         address, port = self.placed.master_addr, self.placed.master_port
+        ensure_file_limit(self.step_name, self.topology)  # every rank and agent connects
         try:
             return bind_listener(address, port)
         except OSError as ex:

@@ -9,17 +9,19 @@ import errno
 import json
 import os
 import pickle
+import resource
 import secrets
 import socket
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from ..core import naming, sealed
+from ..core import capacity, naming, sealed
 from ..core.errors import TorchDistributedEnvironmentError
 from ..core.failures import Failure
 from ..core.gangspec import Attempt
 from ..core.naming import PUBLIC_GANG_KEY, Keys
+from ..core.topology import Topology
 from ..runtime.stacks import Report
 
 if TYPE_CHECKING:  # torch is imported where a store is made, not with this module
@@ -46,6 +48,29 @@ _PROBE = b"\x00mftd-read"
 # full look (supervisor.py).
 NODES_NEWS = naming.Keys().nodes_news
 LEADER_NEWS = naming.Keys().leader_news
+
+
+def ensure_file_limit(step_name: str, topology: Topology) -> Optional[int]:
+    """(Node 0, before its store listens.) Raise this process's soft limit of open files to
+    what the gang's connections need (capacity.files_needed), within the hard limit; the new
+    soft limit (None: it was enough). A hard limit too low for the gang is an error naming
+    both numbers and the fix, before any rank starts: a refused connection later would fail a
+    rank deep inside torch's rendezvous."""
+    needed = capacity.files_needed(topology)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        raised = capacity.soft_limit_for(needed, soft, hard)
+    except ValueError:
+        raise TorchDistributedEnvironmentError(
+            step_name, "a gang of %s needs up to %d open files on node 0 (a connection to its "
+            "rendezvous store for every rank and node agent), but this process may open at most "
+            "%d (its hard RLIMIT_NOFILE). Raise the limit where node 0 runs (ulimit -Hn; a "
+            "container's nofile ulimit, e.g. AWS Batch's job definition ulimits or the "
+            "container runtime's default), or use fewer ranks."
+            % (topology.describe(), needed, hard)) from None
+    if raised is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    return raised
 
 
 def bind_listener(host: str, port: int = 0) -> socket.socket:
