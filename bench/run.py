@@ -118,7 +118,7 @@ def leftovers(root, wait=5.0):
         found = []
         for p in psutil.process_iter():
             try:
-                if p.environ().get("BENCH_MARK_DIR") == str(root):
+                if p.environ().get("BENCH_MARK_DIR") == str(root) and p.status() != "zombie":
                     found.append(p)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue

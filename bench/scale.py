@@ -48,6 +48,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import scale_probe  # noqa: E402
+from run import free_port, leftovers  # noqa: E402  (bench/run.py's, one copy)
 
 FULL = dict(sizes=[1, 4, 16, 32, 64], nproc=8, rate=10000.0, idle_s=10.0, log_s=5.0,
             fail_idle_s=3.0, torchrun_cap_s=30.0, torchrun_bound_s=300.0, store_idle_s=4.0,
@@ -170,29 +171,6 @@ def kill_tree(pid):
             p.kill()
         except psutil.NoSuchProcess:
             pass
-
-
-def leftovers(root, wait=5.0):
-    """Kill, and count, processes of this run (they carry its BENCH_MARK_DIR) still running
-    `wait` s after it ended."""
-    deadline = time.monotonic() + wait
-    while True:
-        found = []
-        for p in psutil.process_iter():
-            try:
-                if p.environ().get("BENCH_MARK_DIR") == str(root) and p.status() != "zombie":
-                    found.append(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        if not found or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    for p in found:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    return len(found)
 
 
 def wait_for_file(path, proc, timeout):
@@ -473,14 +451,6 @@ def failure_report(root, rank, node, out):
 
 
 # -- torchrun ----------------------------------------------------------------------------------
-
-def free_port():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def run_torchrun(size, cfg, fail, guard_limits):
     """N torchrun agents on this host, each with its own session (a node)."""

@@ -126,9 +126,6 @@ class GangSpec:
     local_rank: Optional[int] = None
     cuda_visible_devices: Optional[str] = None
 
-    def next_round(self) -> "GangSpec":
-        return dataclasses.replace(self, restart_count=self.restart_count + 1)
-
     def with_attempt(self, **changes: Any) -> "GangSpec":
         return dataclasses.replace(self, attempt=dataclasses.replace(self.attempt, **changes))
 
@@ -137,8 +134,7 @@ class GangSpec:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Optional["GangSpec"]:
-        raw = environ.get(SPEC_ENV)
-        return None if raw is None else _build(cls, json.loads(raw))
+        return _from_env(cls, SPEC_ENV, environ)
 
 
 @dataclass(frozen=True)
@@ -155,8 +151,7 @@ class AgentOrder:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Optional["AgentOrder"]:
-        raw = environ.get(ORDER_ENV)
-        return None if raw is None else _build(cls, json.loads(raw))
+        return _from_env(cls, ORDER_ENV, environ)
 
 
 @dataclass(frozen=True)
@@ -189,6 +184,12 @@ def current_task_identity(step_kwargs: Mapping[str, Any], retry_count: int,
         namespace=kw.get("namespace"),
         orig_datastore=kw.get("orig_flow_datastore") or orig_datastore,
     )
+
+
+def _from_env(cls: Type[_T], name: str, environ: Mapping[str, str]) -> Optional[_T]:
+    """The record of `cls` in the environment variable `name` (its to_env), or None."""
+    raw = environ.get(name)
+    return None if raw is None else _build(cls, json.loads(raw))
 
 
 def _build(cls: Type[_T], data: Mapping[str, Any]) -> _T:
