@@ -219,8 +219,11 @@ def test_a_rank_hung_after_its_body_is_failed_after_the_finish_timeout_not_the_r
 
 
 def test_missing_node_fails_after_rendezvous_timeout(flow_runner):
-    # node 1's agent hangs while importing the flow: it never joins
-    res = flow_runner.run("gang_flow.py", env=dict(GANG, TD_HANG_NODE=1, TD_RDZV_TIMEOUT=4))
+    # node 1's agent hangs while importing the flow: it never joins. Only an exec'd agent
+    # imports the flow (under fork, node 0 forks its local agents, as it forks its ranks)
+    res = flow_runner.run("gang_flow.py", env=dict(
+        GANG, TD_HANG_NODE=1, TD_RDZV_TIMEOUT=4,
+        METAFLOW_TORCH_DISTRIBUTED_START_METHOD="exec"))
     assert res.returncode != 0, res
     assert "rendezvous timeout of 4" in res.output, res
     assert "node 1 (ranks 2-3)" in res.output, res

@@ -69,7 +69,9 @@ def test_an_outside_process_with_the_gang_address_can_neither_steer_it_nor_run_c
     kinds = dict(part.rsplit(" ", 1) for part in said[1].split(", "))
     assert kinds["gather"] == str(nodes * nproc - 1), said  # rank 0 read every forged one
     if nodes > 1:  # node 0 watches node 1 through the store, node 1's agent watches the abort
-        assert {"abort", "joined", "failure"} <= set(kinds), said
+        # (a forged check-in is read only while node 0 still waits for one: node 1's agent,
+        # forked, has checked in before rank 0's body starts the intruder)
+        assert {"abort", "failure"} <= set(kinds), said
     for word in ("ValueError: forged", "cannot reach node 0", "another job", "Traceback"):
         assert word not in res.output, res
     # every socket the gang listens on (its store, gloo's) is on the loopback address

@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 from types import FrameType
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ..core import naming
 from ..core.failures import root_cause
@@ -230,6 +230,14 @@ class Agent:
         else:
             quietly(control.send_node_events, self.spec.node,
                     runner.node_record(joined_at, self.spec.work_dir).to_dict())
+
+
+def run_local_agent(spec: GangSpec, topology: Topology, step_func: Callable[..., object],
+                    args: Sequence[Any], decorator_name: str) -> NoReturn:
+    """The body of a node agent node 0 forked on this host (Leader._start_local_agent): the
+    node's place, its checkpoint, its ranks; it leaves with the agent's exit status."""
+    raise SystemExit(Agent(checkpoints.install_member(spec), topology).run(
+        step_func, args, decorator_name))
 
 
 def _on_sigterm(watch: AgentWatch, signum: int, frame: Optional[FrameType]) -> None:

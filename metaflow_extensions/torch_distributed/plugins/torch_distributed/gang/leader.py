@@ -8,6 +8,7 @@ or fails the attempt. Under the start method exec rank 0's body runs in the task
 
 import contextlib
 import dataclasses
+import functools
 import os
 import shutil
 import signal
@@ -58,9 +59,10 @@ from ..runtime.control import (
     port_in_use_error,
 )
 from ..runtime.interrupt import BodyInterrupt
-from ..runtime.procs import spawn_member
+from ..runtime.procs import Member, fork_member, spawn_member
 from ..runtime.remote_logs import LogReceiver
 from ..runtime.supervisor import POLL_INTERVAL, LeaderWatch, Place, Slot
+from .agent import run_local_agent
 from .common import NODES_STOP_WAIT, ask, quietly, say
 from .rank import HandBack, aborted, rank_info, run_rank_body
 from .runner import NodeRunner, forget_round, stop_and_release
@@ -355,10 +357,7 @@ class Leader:
         # Remote nodes start on their own machines; local ones are agents started here.
         local_nodes = [] if self.remote else range(1, self.topology.nodes)
         for node in local_nodes:
-            argv, env = runner.command(
-                Role.AGENT, naming.hidden_task_id(spec.attempt.task.task_id, node), node=node,
-                cuda_visible_devices=self.node_gpu_blocks.get(node))
-            runner.slots.append(Slot(spawn_member(naming.agent_label(node), argv, env), node))
+            runner.slots.append(Slot(self._start_local_agent(runner, node, listener), node))
         runner.capture(naming.rank_label(0) if in_task else "",
                        close_in_pump=[listener.fileno()])
         attempt.store = ControlPlane.host(listener, spec.attempt.gang_id, spec.attempt.secret,
@@ -378,6 +377,25 @@ class Leader:
             # the other nodes wait for node 0's word after each round (Agent._next_round)
             running.callback(self._say_end, attempt)
         running.callback(_abort_if_failed, attempt)
+
+    def _start_local_agent(self, runner: NodeRunner, node: int,
+                           listener: socket.socket) -> Member:
+        """The agent of node `node` on this host. Under the start method fork it is forked
+        from this task, as a rank is (no interpreter, Metaflow, flow or torch to load again:
+        emulated nodes assemble in a fork's time); under exec a spin-step of the task."""
+        cuda = self.node_gpu_blocks.get(node)
+        if runner.spec.start_method != "fork":
+            argv, env = runner.command(
+                Role.AGENT, naming.hidden_task_id(runner.spec.attempt.task.task_id, node),
+                node=node, cuda_visible_devices=cuda)
+            return spawn_member(naming.agent_label(node), argv, env)
+        spec = dataclasses.replace(runner.spec, role=Role.AGENT, node=node,
+                                   cuda_visible_devices=cuda)
+        return fork_member(naming.agent_label(node),
+                           functools.partial(run_local_agent, spec, self.topology,
+                                             runner.step_func, runner.args,
+                                             self.decorator_name), {},
+                           close_fds=[listener.fileno(), *runner.member_fds()])
 
     def _watch(self, attempt: _Attempt,
                on_assembled: Optional[Callable[[], object]] = None) -> LeaderWatch:

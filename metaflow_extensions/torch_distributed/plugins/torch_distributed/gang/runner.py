@@ -131,6 +131,13 @@ class NodeRunner:
         come first from the second round on)."""
         return next(s for s in self.slots if s.rank == rank)
 
+    def member_fds(self) -> List[int]:
+        """Every fd this node holds for its members' output (their pipes' read ends, and with
+        restarts in place both ends): what a process it forks must not keep."""
+        fds = [fd for s in self.slots for fd in (s.member.stdout_fd, s.member.stderr_fd)
+               if fd is not None]
+        return sorted(set(fds + self._open_pipe_fds()))
+
     def _open_pipe_fds(self) -> List[int]:
         return [fd for pipes in (self.pipes or {}).values() for fd in pipes.open_fds()]
 
