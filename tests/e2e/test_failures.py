@@ -243,6 +243,25 @@ def test_rank_0s_collective_after_its_peers_left_fails_the_step_naming_rank_0(fl
     flow_runner.assert_no_leftovers()
 
 
+def test_a_rank_of_another_node_that_raises_as_its_node_stops_it_is_not_called_stopped(
+        flow_runner):
+    """Rank 1 raises; node 1 sees the abort and stops its ranks, and rank 2 raises an error of
+    its own meanwhile (as ranks meeting the same framework check a moment apart do). The
+    summary names rank 2 among those that failed on their own, never among those stopped
+    (before the fix node 1 told node 0 nothing once aborted, and rank 2 was called stopped)."""
+    env = failing_env(1, "before_init", "raise", TD_RAISES_AS_STOPPED=2)
+    code, output = run_gang(flow_runner, env)
+    assert code != 0, output[-6000:]
+    summary = [line for line in output.splitlines()
+               if "rank 1 (node 0, local rank 1) raised this error" in line]
+    assert len(summary) == 1, output[-6000:]
+    assert "Also failed on their own, after it: rank 2 (node 1, local rank 0) raised " \
+           "ValueError: rank 2's own error, raised as its node stops it" in summary[0], \
+        output[-6000:]
+    assert "The other ranks still running (0, 3) were stopped." in summary[0], summary
+    flow_runner.assert_no_leftovers()
+
+
 # The package's own code: no frame of it may stand above the user's line in a rank's traceback.
 PACKAGE_FRAME = 'metaflow_extensions/torch_distributed/plugins/torch_distributed/'
 USER_RAISE = 'raise ValueError("injected failure on rank %d" % rank)'

@@ -49,6 +49,9 @@ def frozen_node(node_dir: Path, timeout_s: float):
         for p in frozen:
             if p.is_running():
                 p.kill()
+        # a suspended process takes its SIGKILL when the kernel next schedules it, which on two
+        # loaded cores can be after the emulator's check that nothing is left
+        psutil.wait_procs(frozen, timeout=10)
 
 
 def assert_hang_report(out: str, flow_file: str, hang_timeout: int) -> None:

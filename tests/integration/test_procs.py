@@ -413,6 +413,47 @@ def test_pump_says_who_died_only_when_its_task_is_killed(killed):
     assert task.stderr == ("[rank 0] the task died\n" if killed else "")
 
 
+def test_pump_outlives_a_sigterm_of_its_parents_group(tmp_path):
+    """Node 0 stops a local node's agent with a SIGTERM to the agent's process group, which
+    holds the agent's pump: the pump keeps copying what the agent and its ranks still say while
+    they stop (before, it died at once and the agent's next line raised BrokenPipeError)."""
+    log = tmp_path / "agent.log"
+    script = textwrap.dedent("""
+        import os, signal, sys, time
+        sys.path.insert(0, %r)
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import (
+            OutputPump)
+
+        r, w = os.pipe()
+        target = os.open(%r, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        pump = OutputPump()
+        pump.add(r, "[node 1 agent]", target)
+        pump.start(close_in_child=[w])
+        signal.signal(signal.SIGTERM, lambda *_: None)  # the agent stops its ranks first
+        print(pump.pid, flush=True)
+        sys.stdin.readline()  # the test sent SIGTERM to this process group
+        time.sleep(0.3)
+        os.write(w, b"stopping this node's ranks\\n")
+        os.close(w)
+        print("drained" if pump.drain(10) else "killed", flush=True)
+    """ % (str(REPO), str(log)))
+    agent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pump_pid = int(agent.stdout.readline())
+    try:
+        os.killpg(agent.pid, signal.SIGTERM)
+        agent.stdin.write("\n")
+        agent.stdin.flush()
+        assert agent.stdout.readline().strip() == "drained"
+        assert agent.wait(10) == 0
+        assert log.read_text() == "[node 1 agent] stopping this node's ranks\n"
+    finally:
+        agent.stdin.close()
+        agent.stdout.close()
+        kill_quietly(agent.pid)
+        kill_quietly(pump_pid)
+
+
 # stop_members
 
 def _ready_member(members, label, body):
@@ -433,6 +474,31 @@ def test_stop_members_sigkills_a_member_that_ignores_sigterm_after_the_grace(mem
     elapsed = time.monotonic() - started
     assert member.returncode == -signal.SIGKILL
     assert 0.45 <= elapsed < 3, elapsed
+
+
+def test_stop_members_gives_each_member_its_own_grace(members):
+    """A local node's agent gets longer than a rank (it stops its own ranks first): a rank that
+    ignores SIGTERM is killed after its grace without waiting for the agent's, and an agent
+    that leaves within its longer grace is not killed."""
+    def stubborn():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.write(1, b"ready\n")
+        time.sleep(60)
+
+    def slow_to_leave():
+        signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1.0), os._exit(7)))
+        os.write(1, b"ready\n")
+        time.sleep(60)
+
+    rank = _ready_member(members, "[rank 1]", stubborn)
+    agent = _ready_member(members, "[node 1 agent]", slow_to_leave)
+    started = time.monotonic()
+    assert sorted(stop_members([rank, agent], 0.3,
+                               lambda m: 5.0 if m is agent else 0.3)) == sorted(
+        ["[rank 1]", "[node 1 agent]"])
+    assert time.monotonic() - started < 4  # did not sit out the agent's grace
+    assert rank.returncode == -signal.SIGKILL
+    assert agent.returncode == 7  # left on its own, within its grace
 
 
 def test_stop_members_sigterms_first_and_skips_members_that_already_exited(members):

@@ -15,6 +15,10 @@ TD_SLOW_RANK, TD_SLOW_S, TD_SLOW_STEPS: before the collective, every rank runs T
 all_reduces, and rank TD_SLOW_RANK sleeps TD_SLOW_S seconds before each (slow, never hung).
 TD_RANK0_IGNORE_SIGCHLD: rank 0 (the task) ignores SIGCHLD first, as some libraries do.
 TD_RANK0_LATE_COLLECTIVE: rank 0 calls one more all_reduce after the others left the body.
+TD_RAISES_AS_STOPPED (a rank): that rank ignores SIGTERM (the failing rank waits for it to),
+waits until the failing rank failed (its mark) and 0.6 s more (its node has seen the gang's
+abort by then and is stopping it) and raises an error of its own, as ranks meeting the same
+framework check a moment apart do.
 TD_INTRUDER (the path of tests/intruder.py): rank 0 first starts it, an outside process that
 reached the gang's store with MASTER_ADDR and MASTER_PORT only; it writes to $TD_MARK_DIR."""
 
@@ -51,6 +55,9 @@ def maybe_fail(when):
     rank = int(os.environ["RANK"])
     if when in ("in_rendezvous", "in_collective"):
         time.sleep(PEERS_INSIDE)
+    while os.environ.get("TD_RAISES_AS_STOPPED") and not os.path.exists(
+            os.path.join(os.environ["TD_MARK_DIR"], "ignoring-sigterm")):
+        time.sleep(0.01)  # that rank is in its body, ignoring SIGTERM
     how = os.environ.get("TD_FAIL_HOW", "raise")
     if how == "raise_with_child":
         start_stubborn_child()
@@ -103,6 +110,16 @@ def start_stubborn_child():
         time.sleep(0.01)
 
 
+def raise_as_the_gang_stops():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(os.path.join(os.environ["TD_MARK_DIR"], "ignoring-sigterm"), "w").close()
+    mark = os.path.join(os.environ["TD_MARK_DIR"], "failed-at")
+    while not os.path.exists(mark):
+        time.sleep(0.01)
+    time.sleep(0.6)
+    raise ValueError("rank %s's own error, raised as its node stops it" % os.environ["RANK"])
+
+
 def listening_addresses():
     """(address, port) of every listening TCP socket of the gang: the task process (the
     store), its members and agents, and theirs; every rank is in its process group. Rank 0 is
@@ -145,6 +162,8 @@ class GangFlow(FlowSpec):
         if os.environ.get("TD_ALL_SLEEP"):
             open(os.path.join(os.environ["TD_MARK_DIR"], "sleeping-%s" % os.environ["RANK"]), "w").close()
             time.sleep(3600)
+        if os.environ.get("TD_RAISES_AS_STOPPED") == os.environ["RANK"]:
+            raise_as_the_gang_stops()
         maybe_fail("before_init")
         maybe_fail("in_rendezvous")
         timeout = os.environ.get("TD_PG_TIMEOUT")

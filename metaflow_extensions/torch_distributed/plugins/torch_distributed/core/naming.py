@@ -114,6 +114,11 @@ class Keys:
     def failure(self, node: int) -> str:
         return "%snode/%d/failure" % (self._prefix + self._round, node)
 
+    def own_failures(self, node: int) -> str:
+        """The failures of node `node`'s ranks that failed on their own, as its agent found them
+        once it stopped them (JSON)."""
+        return "%snode/%d/own-failures" % (self._prefix + self._round, node)
+
     def running(self, node: int) -> str:
         """The ranks of node `node` still running when its agent reported a failure (JSON)."""
         return "%snode/%d/running" % (self._prefix + self._round, node)

@@ -113,8 +113,8 @@ class Agent:
         follows."""
         if supervisor.aborted:
             print("node 0 aborted the gang; stopping this node's ranks", file=sys.stderr)
+            self._stop_ranks(runner, control)
             if supervisor.preempted is not None:
-                runner.stop()
                 self._outlast_node_0(control)
             return self._exit_code(3, told_node_0=True)
         if supervisor.failed():
@@ -123,10 +123,19 @@ class Agent:
             told = ask(control.report_failure, self.spec.node,
                         root_cause(supervisor.failures)) is not False
             if supervisor.preempted is not None:
-                self._outlast_node_0(control)
+                self._outlast_node_0(control)  # its ranks keep their grace meanwhile
+            self._stop_ranks(runner, control)
             return self._exit_code(1, told)
         control.finish(self.spec.node)
         return 0
+
+    def _stop_ranks(self, runner: NodeRunner, control: ControlPlane) -> None:
+        """(A round that failed or was aborted.) Stop this node's ranks, then tell node 0 which
+        of them failed on their own: one may have raised its own error just as node 0's abort
+        came, which the watch, ended by the abort, never reported (node 0 would call it
+        stopped). Said before this node's output ends, which node 0 waits for."""
+        runner.stop()
+        quietly(control.report_own_failures, self.spec.node, runner.own_failures())
 
     def _next_round(self, runner: NodeRunner, control: ControlPlane,
                     supervisor: AgentWatch) -> bool:

@@ -18,7 +18,6 @@ import tempfile
 import threading
 import time
 import traceback
-from math import inf
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from ..core import naming, rounds
@@ -34,7 +33,6 @@ from ..core.failures import (
     GangOutcome,
     communication_error,
     debug_enabled,
-    from_exit,
     gang_outcome,
     load_exception,
     report_exception,
@@ -570,32 +568,18 @@ class Leader:
 
     def _outcome(self, attempt: _Attempt) -> Tuple[GangOutcome, Optional[BaseException]]:
         """(GangOutcome, the exception object of a member whose failure is the root cause)."""
-        runner = attempt.runner
-        exited = []
+        runner, control = attempt.runner, attempt.control
+        # this node's ranks, and those of the other nodes as their agents found them once
+        # stopped (a node that node 0 aborted reports none of them as its own failure)
+        exited = runner.own_failures()
+        for node in range(1, self.topology.nodes):
+            exited += ask(control.own_failures, node) or []
         finished = [0] if attempt.body_finished else []
+        finished += [s.rank for s in runner.slots
+                     if s.rank is not None and s.member.poll() == 0]
         # the ranks of other nodes: their node agents said which had finished
         finished += [r for r in range(self.topology.nproc_per_node, self.topology.world_size)
-                     if ask(attempt.control.rank_is_done, r)]
-        for slot in runner.slots:
-            if slot.rank is None:
-                continue
-            code = slot.member.poll()
-            if code == 0:
-                finished.append(slot.rank)
-            elif code is not None:
-                # It failed on its own if it ended, or recorded its exception, before the gang
-                # stopped it (the watch may have stopped watching by then), or if what it
-                # recorded is an error of its own: a stop ends a rank by a signal, never by an
-                # exception, so only a symptom (a peer went away) can be the stop's doing. Ranks
-                # that raise the same error a few ms apart (a framework's check) all raised it.
-                failure = from_exit(slot.rank, slot.node, slot.local_rank, code, time.time(),
-                                    slot.error_file)
-                stopped_at = runner.stop_started if runner.stop_started is not None else inf
-                if (slot.member.label not in runner.stopped
-                        or (failure.kind is FailureKind.EXCEPTION
-                            and (failure.detected_at < stopped_at
-                                 or not failure.is_symptom()))):
-                    exited.append(failure)
+                     if ask(control.rank_is_done, r)]
         outcome = gang_outcome(attempt.watch.failures, range(self.topology.world_size), exited,
                                finished)
         root = outcome.root_cause

@@ -8,10 +8,12 @@ import os
 import sys
 import threading
 import time
+from math import inf
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..core import naming
 from ..core.envcontract import Rendezvous, foreign_launcher_vars, rank_env
+from ..core.failures import Failure, FailureKind, from_exit
 from ..core.gangspec import GangSpec, Role
 from ..core.topology import Topology
 from ..mf import current as current_mod
@@ -33,6 +35,10 @@ from .rank import HandBack, rank_info, run_handing_back, run_rank_body
 
 # Seconds a stopped member gets between SIGTERM and SIGKILL.
 STOP_GRACE = 1.0
+# ... and a local node agent: it stops its own ranks (STOP_GRACE) and tells node 0 which of
+# them failed on their own (Agent._stop_ranks) before it leaves. One that left at once is
+# not waited for.
+AGENT_STOP_GRACE = STOP_GRACE + 2.0
 # Seconds to copy the last output of exited members into the task's log.
 DRAIN_TIMEOUT = 5.0
 
@@ -214,9 +220,33 @@ class NodeRunner:
         with self._stop_lock:
             if self.stop_started is None:
                 self.stop_started = time.time()
-            self.stopped += stop_members([s.member for s in self.slots
-                                          if s.rank is not None or not ranks_only], STOP_GRACE)
+            agents = {id(s.member) for s in self.slots if s.rank is None}
+            self.stopped += stop_members(
+                [s.member for s in self.slots if s.rank is not None or not ranks_only],
+                STOP_GRACE,
+                lambda m: AGENT_STOP_GRACE if id(m) in agents else STOP_GRACE)
         return self.stop_started, list(self.stopped)
+
+    def own_failures(self) -> List[Failure]:
+        """The failures of this node's ranks that ended and failed on their own: a rank failed
+        on its own if it ended, or recorded its exception, before the node stopped it (the
+        watch may have stopped watching by then), or if what it recorded is an error of its
+        own. A stop ends a rank by a signal, never by an exception, so only a symptom (a peer
+        went away) can be the stop's doing: ranks that raise the same error a few ms apart (a
+        framework's check) all raised it, whichever the watch saw first."""
+        stopped_at = self.stop_started if self.stop_started is not None else inf
+        own = []
+        for slot in self.slots:
+            code = slot.member.poll() if slot.rank is not None else None
+            if not code:  # an agent, still running, or finished
+                continue
+            failure = from_exit(slot.rank, slot.node, slot.local_rank, code, time.time(),
+                                slot.error_file)
+            if (slot.member.label not in self.stopped
+                    or (failure.kind is FailureKind.EXCEPTION
+                        and (failure.detected_at < stopped_at or not failure.is_symptom()))):
+                own.append(failure)
+        return own
 
     def node_record(self, joined_at: Optional[float],
                     work_dir: Optional[str] = None) -> events.NodeRecord:

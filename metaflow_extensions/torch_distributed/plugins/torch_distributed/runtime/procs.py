@@ -238,15 +238,26 @@ def spawn_member(label: str, argv: Sequence[str], env: Mapping[str, str],
     return Member(label, popen.pid, out_fd, err_fd, popen, exit_file=exit_file_of(error_file))
 
 
-def stop_members(members: Sequence[Member], grace: float) -> List[str]:
-    """SIGTERM every member's process group, then SIGKILL what is left after `grace` seconds.
-    Returns the labels of the members that were still running."""
+def stop_members(members: Sequence[Member], grace: float,
+                 grace_of: Optional[Callable[[Member], float]] = None) -> List[str]:
+    """SIGTERM every member's process group, then SIGKILL each that is left after its grace
+    (`grace_of(member)` seconds if given, else `grace`). Returns the labels of the members
+    that were still running."""
     running = [m for m in members if m.poll() is None]
     for m in running:
         m.signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(m.poll() is None for m in running):
-        time.sleep(0.02)
+    start = time.monotonic()
+    deadlines = {id(m): start + (grace_of(m) if grace_of is not None else grace)
+                 for m in members}
+    pending = list(running)
+    while pending:
+        now = time.monotonic()
+        for m in pending:
+            if now >= deadlines[id(m)]:
+                m.signal_group(signal.SIGKILL)  # its grace is over, whatever the others' are
+        pending = [m for m in pending if m.poll() is None and now < deadlines[id(m)]]
+        if pending:
+            time.sleep(0.02)
     for m in members:
         # SIGKILL the group even if its leader is gone: its children (data loader workers,
         # a node's ranks) may still be alive.
@@ -300,10 +311,23 @@ class OutputPump:
         # The parent says "done" on this pipe before it lets go of the pump; end of file
         # without it means the parent died.
         alive_r, self._alive_w = os.pipe()
-        self.pid = os.fork()
+        # A stop of its parent's process group (node 0 stopping a local node's agent, a
+        # scheduler's SIGTERM, a Ctrl-C) must not take the last lines with it: the pump ignores
+        # both signals (held back across the fork, so that none lands before it does) and leaves
+        # once every writer is gone, or when its parent's drain kills it.
+        stops = {signal.SIGTERM, signal.SIGINT}
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        try:
+            self.pid = os.fork()
+        except OSError:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            raise
         if self.pid == 0:
             code = 1
             try:
+                for signum in stops:
+                    signal.signal(signum, signal.SIG_IGN)
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
                 for fd in [*close_in_child, self._alive_w]:
                     os.close(fd)
                 sink: Optional[Sink] = self._tee() if self._tee else None
@@ -313,6 +337,7 @@ class OutputPump:
                 code = 0
             finally:
                 os._exit(code)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         os.close(alive_r)
         for fd, _, _ in self._streams:
             os.close(fd)
