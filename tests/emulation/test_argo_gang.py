@@ -191,6 +191,30 @@ def test_a_failed_attempt_is_retried_as_a_new_jobset_on_a_new_port(aws, kubernet
     assert dump.count("'%d')" % port) == 4, dump  # every rank met node 0 on the attempt's port
 
 
+def test_a_failing_rank_on_the_worker_pod_restarts_the_gang_in_place_within_the_jobset(
+        aws, kubernetes, tmp_path):
+    """max_restarts=1 on a deployed gang: rank 3 (the worker pod) raises in round 0; both pods
+    start their ranks again inside the same JobSet (Argo's retry, a new JobSet, is not used)."""
+    run = ArgoRun(aws, kubernetes, tmp_path, "kubernetesgangflow-r5tr1", TD_NODES=2, TD_NPROC=2,
+                  TD_FAIL_RANK=3, TD_FAIL_ROUND=0, TD_MAX_RESTARTS=1)
+    input_paths = run.start()
+    jobset, status, pods = run.train(input_paths, 0)
+    control_log = run.log(pods["control"])
+    assert status["terminalState"] == "Completed", control_log[-4000:]
+    assert "restart 1 of 1 after rank 3 (node 1) raised ValueError: injected failure on rank " \
+           "3" in control_log, control_log[-4000:]
+    # one JobSet, whose pods were never replaced (a restart in place keeps the machines)
+    assert [p.replicated_job for p in kubernetes.pods(jobset["metadata"]["name"])] in (
+        ["control", "worker"], ["worker", "control"])
+    task_id = jobset["metadata"]["labels"]["torch_distributed_task_id"]
+    dump = run.step("dump", "%s/train/%s" % (run.run_id, task_id))
+    assert re.search(r"\brestarts \[[^\]]*\] = 1\b", dump), dump  # rank 0's, round 1
+    assert re.search(r"\battempt \[[^\]]*\] = 0\b", dump), dump
+    shown = run.step("step", "end", "--run-id", run.run_id, "--task-id", "t-9f8e7d6c",
+                     "--input-paths", "%s/train/%s" % (run.run_id, task_id))
+    assert "total 10.0 over 4 ranks" in shown, shown
+
+
 def test_catch_keeps_its_meaning_and_its_fallback_attempt_runs_on_node_0_alone(
         aws, kubernetes, tmp_path):
     # rank 3 (on the worker pod) fails; @catch (deployed --with catch) catches the gang's

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -140,6 +141,33 @@ def test_a_failing_rank_on_node_1_fails_the_gangs_job_with_its_root_cause(aws, b
     assert "[rank 2] last words of rank 2" in task_log
     # the job failed on node 0's verdict; it did not wait for a timeout
     assert "rendezvous timeout" not in task_log and "heartbeat" not in task_log
+
+
+def test_a_failing_rank_on_node_1_restarts_the_gang_in_place_within_the_states_job(
+        aws, batch, tmp_path):
+    """max_restarts=1 on a deployed gang: rank 2 (node 1) raises in round 0; both nodes start
+    their ranks again inside the state's one multi-node job, and the state succeeds."""
+    machine, env = compile_flow(aws, batch, tmp_path, FLOW, {
+        "TD_FAIL_RANK": "2", "TD_FAIL_ROUND": "0", "TD_MAX_RESTARTS": "1"})
+    run = Execution(aws, batch, machine)
+    assert run.run_state("start")["status"] == "SUCCEEDED"
+    detail = run.run_state("train")
+    train = run.jobs["train"]
+    task_log = batch.node_log(train, 0)
+    assert detail["status"] == "SUCCEEDED", task_log[-4000:]
+    assert "restart 1 of 1 after rank 2 (node 1) raised ValueError: injected failure on rank " \
+           "2" in task_log, task_log[-4000:]
+    assert "[rank 2] last words of rank 2" in task_log
+    # the same job: Step Functions submitted the state once, and no attempt was retried
+    assert len([s for s in batch.submissions if s["jobName"].endswith("--train--")]) == 1
+    assert run.run_state("end")["status"] == "SUCCEEDED"
+    assert "total 10.0 over 4 ranks" in batch.node_log(run.jobs["end"], 0)
+    dump = metaflow(FLOW, ["--datastore=s3", "dump", "sfn-%s/train/%s" % (EXECUTION, train)],
+                    tmp_path, env)
+    shown = dump.stdout + dump.stderr
+    assert dump.returncode == 0, shown
+    assert re.search(r"\brestarts \[[^\]]*\] = 1\b", shown), shown  # rank 0's, round 1
+    assert re.search(r"\battempt \[[^\]]*\] = 0\b", shown), shown
 
 
 def test_a_node_that_stops_answering_is_caught_by_its_heartbeat(aws, batch, tmp_path):

@@ -6,7 +6,9 @@ TD_FAIL_RANK raises on that rank (in attempt TD_FAIL_ATTEMPT only, if set); TD_B
 rank in all-reduces for that many seconds (a test stops a node meanwhile). TD_INTRUDER (the path
 of tests/intruder.py): rank 0 starts it first, an outside process that reached the gang's store
 with MASTER_ADDR and MASTER_PORT only; it writes to TD_INTRUDER_DIR. TD_HANG_RANK sleeps on that
-rank while the others wait in all_reduce; TD_HANG_TIMEOUT is the step's hang_timeout."""
+rank while the others wait in all_reduce; TD_HANG_TIMEOUT is the step's hang_timeout.
+TD_MAX_RESTARTS is the step's max_restarts; TD_FAIL_ROUND fails TD_FAIL_RANK in that round of a
+restart in place only."""
 
 import os
 import runpy
@@ -24,8 +26,10 @@ TIMEOUT = int(TD.get("TD_RENDEZVOUS_TIMEOUT", "60"))
 
 
 def failing(rank):
+    restart = current.torch_distributed.restart_count
     return (int(TD.get("TD_FAIL_RANK", "-1")) == rank
-            and TD.get("TD_FAIL_ATTEMPT", str(current.retry_count)) == str(current.retry_count))
+            and TD.get("TD_FAIL_ATTEMPT", str(current.retry_count)) == str(current.retry_count)
+            and TD.get("TD_FAIL_ROUND", str(restart)) == str(restart))
 
 
 class BatchGangFlow(FlowSpec):
@@ -37,7 +41,7 @@ class BatchGangFlow(FlowSpec):
     @retry(times=RETRIES, minutes_between_retries=0)
     @torch_distributed(nodes=NODES, nproc_per_node=NPROC, rendezvous_timeout=TIMEOUT,
                        hang_timeout=float(TD["TD_HANG_TIMEOUT"]) if TD.get("TD_HANG_TIMEOUT")
-                       else None)
+                       else None, max_restarts=int(TD.get("TD_MAX_RESTARTS", "0")))
     @step
     def train(self):
         import torch
@@ -73,6 +77,7 @@ class BatchGangFlow(FlowSpec):
         ))
         self.total = total.item()
         self.attempt = current.retry_count
+        self.restarts = current.torch_distributed.restart_count
         dist.destroy_process_group()
         self.next(self.end)
 
