@@ -888,6 +888,9 @@ def test_batch_client_fargate_refusal(monkeypatch):
             "BatchJobException naming Fargate; got %s %s" % (type(refusal).__name__, refusal))
     _batch(monkeypatch, BatchApi(platform="EC2")).create_job(**_job_args(num_parallel=2))
     assert not internals.is_fargate_refusal(batch_client.BatchJobException("No IAM role"))
+    # Metaflow's other Fargate error is not a refusal of multi-node jobs
+    assert not internals.is_fargate_refusal(batch_client.BatchJobException(
+        "No AWS Fargate task execution IAM role found. Please see https://docs.aws.amazon.com/"))
 
 
 def test_batch_command(monkeypatch):

@@ -431,11 +431,13 @@ def show_child_nodes(step_name: str, nodes: int) -> None:
 
 
 def is_fargate_refusal(ex: BaseException) -> bool:
-    """True for Metaflow's refusal of a multi-node job on a Fargate queue. Why: it is a plain
-    BatchJobException told apart by its text only (batch_client.py)."""
+    """True for Metaflow's refusal of a multi-node job on a Fargate queue ("Fargate does not
+    support multinode jobs."), not for its other Fargate errors (a missing task execution role).
+    Why: it is a plain BatchJobException told apart by its text only (batch_client.py)."""
     from metaflow.plugins.aws.batch.batch_client import BatchJobException
 
-    return isinstance(ex, BatchJobException) and "Fargate" in str(ex)
+    text = str(ex).lower()
+    return isinstance(ex, BatchJobException) and "fargate" in text and "multinode" in text
 
 
 def batch_command(batch: Any, create_args: Mapping[str, Any], step_name: str, shell_command: str,
@@ -449,8 +451,9 @@ def batch_command(batch: Any, create_args: Mapping[str, Any], step_name: str, sh
 
 
 def batch_orig_datastore(batch: Any) -> str:
-    """"<type>@<root>" of the flow datastore a Batch object submits for. Why: an undocumented
-    attribute, set by the Batch object's creator (batch_cli or the Step Functions compiler)."""
+    """"<type>@<root>" of the flow datastore a Batch object submits for. Why: its
+    `flow_datastore` is an undocumented attribute of Batch, given by whoever made the object
+    (batch_cli, or the Step Functions compiler)."""
     return orig_datastore(batch.flow_datastore)
 
 
