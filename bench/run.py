@@ -144,12 +144,12 @@ def bytes_under(path):
     return total
 
 
-def run_flow(launcher, settings, bound=None):
-    """Run one flow in a fresh folder; its measurements as a dict."""
-    flow, extra = LAUNCHERS[launcher]
-    root = Path(tempfile.mkdtemp(prefix="td-bench-"))
+def flow_env(root, drop=()):
+    """The environment of a benchmark flow run in `root`: this one's without Metaflow's,
+    the benchmark's, the tests' (and the `drop` prefixes') settings or a launcher's rank
+    variables, with a local datastore and metadata in `root`."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("METAFLOW_", "BENCH_", "TD_"))
+           if not k.startswith(("METAFLOW_", "BENCH_", "TD_", *drop))
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env.update({
         "METAFLOW_HOME": str(root / "mfhome"),
@@ -159,9 +159,17 @@ def run_flow(launcher, settings, bound=None):
         "USERNAME": "bench",
         # @parallel starts its local workers as `python`: the venv's must come first.
         "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
-        "BENCH_PORT": str(free_port()),
         "BENCH_MARK_DIR": str(root),
     })
+    return env
+
+
+def run_flow(launcher, settings, bound=None):
+    """Run one flow in a fresh folder; its measurements as a dict."""
+    flow, extra = LAUNCHERS[launcher]
+    root = Path(tempfile.mkdtemp(prefix="td-bench-"))
+    env = flow_env(root)
+    env["BENCH_PORT"] = str(free_port())
     env.update({k: str(v) for k, v in extra.items()})
     env.update({k: str(v) for k, v in settings.items()})
     load = os.getloadavg()[0]

@@ -48,7 +48,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import scale_probe  # noqa: E402
-from run import free_port, leftovers  # noqa: E402  (bench/run.py's, one copy)
+from run import flow_env, free_port, leftovers  # noqa: E402  (bench/run.py's, one copy)
 
 FULL = dict(sizes=[1, 4, 16, 32, 64], nproc=8, rate=10000.0, idle_s=10.0, log_s=5.0,
             fail_idle_s=3.0, torchrun_cap_s=30.0, torchrun_bound_s=300.0, store_idle_s=4.0,
@@ -185,22 +185,10 @@ def wait_for_file(path, proc, timeout):
 
 
 def base_env(root, extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("METAFLOW_", "BENCH_", "TD_", "SCALE_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     out = root / "out"
     out.mkdir(parents=True, exist_ok=True)
-    env.update({
-        "METAFLOW_HOME": str(root / "mfhome"),
-        "METAFLOW_DEFAULT_DATASTORE": "local",
-        "METAFLOW_DEFAULT_METADATA": "local",
-        "METAFLOW_DATASTORE_SYSROOT_LOCAL": str(root),
-        "USERNAME": "bench",
-        "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
-        "PYTHONPATH": str(FLOWS),
-        "BENCH_MARK_DIR": str(root),
-        "SCALE_DIR": str(out),
-    })
+    env = flow_env(root, drop=("SCALE_",))
+    env.update({"PYTHONPATH": str(FLOWS), "SCALE_DIR": str(out)})
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

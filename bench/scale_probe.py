@@ -14,9 +14,13 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 import time
 
 import psutil
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "flows"))
+import work  # noqa: E402  (bench/flows/work.py: the clock every launcher's times are on)
 
 _SEGS = re.compile(r"data_segs_in:(\d+)")
 _BYTES = re.compile(r"bytes_received:(\d+)")
@@ -79,16 +83,12 @@ def pss_bytes(pid):
 
 
 def created(pid):
-    """When process `pid` was created (time.time() scale), counted back from /proc/uptime:
-    psutil's create_time adds the boot time in whole seconds. None once it is gone."""
+    """When process `pid` was created (time.time() scale; flows/work.py's reading of /proc),
+    or None once it is gone."""
     try:
-        with open("/proc/%d/stat" % pid) as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            up = float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
+        return work.created(pid)
+    except psutil.NoSuchProcess:
         return None
-    return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def alive(pid):
