@@ -493,8 +493,7 @@ def test_stop_members_gives_each_member_its_own_grace(members):
     rank = _ready_member(members, "[rank 1]", stubborn)
     agent = _ready_member(members, "[node 1 agent]", slow_to_leave)
     started = time.monotonic()
-    assert sorted(stop_members([rank, agent], 0.3,
-                               lambda m: 5.0 if m is agent else 0.3)) == sorted(
+    assert sorted(stop_members([rank, agent], lambda m: 5.0 if m is agent else 0.3)) == sorted(
         ["[rank 1]", "[node 1 agent]"])
     assert time.monotonic() - started < 4  # did not sit out the agent's grace
     assert rank.returncode == -signal.SIGKILL

@@ -170,8 +170,12 @@ class Failure:
             return self.symptom
         return self.message.split(":", 1)[0] in _COMMUNICATION_ERRORS
 
+    def to_dict(self) -> Dict[str, Any]:
+        """The failure as JSON's types; Failure(**it) reads it back."""
+        return dict(asdict(self), kind=self.kind.value)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(self.to_dict())
 
     @classmethod
     def from_json(cls, text: str) -> "Failure":

@@ -223,7 +223,6 @@ class NodeRunner:
             agents = {id(s.member) for s in self.slots if s.rank is None}
             self.stopped += stop_members(
                 [s.member for s in self.slots if s.rank is not None or not ranks_only],
-                STOP_GRACE,
                 lambda m: AGENT_STOP_GRACE if id(m) in agents else STOP_GRACE)
         return self.stop_started, list(self.stopped)
 

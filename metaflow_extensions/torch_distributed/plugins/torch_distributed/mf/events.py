@@ -69,10 +69,6 @@ def _by_rank(data: Optional[Mapping[str, Any]], build: Callable[[Any], _T]) -> D
     return {int(key): build(value) for key, value in (data or {}).items()}
 
 
-def _failure_dict(failure: Failure) -> JsonDict:
-    return json.loads(failure.to_json())
-
-
 @dataclass(frozen=True)
 class RankRecord:
     """What a rank wrote of itself (RankLog): when it started, entered init_process_group and
@@ -229,7 +225,7 @@ class RoundRecord:
                     ranks={str(rank): own.to_dict() for rank, own in self.ranks.items()},
                     node_info={str(node): share.to_dict()
                                for node, share in self.node_info.items()},
-                    failures=[_failure_dict(f) for f in self.failures])
+                    failures=[f.to_dict() for f in self.failures])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RoundRecord":
@@ -287,8 +283,8 @@ class GangRecord:
             ended=self.ended, phases=[[name, t] for name, t in self.phases],
             node_info={str(node): share.to_dict() for node, share in self.node_info.items()},
             ranks={str(rank): own.to_dict() for rank, own in self.ranks.items()},
-            failures=[_failure_dict(f) for f in self.failures],
-            root_cause=None if self.root_cause is None else _failure_dict(self.root_cause),
+            failures=[f.to_dict() for f in self.failures],
+            root_cause=None if self.root_cause is None else self.root_cause.to_dict(),
             stopped=list(self.stopped),
             tails={str(rank): {stream: list(lines) for stream, lines in streams.items()}
                    for rank, streams in self.tails.items()},

@@ -352,12 +352,12 @@ class ControlPlane:
         """What node `node`'s ranks failed of on their own, once its agent stopped them (it
         may report none of them as its failure: node 0 aborted the gang first)."""
         self._set(self._keys.own_failures(node),
-                  json.dumps([json.loads(f.to_json()) for f in failures]).encode())
+                  json.dumps([f.to_dict() for f in failures]).encode())
 
     def own_failures(self, node: int) -> List[Failure]:
         """The failures node `node` reported with report_own_failures; [] before it did."""
         found = self._json(self._keys.own_failures(node), "own failures") or []
-        return [Failure.from_json(json.dumps(f)) for f in found]
+        return [Failure(**f) for f in found]
 
     def rank_finished(self, rank: int) -> None:
         self._set(self._keys.rank_done(rank), b"1")

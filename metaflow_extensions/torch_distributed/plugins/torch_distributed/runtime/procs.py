@@ -238,17 +238,16 @@ def spawn_member(label: str, argv: Sequence[str], env: Mapping[str, str],
     return Member(label, popen.pid, out_fd, err_fd, popen, exit_file=exit_file_of(error_file))
 
 
-def stop_members(members: Sequence[Member], grace: float,
-                 grace_of: Optional[Callable[[Member], float]] = None) -> List[str]:
-    """SIGTERM every member's process group, then SIGKILL each that is left after its grace
-    (`grace_of(member)` seconds if given, else `grace`). Returns the labels of the members
-    that were still running."""
+def stop_members(members: Sequence[Member],
+                 grace: Union[float, Callable[[Member], float]]) -> List[str]:
+    """SIGTERM every member's process group, then SIGKILL each that is left after its grace:
+    `grace` seconds, or `grace(member)`. Returns the labels of the members that were still
+    running."""
     running = [m for m in members if m.poll() is None]
     for m in running:
         m.signal_group(signal.SIGTERM)
     start = time.monotonic()
-    deadlines = {id(m): start + (grace_of(m) if grace_of is not None else grace)
-                 for m in members}
+    deadlines = {id(m): start + (grace(m) if callable(grace) else grace) for m in members}
     pending = list(running)
     while pending:
         now = time.monotonic()
