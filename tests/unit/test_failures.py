@@ -353,6 +353,24 @@ def test_outcome_names_every_rank_that_failed_on_its_own_earliest_first():
         "their step: 2.")
 
 
+def test_a_peer_gone_error_after_the_others_finished_says_they_left_and_the_fix():
+    """Rank 1 finished its body (init, no collective, destroy) while rank 0 was still in
+    init_process_group, which then failed with gloo's "Connection closed by peer": the report
+    says the finished ranks left first and what to add (seen on the Batch emulation's retry)."""
+    gone = _raised(0, 1.0, "RuntimeError: Gloo connectFullMesh failed with [pair.cc:553] "
+                           "Connection closed by peer [127.0.0.1]:59077")
+    gone = Failure(0, 0, "exception", 1.0, message=gone.message, local_rank=0, symptom=True)
+    outcome = gang_outcome([gone], range(2), finished=[1])
+    assert outcome.others_note() == (
+        "No other rank was running. Ranks that had already finished their step: 1. The error "
+        "only says a peer went away, and no rank failed on its own: the ranks that finished "
+        "left the process group while this one still used it (in init_process_group or a "
+        "collective). End the step body with a collective every rank calls, such as "
+        "dist.barrier(), before destroy_process_group().")
+    # an error of the rank's own says nothing of the kind
+    assert "barrier" not in gang_outcome([_raised(0, 1.0)], range(2), finished=[1]).others_note()
+
+
 def test_outcome_of_one_failure_names_who_was_stopped_and_who_had_finished():
     outcome = gang_outcome([_raised(1, 1.0)], range(3), finished=[0])
     assert [f.rank for f in outcome.failed] == [1]

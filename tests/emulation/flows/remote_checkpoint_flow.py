@@ -113,6 +113,11 @@ class RemoteCheckpointFlow(FlowSpec):
             if rank == 1:
                 os.kill(os.getpid(), signal.SIGKILL)
             dist.barrier()
+        else:
+            # no rank leaves the group while a peer is still in init_process_group (rank 0,
+            # which loaded the checkpoint in the task first, can be seconds behind): gloo then
+            # fails that peer with "Connection closed by peer"
+            dist.barrier()
         dist.destroy_process_group()
         self.next(self.end)
 

@@ -368,6 +368,14 @@ class GangOutcome:
         if self.finished:
             notes.append("Ranks that had already finished their step: %s."
                          % ", ".join(map(str, sorted(self.finished))))
+            if self.root_cause.is_symptom():
+                # nothing failed but a connection: the peers that finished closed theirs
+                notes.append(
+                    "The error only says a peer went away, and no rank failed on its own: the "
+                    "ranks that finished left the process group while this one still used it "
+                    "(in init_process_group or a collective). End the step body with a "
+                    "collective every rank calls, such as dist.barrier(), before "
+                    "destroy_process_group().")
         return " ".join(notes)
 
 
