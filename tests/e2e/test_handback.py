@@ -18,21 +18,31 @@ def runner(tmp_path_factory):
     return FlowRunner(tmp_path_factory.mktemp("handback"))
 
 
-def test_rank_0s_artifacts_and_foreach_reach_the_task_from_its_own_process(runner):
-    res = runner.run("handback_flow.py")
+def large_blobs(runner):
+    """The paths of the blobs over 1 MB in the flow's datastore."""
+    return {p for p in glob.glob(str(runner.root / ".metaflow" / "HandbackFlow" / "data" / "*"
+                                      / "*"))
+            if not p.endswith("_meta") and os.path.getsize(p) > 1024 * 1024}
+
+
+@pytest.mark.parametrize("method", ["fork", "exec"])
+def test_rank_0s_artifacts_and_foreach_reach_the_task_from_its_own_process(runner, method):
+    before = large_blobs(runner)
+    res = runner.run("handback_flow.py",
+                     env={"METAFLOW_TORCH_DISTRIBUTED_START_METHOD": method})
     assert res.returncode == 0, res
     got = runner.client(
         "import hashlib\n" + TRAIN + "big = t['big'].data\n"
         "run = Flow('HandbackFlow').latest_run\n"
-        "result = dict(parent=t['parent_is_the_task'].data, size=len(big),\n"
+        "result = dict(by=t['rank0_started_by'].data, size=len(big),\n"
         "              same=hashlib.sha256(big).hexdigest() == t['big_sha'].data,\n"
-        "              each=len(list(run['each'])), seen=run['join'].task['shards_seen'].data)")
-    assert got == dict(parent=True, size=20 * 1024 * 1024, same=True, each=3,
+        "              each=len(list(run['each'])), seen=run['join'].task['shards_seen'].data,\n"
+        "              big_key=t['big'].sha)")
+    big_key = got.pop("big_key")
+    assert got == dict(by=method, size=20 * 1024 * 1024, same=True, each=3,
                        seen=["a", "b", "c"])
-    # the 20 MB artifact is stored once: one blob of its size in the flow's datastore
-    blobs = [p for p in glob.glob(str(runner.root / ".metaflow" / "HandbackFlow" / "data" / "*"
-                                      / "*")) if not p.endswith("_meta")]
-    assert len([p for p in blobs if os.path.getsize(p) > 1024 * 1024]) == 1, blobs
+    # the 20 MB artifact (random bytes: new in each run) is stored once, by rank 0
+    assert [os.path.basename(p) for p in large_blobs(runner) - before] == [big_key]
 
 
 def test_sys_exit_0_is_a_finished_rank_on_every_rank_rank_0_included(runner):

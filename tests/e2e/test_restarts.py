@@ -36,17 +36,24 @@ def uninterrupted(tmp_path_factory):
     return json.loads(found["w"])
 
 
-@pytest.mark.parametrize("gang", [ONE_NODE, TWO_NODES], ids=["1x4", "2x2"])
-def test_a_killed_rank_restarts_the_gang_in_place_from_the_last_checkpoint(flow_runner, gang,
-                                                                          uninterrupted):
-    """Rank 3 (node 0 of 1 x 4, node 1 of 2 x 2) is SIGKILLed at step 35: every rank of every
-    node starts again within the attempt, from the checkpoint of step 30."""
+# every rank exec'd (a spin-step of the task), rank 0 too: the one SIGKILLed
+EXEC_TWO_NODES = dict(TWO_NODES, METAFLOW_TORCH_DISTRIBUTED_START_METHOD="exec")
+
+
+@pytest.mark.parametrize("gang, killed_rank", [(ONE_NODE, 3), (TWO_NODES, 3),
+                                               (EXEC_TWO_NODES, 0)],
+                         ids=["1x4", "2x2", "2x2-exec-rank-0"])
+def test_a_killed_rank_restarts_the_gang_in_place_from_the_last_checkpoint(
+        flow_runner, gang, killed_rank, uninterrupted):
+    """Rank 3 (node 0 of 1 x 4, node 1 of 2 x 2), or rank 0 of an exec'd 2 x 2, is SIGKILLed
+    at step 35: every rank of every node starts again within the attempt, from the checkpoint
+    of step 30."""
     killed = flow_runner.run("checkpoint_flow.py",
-                             env=dict(gang, TD_KILL_RANK=3, TD_KILL_STEP=35))
+                             env=dict(gang, TD_KILL_RANK=killed_rank, TD_KILL_STEP=35))
     assert killed.returncode == 0, killed
-    node = gang["TD_NODES"] - 1
-    assert ("restart 1 of 1 after rank 3 (node %d) was killed by SIGKILL; every rank is started "
-            "again" % node in killed.output), killed
+    node = killed_rank // gang["TD_NPROC"]
+    assert ("restart 1 of 1 after rank %d (node %d) was killed by SIGKILL; every rank is "
+            "started again" % (killed_rank, node) in killed.output), killed
     assert "Task is starting (retry)" not in killed.output, killed  # the same attempt
     assert _starts(flow_runner, 0, 4) == [0, 0, 0, 0]
     # every rank of round 1 started from the checkpoint of step 30, saved by round 0
@@ -60,12 +67,15 @@ def test_a_killed_rank_restarts_the_gang_in_place_from_the_last_checkpoint(flow_
     assert resumed["attempt"] == 0 and resumed["restarts"] == 1, resumed
     assert resumed["first"] == 30, resumed
     assert [(r["restart"], r["rank"], r["kind"]) for r in resumed["recorded"]] == \
-        [(1, 3, "signal")], resumed
-    report_recovery(flow_runner, "%dx%d in place" % (gang["TD_NODES"], gang["TD_NPROC"]), 4)
-    # the card's timeline has both rounds on each rank's row: rank 3's first process failed
+        [(1, killed_rank, "signal")], resumed
+    report_recovery(flow_runner, "%dx%d in place%s" % (
+        gang["TD_NODES"], gang["TD_NPROC"], ", exec" if gang is EXEC_TWO_NODES else ""), 4)
+    # the card's timeline has both rounds on each rank's row: the killed rank's first process
+    # failed
     bars = _card_bars(flow_runner, killed.output)
-    assert {b["outcome"] for b in bars if b["rank"] == 3 and b.get("round") == 0} == {"failed"}
-    assert {b.get("round") for b in bars if b["rank"] == 0} == {0, None}, bars
+    assert {b["outcome"] for b in bars if b["rank"] == killed_rank
+            and b.get("round") == 0} == {"failed"}
+    assert {b.get("round") for b in bars if b["rank"] == 1} == {0, None}, bars
     assert all(b["outcome"] == "finished" for b in bars if b.get("round") is None), bars
 
     # same seeds, same batches: the restarted gang ends with exactly the same weights

@@ -483,10 +483,11 @@ def test_an_agent_tells_node_0_which_of_its_ranks_finished(gang, started):
 
 def test_rank_0_still_busy_long_after_every_other_rank_finished_is_failed(gang, started):
     host, _, _ = gang
-    slots = [Slot(member(started, 1, "sys.exit(0)"), 0, 1, 1)]
+    leader = Slot(member(started, 0, "time.sleep(30)"), 0, 0, 0)
+    slots = [leader, Slot(member(started, 1, "sys.exit(0)"), 0, 1, 1)]
     recorder = Recorder()
     begun = time.monotonic()
-    sup = LeaderWatch(slots, host, Topology(1, 2), leader_busy=lambda: True,
+    sup = LeaderWatch(slots, host, Topology(1, 2), leader_slot=leader,
                      finish_timeout=0.5, on_failure=recorder).start()
     assert sup.wait(5)
     assert time.monotonic() - begun < 3
@@ -498,13 +499,11 @@ def test_rank_0_still_busy_long_after_every_other_rank_finished_is_failed(gang, 
 
 def test_rank_0_that_finishes_in_time_is_not_failed(gang, started):
     host, _, _ = gang
-    busy = [True]
-    slots = [Slot(member(started, 1, "sys.exit(0)"), 0, 1, 1)]
-    sup = LeaderWatch(slots, host, Topology(1, 2), leader_busy=lambda: busy[0],
-                     finish_timeout=5).start()
+    leader = Slot(member(started, 0, "time.sleep(1.5)"), 0, 0, 0)
+    slots = [leader, Slot(member(started, 1, "sys.exit(0)"), 0, 1, 1)]
+    sup = LeaderWatch(slots, host, Topology(1, 2), leader_slot=leader, finish_timeout=5).start()
     assert not sup.wait(0.5)
-    busy[0] = False
-    assert sup.wait(2) and not sup.failed()
+    assert sup.wait(4) and not sup.failed()
 
 
 def wait_until(probe, timeout=5):

@@ -15,7 +15,6 @@ AWS, no kubernetes. Where ob-metaflow differs in what we rely on, a test below s
 """
 
 import contextlib
-import copy
 import glob
 import inspect
 import io
@@ -462,6 +461,36 @@ def test_flowspec_next_sets_only_the_next_state(foreach):
         assert now["_foreach_num_splits"] == 3 and now["_foreach_var"] == "items"
 
 
+def test_is_artifact_follows_the_persist_rule(tmp_path):
+    """is_artifact says which attributes TaskDataStore.persist stores: the same names, for a
+    flow with a property, a Parameter, a method, a function, a dunder and an _EPHEMERAL name."""
+    from metaflow.parameters import Parameter
+
+    class Flow(_Flow):
+        _EPHEMERAL = {"_EPHEMERAL", "scratch"}
+        alpha = Parameter("alpha", default=1)
+
+        @property
+        def shown(self):
+            return 1
+
+        def method(self):
+            return 2
+
+    flow = Flow(kept=1, _private=2, scratch=3, fn=lambda: 4, name="n")
+    flow.__dunder__ = 5
+    store = internals.flow_datastore_at("GangFlow", "local@" + str(tmp_path))
+    ds = store.get_task_datastore("5", "train", "7", attempt=0, mode="w")
+    ds.init_task()
+    names = [n for n in dir(flow) if internals.is_artifact(flow, n, getattr(flow, n))]
+    ds.persist(flow)
+    require(sorted(ds._objects) == sorted(names), "TaskDataStore.persist's rule",
+            "rank 0 hands back what persist stores; persist stored %s, is_artifact says %s"
+            % (sorted(ds._objects), sorted(names)))
+    assert {"kept", "_private", "name"} <= set(names) and not {
+        "scratch", "fn", "shown", "method", "alpha", "__dunder__"} & set(names), names
+
+
 class _Flow:
     """What TaskDataStore.persist reads of a flow: its attributes, _datastore, _EPHEMERAL."""
     _EPHEMERAL = set()
@@ -480,14 +509,15 @@ def test_artifacts_persisted_by_one_process_are_adopted_by_the_tasks_own_save(tm
     where = ("5", "train", "7")
     tasks = store.get_task_datastore(*where, attempt=0, mode="w")
     tasks.init_task()
-    rank0s = copy.deepcopy(tasks)  # a fork's copy of the task's object
+    # rank 0's process opens the attempt's datastore itself (a fork's copy would do the same)
+    rank0s = internals.task_output_datastore("GangFlow", "local@" + root, *where, 0)
 
     def blobs():
         return {p for p in glob.glob(os.path.join(root, "GangFlow", "data", "*", "*"))
                 if not p.endswith("_meta")}
 
-    keys = internals.persist_artifacts(rank0s, _Flow(big=b"x" * 100000, changed="rank 0's",
-                                                       _mine=7))
+    keys = internals.persist_artifacts(rank0s, dict(big=b"x" * 100000, changed="rank 0's",
+                                                    _mine=7))
     written = blobs()
     internals.adopt_artifacts(tasks, {k: keys[k] for k in ("big", "changed", "_mine")})
     tasks.persist(_Flow(changed="stale", _task_ok=True))
@@ -496,8 +526,11 @@ def test_artifacts_persisted_by_one_process_are_adopted_by_the_tasks_own_save(tm
     done = store.get_task_datastore(*where, attempt=0, mode="r")
     assert done["big"] == b"x" * 100000 and done["changed"] == "rank 0's" and done["_mine"] == 7
     assert done["_task_ok"] is True  # the task's own, not rank 0's
-    # the task wrote only its own attributes ("stale", _task_ok), never `big` again
-    assert len(new) == 2 and not any(p.endswith(keys["big"][0]) for p in new), new
+    # rank 0's process stored the three values it was given, nothing else of the flow's
+    assert sorted(keys) == ["_mine", "big", "changed"] and len(written) == 3, written
+    # the task wrote only its own attributes ("stale", _task_ok, _datastore, _EPHEMERAL),
+    # never `big` again
+    assert len(new) == 4 and not any(p.endswith(keys["big"][0]) for p in new), new
 
 
 def test_task_metadata_is_registered_as_metaflows_decorators_do():
@@ -1597,6 +1630,9 @@ CONTRACTS = {
     "drop_artifacts": "test_task_datastore_persist_walks_the_flow",
     "flow_attributes": "test_flowspec_next_sets_only_the_next_state",
     "persist_artifacts": "test_artifacts_persisted_by_one_process_are_adopted_by_the_tasks_own_save",
+    "task_output_datastore":
+        "test_artifacts_persisted_by_one_process_are_adopted_by_the_tasks_own_save",
+    "is_artifact": "test_is_artifact_follows_the_persist_rule",
     "adopt_artifacts": "test_artifacts_persisted_by_one_process_are_adopted_by_the_tasks_own_save",
     "card_state": "test_card_components_reach_another_collector_rendered",
     "restore_card_state": "test_card_components_reach_another_collector_rendered",

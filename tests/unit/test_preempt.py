@@ -59,7 +59,7 @@ def test_a_handler_of_the_users_is_left_in_place(tmp_path):
 def _watch():
     clock, members = Clock(), [FakeMember(), FakeMember()]
     watch = LeaderWatch([Slot(m, 0, r, r) for r, m in enumerate(members, 1)], None,
-                        Topology(1, 3), leader_busy=lambda: False, clock=clock).begin()
+                        Topology(1, 3), clock=clock).begin()
     return watch, clock, members
 
 

@@ -9,8 +9,6 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
     Failure)
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.settings import resolve
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.decorator import (
-    _check_restarts)
 from tests.unit.test_settings import CONFIG
 
 
@@ -106,11 +104,3 @@ def test_max_restarts_is_a_whole_number_of_0_or_more():
                        match="METAFLOW_TORCH_DISTRIBUTED_MAX_RESTARTS='-2'"):
         resolve("train", {}, dict(CONFIG, MAX_RESTARTS="-2"))
 
-
-def test_restarts_are_refused_with_the_exec_start_method():
-    _check_restarts("train", resolve("train", {"max_restarts": 2}, CONFIG))  # fork/auto: fine
-    execing = resolve("train", {"max_restarts": 2, "start_method": "exec"}, CONFIG)
-    with pytest.raises(TorchDistributedConfigError, match="cannot be combined with "
-                       "start_method='exec'"):
-        _check_restarts("train", execing)
-    _check_restarts("train", resolve("train", {"start_method": "exec"}, CONFIG))  # no restarts

@@ -1,14 +1,21 @@
-"""No failure is ever lost: node 0's watch driven through every interleaving of rank 0's report
-and the rest of the gang ending, with an injected clock and fake members (no thread, no
-sleep). The bug this pins: rank 0's collective failed (a symptom) after its peers had left the
-body, the watch held the symptom for its cause, then saw every member finished and ended as
-FINISHED, and the step was recorded as a success."""
+"""No failure is ever lost: node 0's watch driven through every interleaving of rank 0's
+failure (its error written down, its exit) and the rest of the gang ending, with an injected
+clock and fake members (no thread, no sleep). The bug this pins (from when rank 0 ran in the
+task): rank 0's collective failed (a symptom) after its peers had left the body, the watch held
+the symptom for its cause, then saw every member finished and ended as FINISHED, and the step
+was recorded as a success."""
 
 import itertools
 
 import pytest
 
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import Failure
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
+    Failure,
+    save_exception,
+)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import (
+    record_error,
+)
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.supervisor import (
     SYMPTOM_WAIT,
     LeaderWatch,
@@ -27,31 +34,46 @@ def rank0_failure(symptom):
                             else "ValueError: bad batch"), symptom=symptom)
 
 
-EVENTS = ("peers_done", "body_ends", "report", "poll", "poll")
-# rank 0's body ends (it raised) before its failure is reported
+def raised(symptom):
+    """An exception as rank 0's body raises it: a peer gone (torch.distributed's own error, a
+    symptom) or the user's ValueError (a cause)."""
+    import torch.distributed as dist
+
+    try:
+        raise (dist.DistNetworkError("Connection closed by peer") if symptom
+               else ValueError("bad batch"))
+    except Exception as ex:  # noqa: BLE001 - the exception, with its traceback
+        return ex
+
+
+# rank 0's process writes its error down (its error file, then the exception's record), then
+# exits with status 1, at every place among its peers' finishing and the watch's polls
+EVENTS = ("peers_done", "writes_error", "exits", "poll", "poll")
 ORDERS = sorted(o for o in set(itertools.permutations(EVENTS))
-                if o.index("body_ends") < o.index("report"))
+                if o.index("writes_error") < o.index("exits"))
 
 
 @pytest.mark.parametrize("symptom", [True, False], ids=["symptom", "cause"])
 @pytest.mark.parametrize("order", ORDERS, ids=lambda o: "-".join(o))
-def test_rank_0s_failure_fails_the_watch_whatever_the_order(order, symptom):
+def test_rank_0s_failure_fails_the_watch_whatever_the_order(order, symptom, tmp_path):
     clock = Clock()
-    members = [FakeMember() for _ in range(3)]
-    busy = [True]
+    members = [FakeMember() for _ in range(4)]
+    error_file = str(tmp_path / "error-rank-0.json")
+    slots = [Slot(members[0], 0, 0, 0, error_file)] + [
+        Slot(m, 0, r, r) for r, m in enumerate(members[1:], 1)]
     calls = []
-    watch = LeaderWatch([Slot(m, 0, r, r) for r, m in enumerate(members, 1)], None,
-                        Topology(1, 4), leader_busy=lambda: busy[0], finish_timeout=30,
+    watch = LeaderWatch(slots, None, Topology(1, 4), leader_slot=slots[0], finish_timeout=30,
                         on_failure=calls.append, clock=clock).begin()
-    failure = rank0_failure(symptom)
+    ex = raised(symptom)
     for event in order:
         if event == "peers_done":
-            for m in members:
+            for m in members[1:]:
                 m.code = 0
-        elif event == "body_ends":
-            busy[0] = False
-        elif event == "report":
-            watch.report(failure)
+        elif event == "writes_error":
+            record_error(ex, error_file)
+            save_exception(ex, 1.0, error_file)
+        elif event == "exits":
+            members[0].code = 1
         else:
             watch.poll_once()
         clock.now += 0.05
@@ -61,7 +83,11 @@ def test_rank_0s_failure_fails_the_watch_whatever_the_order(order, symptom):
         clock.now += 0.05
     assert watch.finished.is_set()
     assert watch.phase is Phase.FAILED, order
-    assert watch.failures == [failure] and calls == [failure]
+    [failure] = watch.failures
+    assert calls == [failure]
+    assert (failure.rank, failure.kind, failure.is_symptom()) == (0, "exception", symptom)
+    assert failure.message == ("DistNetworkError: Connection closed by peer" if symptom
+                               else "ValueError: bad batch"), failure.message
 
 
 def test_a_report_after_the_watch_finished_is_still_recorded():
@@ -81,7 +107,7 @@ def test_a_hung_rank_is_named_when_a_peers_timeout_closed_another_peers_connecti
     clock = Clock()
     members = {rank: FakeMember() for rank in (1, 2, 3)}
     watch = LeaderWatch([Slot(m, rank // 2, rank, rank % 2) for rank, m in members.items()],
-                        None, Topology(2, 2), leader_busy=lambda: True, finish_timeout=30,
+                        None, Topology(2, 2), finish_timeout=30,
                         on_failure=lambda f: None, clock=clock).begin()
     for rank in (1, 3):
         watch.report(Failure(rank, rank // 2, "exception", 1.0, local_rank=rank % 2,
@@ -176,8 +202,7 @@ def test_rank_0s_process_failing_fails_the_watch_like_any_rank(code, kind):
 
 
 def test_a_hung_rank_0_process_is_named_from_its_slot_once():
-    """As a slot rank 0 is among the running ranks once (not also as the in-task leader)."""
+    """As a slot rank 0 is among the running ranks once."""
     clock = Clock()
     watch, members, _ = _leader_watch(clock, nproc=2)
-    assert watch._leader_running() == []
     assert watch.running_ranks() == [0, 1]

@@ -1,4 +1,5 @@
-"""Rank 0 runs in a process of its own, forked by the Metaflow task, and what its body leaves
+"""Rank 0 runs in a process of its own, forked by the Metaflow task (or, under the start method
+exec, a spin-step the task started), and what its body leaves
 reaches the task as if the body had run there: a large artifact (written once, by rank 0), a
 foreach out of the ganged step, and a body that changes what only its own process should see
 (it ignores SIGCHLD, so the kernel reaps its children; it empties os.environ).
@@ -33,8 +34,12 @@ class HandbackFlow(FlowSpec):
         self.shards = ["a", "b", "c"]
         if rank == 0:
             me = psutil.Process()
-            # forked by the task: its parent runs the same command line
-            self.parent_is_the_task = me.parent().cmdline() == me.cmdline()
+            mine, parents = me.cmdline(), me.parent().cmdline()
+            # forked by the task: its parent runs the same command line; exec'd: a spin-step
+            # of the task (`step train`)
+            self.rank0_started_by = ("fork" if parents == mine else "exec" if
+                                     "spin-step" in mine and "step" in parents
+                                     and "spin-step" not in parents else "?")
             signal.signal(signal.SIGCHLD, signal.SIG_IGN)
             self.big = os.urandom(BIG)  # incompressible: stored as large as it is
             self.big_sha = hashlib.sha256(self.big).hexdigest()

@@ -146,7 +146,6 @@ class TorchDistributedDecorator(StepDecorator):
             raise TorchDistributedConfigError(step_name, str(ex))
         self.gpus_requested = source if source and source.startswith("@") else None
         self.settings = settings.resolve(step_name, self.attributes, _configured_settings())
-        _check_restarts(step_name, self.settings)
         groupcheck.check_mode(step_name, os.environ)  # a bad value fails before the run
         self.on_batch = any(d.name == "batch" for d in decorators)
         self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
@@ -235,7 +234,7 @@ class TorchDistributedDecorator(StepDecorator):
                 except TorchDistributedException as ex:
                     backend.agent_misplaced(ex)
             if spec is not None:
-                return _member_step(spec, step_func, self.name)
+                return _member_step(spec, step_func, self.name, flow)
         if retry_count > max_user_code_retries:
             return step_func  # @catch's fallback attempt runs alone, as on any step
         return self._leader_step(flow, step_func, retry_count, max_user_code_retries)
@@ -269,21 +268,12 @@ class TorchDistributedDecorator(StepDecorator):
                         self.settings.abort_grace_s, self.name, blocks)
         leader.checkpoint_policy = checkpoints.load_policy(self.step_decorators)
         leader.on_restart = self._record_restart
-        if self.settings.max_restarts and start_method != "fork":
-            raise TorchDistributedConfigError(
-                self.step_name, "max_restarts=%d needs the start method fork, and this task "
-                "starts its ranks with exec (%s): rank 0 then runs in the task itself, which "
-                "cannot start it again. Leave start_method at auto or fork and keep CUDA "
-                "untouched before the step's body, or set max_restarts=0 and rely on @retry."
-                % (self.settings.max_restarts, "start_method=exec" if self.settings.start_method
-                   == "exec" else "CUDA is initialised in the task, or this is not Linux"))
         plan = plan_line(self.step_name, self.topology, accelerator,
                          emulated=attempt.local)
 
         caught = self.has_catch and retry_count >= max_user_code_retries
-        # rank 0 forked, as every other rank, hands its results back to this process
-        handback = HandBack(flow, self.task_datastore, keep_failed=caught) \
-            if start_method == "fork" else None
+        # rank 0, a process of its own as every other rank, hands its results back to this one
+        handback = HandBack(flow, self.task_datastore, keep_failed=caught)
 
         def gang_step(*args: Any) -> None:
             print(plan, flush=True)
@@ -386,8 +376,8 @@ class TorchDistributedDecorator(StepDecorator):
         return accelerator
 
 
-def _member_step(spec: GangSpec, step_func: Callable[..., Any],
-                 decorator_name: str) -> Callable[..., NoReturn]:
+def _member_step(spec: GangSpec, step_func: Callable[..., Any], decorator_name: str,
+                 flow: Any) -> Callable[..., NoReturn]:
     """The step function of a process a gang started (a node agent or an exec'd rank)."""
     from .gang import Agent, run_exec_rank
 
@@ -398,24 +388,13 @@ def _member_step(spec: GangSpec, step_func: Callable[..., Any],
         if spec.role is Role.AGENT:
             code = Agent(member_spec, topology).run(step_func, args, decorator_name)
         else:
-            code = run_exec_rank(member_spec, topology, step_func, args)
+            code = run_exec_rank(member_spec, topology, step_func, args, flow)
         sys.stdout.flush()
         sys.stderr.flush()
         # Leave now: a member never persists artifacts or writes task metadata.
         os._exit(code)
 
     return member_step
-
-
-def _check_restarts(step_name: str, gang_settings: settings.GangSettings) -> None:
-    """Restarts in place need rank 0 in a process of its own: refuse exec before the run."""
-    if not gang_settings.max_restarts:
-        return
-    if gang_settings.start_method == "exec":
-        raise TorchDistributedConfigError(
-            step_name, "max_restarts=%d cannot be combined with start_method='exec': rank 0 "
-            "then runs in the Metaflow task itself, which cannot start it again. Use "
-            "start_method='auto' or 'fork', or max_restarts=0." % gang_settings.max_restarts)
 
 
 def _attribute(decorators: Sequence[Any], name: str, attribute: str) -> Any:

@@ -125,6 +125,10 @@ class GangSpec:
     restart_count: int = 0
     local_rank: Optional[int] = None
     cuda_visible_devices: Optional[str] = None
+    # node 0's rank 0, exec'd: where it hands its results back to the task (mf/handback.py),
+    # and whether a failed body's are handed back too (@catch keeps them)
+    handback_path: Optional[str] = None
+    keep_failed: bool = False
 
     def with_attempt(self, **changes: Any) -> "GangSpec":
         return dataclasses.replace(self, attempt=dataclasses.replace(self.attempt, **changes))

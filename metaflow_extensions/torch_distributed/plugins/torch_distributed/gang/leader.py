@@ -1,9 +1,9 @@
 """Node 0 of a gang: the leader, inside the Metaflow task process, which runs no user code.
 
-It binds the gang's store, forks node 0's ranks (rank 0 too: its body hands its results back
-to the task), starts the local node agents, hosts the control plane, watches every node,
-settles the root cause of a failure, and either restarts every rank in place (max_restarts)
-or fails the attempt. Under the start method exec rank 0's body runs in the task itself.
+It binds the gang's store, starts node 0's ranks (forked, or exec'd as spin-steps; rank 0
+too: its body hands its results back to the task), starts the local node agents, hosts the
+control plane, watches every node, settles the root cause of a failure, and either restarts
+every rank in place (max_restarts) or fails the attempt.
 """
 
 import contextlib
@@ -11,19 +11,15 @@ import dataclasses
 import functools
 import os
 import shutil
-import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
-import traceback
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from ..core import naming, rounds
 from ..core.envcontract import foreign_launcher_vars
 from ..core.errors import (
-    TorchDistributedAborted,
     TorchDistributedGangFailed,
     TorchDistributedRendezvousTimeout,
 )
@@ -31,13 +27,10 @@ from ..core.failures import (
     Failure,
     FailureKind,
     GangOutcome,
-    communication_error,
     debug_enabled,
     gang_outcome,
     load_exception,
-    report_exception,
     root_cause,
-    shown_traceback,
 )
 from ..core.gangspec import Attempt, Blueprint, GangSpec, Role
 from ..core.topology import Topology
@@ -56,28 +49,24 @@ from ..runtime.control import (
     is_port_in_use,
     port_in_use_error,
 )
-from ..runtime.interrupt import BodyInterrupt
 from ..runtime.procs import Member, fork_member, spawn_member
 from ..runtime.remote_logs import LogReceiver
 from ..runtime.supervisor import POLL_INTERVAL, LeaderWatch, Place, Slot
 from .agent import run_local_agent
 from .common import NODES_STOP_WAIT, ask, quietly, say
-from .rank import HandBack, aborted, rank_info, run_rank_body
+from .rank import HandBack, rank_info
 from .runner import NodeRunner, forget_round, stop_and_release
 
 # Seconds local node agents have to leave once node 0 said that no round follows.
 AGENTS_LEAVE_WAIT = 10.0
 # Seconds node 0 waits for the last output of remote nodes after the gang ended.
 REMOTE_DRAIN_TIMEOUT = 3.0
-# Seconds the watchdog leaves the task's log capture to take its last lines before it ends the
-# task (Leader._watchdog).
-LOG_SETTLE_S = 1.0
 
 
 @dataclasses.dataclass
 class _Attempt:
     """What one run of a gang holds on node 0, from its start to its settling. Leader.run makes
-    it and owns its teardown; the watch's thread and the watchdog read it. Its store and its
+    it and owns its teardown; the watch's thread reads it. Its store and its
     round's watch exist once the gang started (Leader._start): `started` says so."""
     spec: GangSpec
     runner: NodeRunner
@@ -85,8 +74,6 @@ class _Attempt:
     store: Optional[ControlPlane] = None
     round_watch: Optional[LeaderWatch] = None
     receiver: Optional[LogReceiver] = None
-    body_finished: bool = False
-    rank0_exception: Optional[BaseException] = None  # rank 0's, when its body ran in the task
     outcome: Optional[GangOutcome] = None  # when the gang failed
     member_exception: Optional[BaseException] = None  # the root cause's own, from a member
     listener: Optional[socket.socket] = None  # the store's listening socket, closed in members
@@ -118,9 +105,10 @@ class _Attempt:
 
 
 class Leader:
-    """Node 0 of a gang, running inside the Metaflow task process. Under the start method fork
-    (Linux's default) rank 0 is a process this one forks, as every other rank, and hands its
-    results back (`handback`); under exec its body runs here, in the task's main thread."""
+    """Node 0 of a gang, running inside the Metaflow task process, which runs no user code:
+    rank 0 is a process this one starts, as every other rank (forked under the start method
+    fork, Linux's default; a spin-step of the task under exec), and hands its results back
+    (`handback`)."""
 
     def __init__(self, blueprint: Blueprint, topology: Topology, attempt: Attempt,
                  accelerator: str, start_method: str, abort_grace: float, decorator_name: str,
@@ -141,10 +129,6 @@ class Leader:
         self.decorator_name = decorator_name
         # CUDA_VISIBLE_DEVICES per node when emulated nodes share this host's GPUs
         self.node_gpu_blocks = node_gpu_blocks or {}
-        self._body_running = threading.Event()
-        self._main_thread = threading.main_thread().ident or threading.get_ident()
-        # how another thread makes rank 0's body raise (a signal the user has no use for)
-        self.interruption = BodyInterrupt(aborted, self._body_running.is_set)
         self._attempt: Optional[_Attempt] = None  # the running gang's
         # the last run's record for the gang's card (events.py)
         self.record: Optional[events.GangRecord] = None
@@ -167,13 +151,12 @@ class Leader:
         traceback its rank already printed (so its frames need not be shown again)."""
         return ex is self.users_error and not debug_enabled()
 
-    def run(self, step_func: Callable[..., object], args: Sequence[Any],
+    def run(self, step_func: Callable[..., object], args: Sequence[Any], handback: HandBack,
             on_body_start: Optional[Callable[[], object]] = None,
-            on_assembled: Optional[Callable[[], object]] = None,
-            handback: Optional[HandBack] = None) -> None:
+            on_assembled: Optional[Callable[[], object]] = None) -> None:
         """Start the gang, with rank 0's body in a process of its own that hands its results
-        back through `handback` (a HandBack), or here without one; call `on_body_start` as the
-        body starts; supervise, and raise the gang's error if any rank failed. `on_assembled`
+        back through `handback`; call `on_body_start` as the ranks start; supervise, and raise
+        the gang's error if any rank failed. `on_assembled`
         is called once every process node 0 expects to check in has checked in (at once when
         none does), from this thread or the watch's.
 
@@ -191,46 +174,36 @@ class Leader:
                             node=0, work_dir=work_dir, accelerator=self.accelerator,
                             start_method=self.start_method,
                             cuda_visible_devices=self.node_gpu_blocks.get(0))
-            in_task = handback is None
-            if handback is not None:
-                handback = dataclasses.replace(handback, path=rank0_results.path_in(work_dir))
+            handback = dataclasses.replace(handback, path=rank0_results.path_in(work_dir))
             attempt = self._attempt = _Attempt(
                 spec, NodeRunner(spec, self.topology, step_func, args, self.decorator_name,
                                  handback),
                 events.GangRecorder(spec, self.topology))
             held.callback(self._settle, attempt)
-            if in_task:
-                held.callback(_restore_environ, dict(os.environ))  # rank 0's body changes it
             held.enter_context(stacks.ignoring_dumps())
             with contextlib.ExitStack() as running:
                 self._start(attempt, listener, running, on_assembled)
                 preempt.PREEMPTED.clear()
                 # a preemption while the other ranks still run after rank 0's body is one too
                 on_demand = stacks.OnDemand(
-                    say, lambda: [os.getpid()] * in_task + [
-                        s.member.pid for s in attempt.runner.slots if s.rank is not None])
+                    say, lambda: [s.member.pid for s in attempt.runner.slots
+                                  if s.rank is not None])
                 with preempt.SupervisorHandler(
                         lambda: attempt.watch.sigterm(),
                         on_stacks=lambda: on_demand.ask(attempt.control, self.step_name)):
-                    if in_task:
-                        with self.interruption:
-                            self._run_rank0(attempt, step_func, args, on_body_start)
-                        self._wait_for_the_rest(attempt)
-                    else:
-                        # for the task's own hooks after the step, as in rank 0's process
-                        current_mod.install(rank_info(spec, self.topology, 0))
-                        if on_body_start is not None:
-                            on_body_start()
-                        # @timeout is the attempt's: it counts across rounds
-                        with AlarmForwarder(lambda: _running_pid(attempt.runner.slot_of(0)),
-                                            self.abort_grace):
-                            while True:
-                                attempt.watch.wait_for_leader()
-                                self._wait_for_the_rest(attempt)
-                                if not self._restart(attempt, handback):
-                                    break
-            if handback is not None:
-                self._take_handback(attempt, handback)
+                    # for the task's own hooks after the step, as in rank 0's process
+                    current_mod.install(rank_info(spec, self.topology, 0))
+                    if on_body_start is not None:
+                        on_body_start()
+                    # @timeout is the attempt's: it counts across rounds
+                    with AlarmForwarder(lambda: _running_pid(attempt.runner.slot_of(0)),
+                                        self.abort_grace):
+                        while True:
+                            attempt.watch.wait_for_leader()
+                            self._wait_for_the_rest(attempt)
+                            if not self._restart(attempt, handback):
+                                break
+            self._take_handback(attempt, handback)
         if attempt.outcome is not None:
             self._raise_failure(attempt, attempt.outcome)
 
@@ -241,7 +214,7 @@ class Leader:
         if not attempt.watch.wait(timeout):
             attempt.watch.report(attempt.watch.unfinished_failure(timeout))
 
-    def _restart(self, attempt: _Attempt, handback: Optional[HandBack]) -> bool:
+    def _restart(self, attempt: _Attempt, handback: HandBack) -> bool:
         """(The round's watch ended.) True when its failure starts the next round in place:
         every rank of the round is stopped, and a fresh process of each is forked from this
         task, which runs no user code, with the next restart_count, a rendezvous of its own
@@ -274,18 +247,21 @@ class Leader:
         attempt.watch.join()
         forget_round(spec.work_dir, runner, handback)
         loaded = checkpoints.reload_latest(self.checkpoint_policy)
-        spec = attempt.spec = dataclasses.replace(spec, restart_count=restart)
+        spec = dataclasses.replace(spec, restart_count=restart)
+        if spec.attempt.checkpoint is not None:
+            from metaflow import current
+
+            # what every rank loads this round: exec'd ranks and other nodes are told
+            spec = spec.with_attempt(
+                checkpoint=checkpoints.gang_fields(current, os.environ, restore=False))
+        attempt.spec = spec
         runner.new_round(spec)
         ended_control, attempt.store = attempt.control, attempt.control.for_round(restart)
         attempt.control.forget_rendezvous()  # every rank of every node has stopped
         if self.topology.nodes > 1:
-            if spec.attempt.checkpoint is not None:  # what the other nodes' ranks load this round
-                from metaflow import current
-
-                attempt.control.publish_checkpoint(
-                    checkpoints.gang_fields(current, os.environ, restore=False))
+            if spec.attempt.checkpoint is not None:
+                attempt.control.publish_checkpoint(spec.attempt.checkpoint)
             ended_control.say_word(ROUND_RESTART)
-        attempt.body_finished = False
         attempt.round_started = time.time()
         if loaded is not None:
             print("@torch_distributed on step *%s*: round %d starts from checkpoint %s"
@@ -348,16 +324,13 @@ class Leader:
         """Start node 0's members, the local agents, the store, the log receiver and the
         watch, registering on `running` how each is stopped."""
         spec, runner = attempt.spec, attempt.runner
-        in_task = runner.handback is None
-        runner.start_ranks(range(1 if in_task else 0, self.topology.nproc_per_node),
-                           close_fds=[listener.fileno()])
+        runner.start_ranks(range(self.topology.nproc_per_node), close_fds=[listener.fileno()])
         running.callback(stop_and_release, runner)
         # Remote nodes start on their own machines; local ones are agents started here.
         local_nodes = [] if self.remote else range(1, self.topology.nodes)
         for node in local_nodes:
             runner.slots.append(Slot(self._start_local_agent(runner, node, listener), node))
-        runner.capture(naming.rank_label(0) if in_task else "",
-                       close_in_pump=[listener.fileno()])
+        runner.capture("", close_in_pump=[listener.fileno()])
         attempt.store = ControlPlane.host(listener, spec.attempt.gang_id, spec.attempt.secret,
                                             spec.blueprint.rendezvous_timeout_s)
         if self.remote:  # agents on other machines ask for what node 0's @checkpoint loaded
@@ -399,15 +372,13 @@ class Leader:
                on_assembled: Optional[Callable[[], object]] = None) -> LeaderWatch:
         """The watch of the gang's round that starts (started)."""
         spec, runner = attempt.spec, attempt.runner
-        in_task = runner.handback is None
         return LeaderWatch(
             runner.slots, attempt.control, self.topology,
             watch_nodes=range(1, self.topology.nodes),
             expected_joins=self._expected_joins(attempt),
             join_timeout=spec.blueprint.rendezvous_timeout_s,
             heartbeat_timeout=spec.blueprint.heartbeat_timeout_s,
-            leader_busy=self._body_running.is_set if in_task else None,
-            leader_slot=None if in_task else runner.slot_of(0),
+            leader_slot=runner.slot_of(0),
             finish_timeout=spec.blueprint.finish_timeout_s,
             on_failure=self._on_failure,
             on_assembled=on_assembled,
@@ -468,61 +439,14 @@ class Leader:
                     joins[naming.rank_join_id(slot.rank)] = Place(0, slot.rank, slot.local_rank)
         return joins
 
-    def _run_rank0(self, attempt: Any, step_func: Callable[..., object], args: Sequence[Any],
-                   on_body_start: Optional[Callable[[], object]]) -> None:
-        for key in foreign_launcher_vars(os.environ):
-            del os.environ[key]
-        os.environ.update(attempt.runner.env_of(0))
-        current_mod.install(rank_info(attempt.spec, self.topology, 0))
-        if on_body_start is not None:
-            on_body_start()
-        self._body_running.set()
-        try:
-            # The watch may have failed the gang before the body began, when _on_failure
-            # found no body to interrupt: then the body does not begin (the watch records
-            # its failure before it looks at _body_running, set above before this look).
-            if attempt.watch.failed():
-                raise aborted()
-            run_rank_body(attempt.spec, self.topology, 0, step_func, args, in_task=True)
-            attempt.body_finished = True
-        except BaseException as ex:
-            self._body_running.clear()
-            self._rank0_failed(attempt, ex)
-        finally:
-            self._body_running.clear()
-
-    def _rank0_failed(self, attempt: Any, ex: BaseException) -> None:
-        attempt.rank0_exception = ex
-        symptom = communication_error(ex)
-        if not isinstance(ex, TorchDistributedAborted):  # the gang's stop is no rank's error
-            # into rank 0's own lines, as every other rank's (procs.run_member_body)
-            report_exception(ex, symptom)
-        failure = Failure(0, 0, FailureKind.EXCEPTION, time.time(), local_rank=0,
-                          message="%s: %s" % (type(ex).__name__, ex),
-                          traceback=shown_traceback(_format_traceback(ex)), symptom=symptom)
-        # Let go of the body's locals now: a DataLoader's persistent workers live as long as
-        # its frames, and they hold this task's output pipe open, which the gang drains last.
-        traceback.clear_frames(ex.__traceback__)
-        # A symptom (a peer probably failed first) is held by the watch while it waits for the
-        # root cause.
-        attempt.watch.report(failure)
-
     def _on_failure(self, failure: Failure) -> None:
         """The first failure of the gang (called by the watch, which already holds it): stop
-        every process, then make rank 0 stop."""
+        every process of the round."""
         attempt = self.attempt
         attempt.recorder.phase("abort")
         quietly(attempt.control.abort)
-        if threading.get_ident() == self._main_thread:
-            return  # rank 0 itself failed: run() stops the members on its way out
         # with restarts in place the local nodes' agents stay, for the next round
         attempt.runner.stop(ranks_only=bool(attempt.spec.blueprint.max_restarts))
-        if not self._body_running.is_set():
-            return
-        # without a free signal the watchdog alone ends the task after the abort grace
-        self.interruption.interrupt(self._main_thread)
-        threading.Thread(target=self._watchdog, args=(attempt,),
-                         name="torch-distributed-watchdog", daemon=True).start()
 
     def _preempt_gang(self, origin: int, at: Optional[float] = None) -> None:
         """(The watch's thread.) A SIGTERM reached node `origin`: every rank of every node
@@ -537,34 +461,6 @@ class Leader:
               "gets SIGTERM and %ss to save" % (self.step_name, origin,
                                                  attempt.spec.blueprint.preempt_grace_s),
               file=sys.stderr, flush=True)
-        if origin != 0 and self._body_running.is_set() and \
-                signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None):
-            # rank 0's own handlers (the user's, a framework's) hear it too
-            signal.pthread_kill(self._main_thread, signal.SIGTERM)
-
-    def _watchdog(self, attempt: _Attempt) -> None:
-        deadline = self.clock() + self.abort_grace
-        while self.clock() < deadline:
-            if not self._body_running.is_set():
-                return
-            self.sleep(0.05)
-        # Rank 0 is stuck in native code (a collective or the rendezvous) and cannot be
-        # interrupted: end the task. The runtime sees a failed attempt (retry/catch apply).
-        failure = root_cause(attempt.watch.failures)
-        said = failure.describe() if failure is not None else "(no failure recorded)"
-        if attempt.receiver is not None:
-            attempt.receiver.stop(REMOTE_DRAIN_TIMEOUT)
-        attempt.runner.release()
-        print("@torch_distributed on step *%s*: gang failed.\n%s\nRank 0 did not stop within "
-              "%ss (blocked in native code); ending the task."
-              % (self.step_name, said, self.abort_grace),
-              file=sys.stderr, flush=True)
-        # On remote backends the task's output reaches its stored log through Metaflow's tee
-        # processes, which the pod's shell does not wait for before it saves the log: give them
-        # the last lines (the root cause) before this process is gone (seen on the Kubernetes
-        # emulation under load: a node that never started left a log without its cause).
-        time.sleep(LOG_SETTLE_S)
-        os._exit(1)
 
     def _outcome(self, attempt: _Attempt) -> Tuple[GangOutcome, Optional[BaseException]]:
         """(GangOutcome, the exception object of a member whose failure is the root cause)."""
@@ -574,8 +470,7 @@ class Leader:
         exited = runner.own_failures()
         for node in range(1, self.topology.nodes):
             exited += ask(control.own_failures, node) or []
-        finished = [0] if attempt.body_finished else []
-        finished += [s.rank for s in runner.slots
+        finished = [s.rank for s in runner.slots
                      if s.rank is not None and s.member.poll() == 0]
         # the ranks of other nodes: their node agents said which had finished
         finished += [r for r in range(self.topology.nproc_per_node, self.topology.world_size)
@@ -585,7 +480,6 @@ class Leader:
         root = outcome.root_cause
         member_exception = None
         if root.kind is FailureKind.EXCEPTION and root.rank is not None and (
-                root.rank != 0 or runner.handback is not None) and (
                 root.node == 0 or not self.remote):  # its error file is on this machine
             member_exception = load_exception(runner.error_file(root.rank))
         return outcome, member_exception
@@ -601,8 +495,7 @@ class Leader:
 
     def _raise_failure(self, attempt: _Attempt, outcome: GangOutcome) -> NoReturn:
         failure = outcome.root_cause
-        own = attempt.rank0_exception if failure.rank == 0 and attempt.runner.handback is None \
-            else attempt.member_exception
+        own = attempt.member_exception
         rounds_said = " ".join(t for t in (attempt.no_restart,
                                            rounds.rounds_note(attempt.rounds)) if t)
         if failure.kind is FailureKind.EXCEPTION and not failure.is_symptom() and own is not None:
@@ -647,12 +540,3 @@ def _abort_if_failed(attempt: _Attempt) -> None:
     """Tell the other nodes to stop, when the gang failed (its first step of teardown)."""
     if attempt.watch.failed():
         quietly(attempt.control.abort)
-
-
-def _restore_environ(saved: Dict[str, str]) -> None:
-    os.environ.clear()
-    os.environ.update(saved)
-
-
-def _format_traceback(ex: BaseException) -> str:
-    return "".join(traceback.format_exception(type(ex), ex, ex.__traceback__))

@@ -2,6 +2,7 @@
 stack dumps set up, and on node 0's rank 0 its results handed back to the task."""
 
 import dataclasses
+import functools
 import os
 import signal
 import sys
@@ -12,7 +13,7 @@ from ..core.errors import TorchDistributedAborted
 from ..core.gangspec import GangSpec
 from ..core.topology import Topology
 from ..mf import current as current_mod
-from ..mf import events, groupcheck
+from ..mf import events, groupcheck, internals
 from ..mf import handback as rank0_results
 from ..runtime import preempt, stacks
 from ..runtime.control import ControlPlane
@@ -20,22 +21,19 @@ from ..runtime.procs import run_member_body
 
 
 def run_rank_body(spec: GangSpec, topology: Topology, local_rank: int,
-                  step_func: Callable[..., object], args: Sequence[Any],
-                  in_task: bool = False) -> None:
+                  step_func: Callable[..., object], args: Sequence[Any]) -> None:
     """A rank's step body, its events recorded for the gang's card, its probe (stacks.py)
-    telling its node's watch where it stands while hang detection is on. `in_task`: rank 0's
-    body runs in the Metaflow task itself (start method exec), whose handlers are Leader.run's."""
+    telling its node's watch where it stands while hang detection is on."""
     rank = topology.rank(spec.node, local_rank)
-    if not in_task:
-        # node 0's rank 0 unwinds on the gang's stop (its finally blocks run, what @catch
-        # keeps is handed back); every other rank ends at once
-        preempt.install_rank_handler(spec.work_dir, on_stop=_raise_aborted
-                                     if (spec.node, local_rank) == (0, 0) else None)
+    # node 0's rank 0 unwinds on the gang's stop (its finally blocks run, what @catch keeps is
+    # handed back); every other rank ends at once
+    preempt.install_rank_handler(spec.work_dir, on_stop=_raise_aborted
+                                 if (spec.node, local_rank) == (0, 0) else None)
     probe = None
     if spec.blueprint.hang_timeout_s:
         probe = stacks.Probe(stacks.probe_file(spec.work_dir, rank),
                              stacks.interval_for(spec.blueprint.hang_timeout_s), rank).start()
-    dumps = stacks.register_dump()  # stacks on demand (undone below: the task's, in_task)
+    dumps = stacks.register_dump()  # stacks on demand
     try:
         events.run_recorded(rank, events.rank_file(spec.work_dir, rank),
                             lambda: groupcheck.run_body(
@@ -119,17 +117,30 @@ def rank_info(spec: GangSpec, topology: Topology,
 
 
 def run_exec_rank(spec: GangSpec, topology: Topology, step_func: Callable[..., object],
-                  args: Sequence[Any]) -> int:
-    """The body of an exec'd rank (start method exec): check in, run the step, exit status."""
+                  args: Sequence[Any], flow: Any) -> int:
+    """The body of an exec'd rank (start method exec), a spin-step of the task whose flow is
+    `flow`: check in, run the step, exit status. Node 0's rank 0 hands its results back to the
+    task, its artifacts saved into the task's own datastore."""
     local_rank = spec.local_rank
     if local_rank is None:
         raise RuntimeError("an exec'd rank is started with its local rank (NodeRunner)")
     rank = topology.rank(spec.node, local_rank)
+    # its check-in is its round's (a restart in place starts every rank again)
     control = ControlPlane.of_attempt(spec.attempt, spec.blueprint.rendezvous_timeout_s)
-    control.join(naming.rank_join_id(rank))
+    control.for_round(spec.restart_count).join(naming.rank_join_id(rank))
     current_mod.install(rank_info(spec, topology, local_rank))
-    return run_member_body(lambda: run_rank_body(spec, topology, local_rank, step_func, args),
-                           os.environ.get("TORCHELASTIC_ERROR_FILE"))
+
+    def body() -> None:
+        run_rank_body(spec, topology, local_rank, step_func, args)
+
+    if spec.handback_path is not None:
+        task = spec.attempt.task
+        handback = HandBack(flow, internals.task_output_datastore(
+            flow.name, task.orig_datastore, task.run_id, spec.blueprint.step_name,
+            task.task_id, task.retry_count), spec.keep_failed, spec.handback_path)
+        return run_member_body(functools.partial(run_handing_back, body, handback),
+                               os.environ.get("TORCHELASTIC_ERROR_FILE"))
+    return run_member_body(body, os.environ.get("TORCHELASTIC_ERROR_FILE"))
 
 
 def aborted() -> TorchDistributedAborted:

@@ -104,30 +104,32 @@ class NodeRunner:
                     close_fds: Sequence[int] = ()) -> List[Slot]:
         local_ranks = list(local_ranks)
         restarts = self.spec.blueprint.max_restarts
-        if restarts and self.spec.start_method == "fork" and self.pipes is None:
+        if restarts and self.pipes is None:
             self.pipes = {lr: RankPipes.open() for lr in local_ranks}
         for local_rank in local_ranks:
             rank = self.topology.rank(self.spec.node, local_rank)
             label = naming.rank_label(rank)
             env = self.env_of(local_rank)
+            pipes = self.pipes[local_rank] if self.pipes else None
+            write_ends = None if pipes is None else pipes.write_ends()
             if self.spec.start_method == "fork":
-                pipes = self.pipes[local_rank] if self.pipes else None
                 member = fork_member(label, self._body(local_rank), env,
                                      remove_env=foreign_launcher_vars(os.environ),
                                      error_file=self.error_file(rank),
                                      close_fds=[*close_fds, *self._open_pipe_fds()],
-                                     pipes=None if pipes is None else pipes.write_ends())
-                if pipes is not None:
-                    member.stdout_fd, member.stderr_fd = pipes.out_read, pipes.err_read
+                                     pipes=write_ends)
             else:
                 argv, spawn_env = self.command(
                     Role.RANK, naming.hidden_task_id(self.spec.attempt.task.task_id,
                                                      self.spec.node, local_rank),
-                    local_rank=local_rank)
+                    local_rank=local_rank, **self._handback_fields(local_rank))
                 spawn_env.update(env)
                 for key in foreign_launcher_vars(spawn_env):
                     del spawn_env[key]
-                member = spawn_member(label, argv, spawn_env, error_file=self.error_file(rank))
+                member = spawn_member(label, argv, spawn_env, error_file=self.error_file(rank),
+                                      pipes=write_ends)
+            if pipes is not None:
+                member.stdout_fd, member.stderr_fd = pipes.out_read, pipes.err_read
             self.spawned[rank] = time.time()
             self.slots.append(Slot(member, self.spec.node, rank, local_rank, self.error_file(rank)))
         return self.slots
@@ -159,6 +161,12 @@ class NodeRunner:
                 **fields: Any) -> Tuple[List[str], Dict[str, str]]:
         spec = dataclasses.replace(self.spec, role=role, **fields)
         return member_command(spec, hidden_task_id, self.decorator_name, self.base_env)
+
+    def _handback_fields(self, local_rank: int) -> Dict[str, Any]:
+        """The GangSpec fields of an exec'd rank: node 0's rank 0 hands its results back."""
+        if self.handback is None or (self.spec.node, local_rank) != (0, 0):
+            return {}
+        return {"handback_path": self.handback.path, "keep_failed": self.handback.keep_failed}
 
     def _body(self, local_rank: int) -> Callable[[], None]:
         def body() -> None:
@@ -303,8 +311,7 @@ def _orphan_note(label: str, spec: GangSpec, pid: int) -> Callable[[], str]:
     """What the pump of this process says if it dies without a word: a callable, asked when it
     died (the run may have been interrupted meanwhile, see interrupt.mark_interrupts)."""
     what = ("the node agent of node %d" % spec.node if spec.node != 0
-            else "rank 0 (node 0, local rank 0), the Metaflow task process"
-            if spec.start_method != "fork" else "the Metaflow task process of node 0")
+            else "the Metaflow task process of node 0")
     runtime = _local_runtime_pid(spec)
 
     def note() -> str:

@@ -595,9 +595,8 @@ class GangRecorder:
             tails=tails,
             ignored_messages=sealed.merge_counts(
                 *(share.ignored_messages for share in nodes.values()),
-                # each rank's own process, but a rank 0 that ran in the task (node 0's record)
-                *(own.ignored_messages for r, own in rank_events.items()
-                  if r != 0 or spec.start_method == "fork")),
+                # each rank's own process
+                *(own.ignored_messages for own in rank_events.values())),
             restarts=tuple(RestartRecord.of_failure(n, f) for n, f in enumerate(restarted)),
             rounds=tuple(rounds),
         )

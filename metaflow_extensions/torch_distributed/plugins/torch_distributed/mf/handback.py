@@ -42,12 +42,12 @@ class Sender:
     def send(self) -> None:
         """Save the body's artifacts into the task's datastore and write the hand-back."""
         now = internals.flow_attributes(self.flow)
-        names = handed_names(now, self.before)
+        names = [name for name in handed_names(now, self.before)
+                 if internals.is_artifact(self.flow, name, now[name])]
         state = {name: now[name] for name in internals.NEXT_STATE if name in now}
         cards = internals.card_state()
-        keys = internals.persist_artifacts(self.task_datastore, self.flow)
-        record = {"keys": {name: keys[name] for name in names if name in keys},
-                  "state": state, "cards": cards}
+        keys = internals.persist_artifacts(self.task_datastore, {name: now[name] for name in names})
+        record = {"keys": keys, "state": state, "cards": cards}
         tmp = self.path + ".tmp"
         with open(tmp, "wb") as f:
             pickle.dump(record, f, protocol=pickle.HIGHEST_PROTOCOL)

@@ -178,6 +178,16 @@ def flow_datastore_at(flow_name: str, orig_datastore: str) -> Any:
     return FlowDataStore(flow_name, environment=None, storage_impl=impl, ds_root=ds_root)
 
 
+def task_output_datastore(flow_name: str, orig_datastore: str, run_id: str, step_name: str,
+                          task_id: str, attempt: int) -> Any:
+    """The datastore a task's attempt writes its artifacts to, opened in another process of
+    the task (an exec'd rank 0, a spin-step under a hidden id): what it persists is stored as
+    the task's, content-addressed, and it writes nothing of the attempt's own (its done
+    marker, its list of artifacts: the task's). Why: as flow_datastore_at."""
+    return flow_datastore_at(flow_name, orig_datastore).get_task_datastore(
+        run_id, step_name, task_id, attempt=attempt, mode="w")
+
+
 def save_attempt_file(flow_datastore: Any, run_id: str, step_name: str, task_id: str,
                       attempt: int, name: str, value: object) -> None:
     """Write the JSON-able `value` as the file `<attempt>.<name>` in the task's datastore
@@ -232,14 +242,33 @@ NEXT_STATE = ("_transition", "_foreach_var", "_foreach_num_splits", "_foreach_va
 AFTER_STEP = ("_task_ok", "_success", "_exception", "_transition")
 
 
-def persist_artifacts(task_datastore: Any, flow: Any) -> Dict[str, Tuple[str, Any]]:
-    """Save the flow's artifacts into the task's datastore and return {name: (key, info)} of
-    what it holds. Why: TaskDataStore.persist is how Metaflow writes a task's artifacts (its
-    blobs, once, content-addressed) and keeps their keys only in its private _objects and
-    _info, which the task's done() writes as the attempt's artifact list."""
-    task_datastore.persist(flow)
-    return {name: (key, task_datastore._info.get(name))
-            for name, key in task_datastore._objects.items()}
+def persist_artifacts(task_datastore: Any,
+                      values: Mapping[str, object]) -> Dict[str, Tuple[str, Any]]:
+    """Save `values` ({name: value}) as artifacts into the task's datastore and return
+    {name: (key, info)} of each. Why: TaskDataStore.save_artifacts is how Metaflow writes a
+    task's artifacts (their blobs, once, content-addressed), and it keeps their keys only in
+    its private _objects and _info, which the task's done() writes as the attempt's artifact
+    list. Not TaskDataStore.persist, which saves every attribute of the flow and, in a
+    spin-step, copies every unchanged input artifact again (its transfer_artifacts)."""
+    task_datastore.save_artifacts(iter(values.items()), len_hint=len(values))
+    return {name: (task_datastore._objects[name], task_datastore._info.get(name))
+            for name in values}
+
+
+def is_artifact(flow: Any, name: str, value: object) -> bool:
+    """Whether Metaflow stores the flow's attribute `name` (holding `value`) as an artifact.
+    Why: TaskDataStore.persist's own rule, which no public function says: not a dunder, not
+    one of the flow's _EPHEMERAL names, not a property of its class, not a function, method
+    or Parameter."""
+    from types import FunctionType, MethodType
+
+    from metaflow.parameters import Parameter
+
+    if name.startswith("__") or name in getattr(flow, "_EPHEMERAL", ()):
+        return False
+    if isinstance(getattr(type(flow), name, None), property):
+        return False
+    return not isinstance(value, (MethodType, FunctionType, Parameter))
 
 
 def adopt_artifacts(task_datastore: Any, keys: Mapping[str, Tuple[str, Any]]) -> None:

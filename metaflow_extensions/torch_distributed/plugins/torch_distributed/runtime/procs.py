@@ -216,18 +216,23 @@ def record_error(ex: BaseException, error_file: Optional[str]) -> None:
 
 
 def spawn_member(label: str, argv: Sequence[str], env: Mapping[str, str],
-                 cwd: Optional[str] = None, error_file: Optional[str] = None) -> Member:
-    """Start `argv` as a member in a new process group, its output on pipes."""
+                 cwd: Optional[str] = None, error_file: Optional[str] = None,
+                 pipes: Optional[Tuple[int, int]] = None) -> Member:
+    """Start `argv` as a member in a new process group, its output on new pipes, or on `pipes`
+    (the write ends of its stdout and stderr, kept open by the caller for the next process of
+    the same place: a restart in place). The child keeps no other fd of this process."""
     popen = subprocess.Popen(
         argv,
         env=env,
         cwd=cwd,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE if pipes is None else pipes[0],
+        stderr=subprocess.PIPE if pipes is None else pipes[1],
         start_new_session=True,
         preexec_fn=functools.partial(die_with_parent, os.getpid()),
     )
+    if pipes is not None:
+        return Member(label, popen.pid, None, None, popen, exit_file=exit_file_of(error_file))
     # The pump takes the pipes over: give it its own fds and let the Popen's file objects go,
     # so nothing closes the same fd number twice.
     assert popen.stdout is not None and popen.stderr is not None  # stdout=stderr=PIPE

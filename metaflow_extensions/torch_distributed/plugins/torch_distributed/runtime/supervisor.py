@@ -406,7 +406,7 @@ class Watch:
         failed = {f.rank for f in symptoms}
         running: List[Running] = [(s.rank, s.node, s.local_rank) for s in self._running_slots()
                                   if s.rank is not None]
-        running = self._leader_running() + running + self._remote_running()
+        running = running + self._remote_running()
         running = [r for r in running if r[0] not in failed]
         if not running:
             return None
@@ -417,18 +417,14 @@ class Watch:
             "waiting for it (%s). Its [rank %d] lines show where it was; see the debugging "
             "guide to dump its stack next time" % (symptoms[0].where(), rank))
 
-    def _leader_running(self) -> List[Running]:
-        """[(0, 0, 0)] while rank 0 runs its body in this process (node 0), else []."""
-        return []
-
 
 class LeaderWatch(Watch):
     """Node 0's watch: its own members (and, locally, the other nodes' agents) in `slots`; the
     other nodes `watch_nodes` through the control plane; the check-ins `expected_joins`
     ({join id: Place}) until `join_timeout` s; with `heartbeat_timeout`, that every node that
-    started beating keeps beating; with `leader_busy` (rank 0's body still runs in this
-    process) or `leader_slot` (rank 0's process, one of `slots`), that rank 0 and the others do
-    not run on more than `finish_timeout` s after the other side finished.
+    started beating keeps beating; with `leader_slot` (rank 0's process, one of `slots`), that
+    rank 0 and the others do not run on more than `finish_timeout` s after the other side
+    finished.
     `on_assembled` is called once, when the last expected check-in arrived (from the watch's
     thread), or by `start` when none is expected; never after the watch ended."""
 
@@ -436,7 +432,6 @@ class LeaderWatch(Watch):
                  watch_nodes: Collection[int] = (),
                  expected_joins: Optional[Mapping[str, Place]] = None,
                  join_timeout: Optional[float] = None, heartbeat_timeout: Optional[float] = None,
-                 leader_busy: Optional[Callable[[], bool]] = None,
                  finish_timeout: Optional[float] = None,
                  on_failure: Optional[Callable[[F.Failure], object]] = None,
                  on_assembled: Optional[Callable[[], object]] = None,
@@ -450,8 +445,6 @@ class LeaderWatch(Watch):
         self.agents_stay = agents_stay
         self.leader_slot = leader_slot
         self.leader_ended = threading.Event()  # rank 0's process (leader_slot) has ended
-        if leader_slot is not None:
-            leader_busy = self._leader_slot_runs
         self.on_preempt = on_preempt
         self.on_assembled = on_assembled
         # hang detection (stacks.py): this node's ranks' probes, the other nodes' through the
@@ -464,7 +457,6 @@ class LeaderWatch(Watch):
         self.join_timeout = join_timeout
         self.join_deadline = clock() + join_timeout if join_timeout is not None else None
         self.heartbeat_timeout = heartbeat_timeout
-        self.leader_busy = leader_busy
         self.finish_timeout = finish_timeout
         self._pending_joins = dict(expected_joins or {})
         self._nodes_left = set(watch_nodes)
@@ -482,9 +474,9 @@ class LeaderWatch(Watch):
             self._assemble()
         return super().start()
 
-    def _leader_slot_runs(self) -> bool:
-        assert self.leader_slot is not None  # leader_busy only with a leader_slot
-        return self.leader_slot.member.poll() is None
+    def _leader_busy(self) -> bool:
+        """Whether rank 0's process (leader_slot) still runs."""
+        return self.leader_slot is not None and self.leader_slot.member.poll() is None
 
     def wait_for_leader(self) -> None:
         """Until rank 0's process (leader_slot) ended or the watch did."""
@@ -492,7 +484,7 @@ class LeaderWatch(Watch):
             pass
 
     def _tick(self) -> None:
-        if self.leader_slot is not None and not self._leader_slot_runs():
+        if self.leader_slot is not None and not self._leader_busy():
             self.leader_ended.set()
 
     def _assemble(self) -> None:
@@ -525,7 +517,7 @@ class LeaderWatch(Watch):
             % (waited, "; ".join(_member_name(p, self.topology) for p in places)))
 
     def _finish(self) -> bool:
-        if not (self.leader_busy and self.leader_busy()):
+        if not self._leader_busy():
             return super()._finish()
         failure = self._check_leader_finishes()
         if failure is None:
@@ -602,12 +594,11 @@ class LeaderWatch(Watch):
         ) and (self.leader_slot is None or self.leader_slot.member.poll() in (None, 0))
 
     def _all_ended(self) -> bool:
-        leader = self.leader_busy is not None and self.leader_busy()
         nodes_left = [n for n in self._nodes_left if self.control.failure(n) is None]
-        return not leader and not nodes_left and super()._all_ended()
+        return not nodes_left and super()._all_ended()
 
     def _check_leader_finishes(self) -> Optional[F.Failure]:
-        assert self.finish_timeout is not None  # given with leader_busy or leader_slot
+        assert self.finish_timeout is not None  # given with a leader_slot
         if self._others_done_at is None:
             self._others_done_at = self.clock()
         if self.clock() - self._others_done_at < self.finish_timeout:
@@ -705,11 +696,6 @@ class LeaderWatch(Watch):
             running += [(r, node, self.topology.locate(r)[1])
                         for r in self.topology.ranks_of(node)]
         return running
-
-    def _leader_running(self) -> List[Running]:
-        if self.leader_slot is not None:
-            return []  # one of the slots, which _running_slots counts
-        return [(0, 0, 0)] if self.leader_busy and self.leader_busy() else []
 
 
 class AgentWatch(Watch):
