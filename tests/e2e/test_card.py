@@ -169,13 +169,16 @@ def _contents(card):
     return bare(page["contents"])
 
 
-@pytest.mark.parametrize("gang_card", ["on", "off"])
-def test_the_users_own_card_is_exactly_as_built(tmp_path, gang_card):
+@pytest.mark.parametrize("gang_card, method", [("on", "fork"), ("off", "fork"), ("on", "exec")])
+def test_the_users_own_card_is_exactly_as_built(tmp_path, gang_card, method):
     """Metaflow's DefaultEditableCardTest, on a gang: rank 0's current.card.append lands in the
     user's editable card, which holds that and nothing of the gang's; the gang's card is beside
-    it unless METAFLOW_TORCH_DISTRIBUTED_CARD=0 (it wrote into the user's card before)."""
+    it unless METAFLOW_TORCH_DISTRIBUTED_CARD=0 (it wrote into the user's card before). Rank 0
+    forked from the task, or exec'd (a spin-step of the task), hands the component back."""
     runner = FlowRunner(tmp_path)
-    env = {} if gang_card == "on" else {"METAFLOW_TORCH_DISTRIBUTED_CARD": "0"}
+    env = {"METAFLOW_TORCH_DISTRIBUTED_START_METHOD": method}
+    if gang_card == "off":
+        env["METAFLOW_TORCH_DISTRIBUTED_CARD"] = "0"
     res = runner.run("card_flow.py", "--with", "card:type=blank", env=env)
     assert res.returncode == 0, res
     cards = _cards(runner, "card_flow.py", _train_task(res))

@@ -85,7 +85,7 @@ def promises(tmp_path_factory):
         "def var(step, name):\n"
         "    w = run[step].task[name].data\n"
         "    return dict(type=w.type, message=w.exception)\n"
-        "slow = run['slow'].task\n"
+        "slow, slow_exec = run['slow'].task, run['slow_exec'].task\n"
         "result = dict(\n"
         "    ok=run.successful, tags=sorted(run.user_tags),\n"
         "    timed_ok=run['timed'].task['timed_ok'].data,\n"
@@ -94,6 +94,8 @@ def promises(tmp_path_factory):
         "    timeout_error=var('slow', 'timeout_error'),\n"
         "    slow_ran=slow['slow_interrupted'].data - slow['slow_started'].data,\n"
         "    slow_after_group=slow['slow_interrupted'].data - slow['slow_joined'].data,\n"
+        "    exec_timeout_error=var('slow_exec', 'timeout_error'),\n"
+        "    exec_slow_ran=slow_exec['slow_interrupted'].data - slow_exec['slow_started'].data,\n"
         "    failure=var('caught', 'failure'),\n"
         "    retry_with_catch=run['caught'].task['retry_with_catch'].data,\n"
         "    caught_attempts=len([m for m in run['caught'].task.metadata if m.name == 'attempt']),\n"
@@ -131,6 +133,10 @@ def test_a_body_past_its_timeout_after_assembly_is_stopped_with_the_gang(promise
         r"2 seconds", line)]
     assert len(said) == 1 and "[rank 0]" in said[0], said
     assert "node agent exited" not in res.output, res.output
+    # with rank 0 exec'd (a spin-step of the task), the same: the alarm reaches its process,
+    # and what its body set before it reaches the task for @catch
+    assert got["exec_timeout_error"]["type"].endswith("TimeoutException"), got
+    assert 1.9 <= got["exec_slow_ran"] < 30, got
 
 
 def test_catch_keeps_the_caught_attempts_artifacts_and_the_users_exception(promises):

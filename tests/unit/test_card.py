@@ -133,10 +133,30 @@ def test_scalars_last_value_per_rank():
                                                                   (1.0, 100.0 + r)]})
              for r in range(2)}
     data = card.card_data(record(nodes=1, ranks=ranks))
-    assert data["scalars"] == [dict(rank=0, name="samples_per_s", value=100.0, count=2),
-                               dict(rank=1, name="samples_per_s", value=101.0, count=2)]
+    assert data["scalars"] == [
+        dict(rank=0, name="samples_per_s", value=100.0, count=2, round=0),
+        dict(rank=1, name="samples_per_s", value=101.0, count=2, round=0)]
     spec = card.scalars_spec(data["scalars"], "samples_per_s")
     assert [v["value"] for v in spec["data"]["values"]] == [100.0, 101.0]
+    assert "xOffset" not in spec["encoding"]  # one round: a bar per rank
+
+
+def test_scalars_of_every_round_of_a_gang_restarted_in_place():
+    """Round 0 recorded a value, was restarted, and round 1 recorded its own: the card keeps
+    both, a bar per rank and round (before, only the last round's were shown)."""
+    def ranks(base):
+        return {r: rank_events(r, 0, 1, 2, scalars={"loss": [(1.0, base + r)]})
+                for r in range(2)}
+
+    earlier = events.RoundRecord(round=0, started=0.0, ended=1.0, ranks=ranks(10.0))
+    restart = events.RestartRecord.of_failure(0, Failure(1, 0, "signal", 1.0, local_rank=1))
+    rec = dataclasses.replace(record(nodes=1, ranks=ranks(20.0)), rounds=(earlier,),
+                              restarts=(restart,))
+    data = card.card_data(rec)
+    assert [(r["round"], r["rank"], r["value"]) for r in data["scalars"]] == [
+        (0, 0, 10.0), (0, 1, 11.0), (1, 0, 20.0), (1, 1, 21.0)]
+    spec = card.scalars_spec(data["scalars"], "loss")
+    assert spec["encoding"]["xOffset"]["field"] == "round" and "each round" in spec["title"]
 
 
 def test_components_are_metaflow_card_components():

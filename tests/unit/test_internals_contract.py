@@ -587,7 +587,9 @@ def test_checkpoints_current_checkpointer_loads_the_latest_again(tmp_path):
 
 def test_card_components_reach_another_collector_rendered():
     """A card's components, rendered in rank 0's process (card_state), are what the task's
-    collector serializes for @card's final render (restore_card_state)."""
+    collector serializes for @card's final render (restore_card_state). Each process draws its
+    own uuid per card (an exec'd rank 0's differ from the task's): cards are matched by type,
+    id and place."""
     from metaflow import current
     from metaflow.cards import Markdown
     from metaflow.plugins.cards.component_serializer import CardComponentCollector
@@ -599,13 +601,15 @@ def test_card_components_reach_another_collector_rendered():
     def collector():
         c = CardComponentCollector(card_creator=Creator())
         c._add_card("blank", None, {"type": "blank"}, {}, editable=True, customize=True)
+        c._add_card("blank", "other", {"type": "blank", "id": "other"}, {}, editable=True)
         c._finalize()
         return c
 
     rank0s, tasks = collector(), collector()
-    [uuid] = list(rank0s._card_component_store)
-    tasks._card_component_store = {uuid: tasks._card_component_store.popitem()[1]}
+    require(set(rank0s._card_component_store).isdisjoint(tasks._card_component_store),
+            "CardComponentCollector.create_uuid", "each collector draws its own uuids")
     rank0s.append(Markdown("# loss 0.1"))
+    rank0s["other"].append(Markdown("# other card"))
     rank0s.refresh({"step": 35})
     saved_current = getattr(current, "card", None)
     try:
@@ -615,10 +619,14 @@ def test_card_components_reach_another_collector_rendered():
         internals.restore_card_state(state)
     finally:
         internals.set_current("card", saved_current)
-    require(tasks._serialize_components(uuid) == rank0s._serialize_components(uuid),
-            "CardComponentCollector._serialize_components", "it renders a card's components")
-    assert "loss 0.1" in json.dumps(tasks._serialize_components(uuid))
-    assert tasks._get_latest_data(uuid, final=True, mode="render")["user"] == {"step": 35}
+    for theirs, ours in zip(rank0s._cards_meta, tasks._cards_meta):
+        require(tasks._serialize_components(ours) == rank0s._serialize_components(theirs),
+                "CardComponentCollector._serialize_components", "it renders a card's components")
+    default, other = list(tasks._cards_meta)
+    assert "loss 0.1" in json.dumps(tasks._serialize_components(default))
+    assert "other card" in json.dumps(tasks._serialize_components(other))
+    assert "loss 0.1" not in json.dumps(tasks._serialize_components(other))
+    assert tasks._get_latest_data(default, final=True, mode="render")["user"] == {"step": 35}
 
 
 # -- @card -------------------------------------------------------------------------------------
@@ -1636,6 +1644,7 @@ CONTRACTS = {
     "adopt_artifacts": "test_artifacts_persisted_by_one_process_are_adopted_by_the_tasks_own_save",
     "card_state": "test_card_components_reach_another_collector_rendered",
     "restore_card_state": "test_card_components_reach_another_collector_rendered",
+    "card_keys": "test_card_components_reach_another_collector_rendered",
     "render_failed_card": "test_card_decorator_private_attributes",
     "card_base": "test_card_types_of_extensions_and_their_base",
     "add_card": "test_card_decorator_counts_the_cards_of_a_step_once",

@@ -7,6 +7,8 @@
 - slow: @timeout(seconds=2) on a body that sleeps, on 2 nodes: the timeout (counted from the
   gang's assembly) stops the gang and @catch records Metaflow's TimeoutException, rank 0's:
   node 1's agent, whose own clock started earlier, does not time out by itself.
+- slow_exec: the same with exec'd ranks, rank 0 a spin-step of the task: the task's alarm
+  reaches it, and what its body set before it is handed back for @catch.
 - caught: @retry(times=1) + @catch; every attempt, rank 0 sets an artifact and waits while rank 1
   raises the user's own DataError: @catch keeps rank 0's artifact of the last attempt and
   records DataError, not a gang error.
@@ -29,6 +31,16 @@ EXEC = dict(nodes=1, nproc_per_node=2, start_method="exec")
 
 class DataError(Exception):
     """The user's own exception type."""
+
+
+def sleep_past_timeout(flow):
+    flow.slow_started = time.time()
+    join_group()
+    flow.slow_joined = time.time()
+    try:
+        time.sleep(60)
+    finally:  # kept: @catch keeps what the body set before the timeout
+        flow.slow_interrupted = time.time()
 
 
 def join_group():
@@ -75,13 +87,15 @@ class PromisesFlow(FlowSpec):
     @torch_distributed(**NODES)
     @step
     def slow(self):
-        self.slow_started = time.time()
-        join_group()
-        self.slow_joined = time.time()
-        try:
-            time.sleep(60)
-        finally:  # kept: @catch keeps what the body set before the timeout
-            self.slow_interrupted = time.time()
+        sleep_past_timeout(self)
+        self.next(self.slow_exec)
+
+    @catch(var="timeout_error")
+    @timeout(seconds=2)
+    @torch_distributed(**EXEC)
+    @step
+    def slow_exec(self):
+        sleep_past_timeout(self)
         self.next(self.caught)
 
     @catch(var="failure")

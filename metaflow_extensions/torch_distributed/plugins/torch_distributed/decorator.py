@@ -64,8 +64,10 @@ class TorchDistributedDecorator(StepDecorator):
         every other rank finished) before the stragglers are failed as unfinished.
         Default: METAFLOW_TORCH_DISTRIBUTED_FINISH_TIMEOUT, else the rendezvous timeout.
     start_method : str, optional
-        "fork" (members forked from the loaded task: fastest), "exec" (a fresh interpreter
-        per member) or "auto" (fork on Linux while CUDA is untouched, else exec).
+        "fork" (ranks and local node agents forked from the loaded task: fastest), "exec" (a
+        fresh interpreter per member, rank 0 included: a spin-step of the task) or "auto"
+        (fork on Linux while CUDA is untouched, else exec). Either way the task runs no user
+        code, and restarts in place work.
         Default: METAFLOW_TORCH_DISTRIBUTED_START_METHOD ("auto").
     hang_timeout : int, optional
         Seconds no rank may complete a collective while some rank waits in one before the

@@ -22,7 +22,8 @@ class GangSettings:
     finish_timeout_s: float
     # How long node 0 waits for a heartbeat of a started node on another machine.
     heartbeat_timeout_s: float
-    # How long rank 0 may take to unwind after the gang failed before its task is ended.
+    # How long a rank 0 that @timeout's alarm did not stop (stuck in native code) is given
+    # before the task's own handler stops the gang (usertimer.AlarmForwarder).
     abort_grace_s: float
     # "auto", "fork" or "exec": how the members of a node are started.
     start_method: str

@@ -108,12 +108,14 @@ class Outcome(_Outcome, total=False):
 
 
 class ScalarRow(TypedDict):
-    """The last value of one scalar a rank recorded, and how many it recorded."""
+    """The last value of one scalar a rank recorded in one round of the gang (0, then one more
+    per restart in place), and how many it recorded in that round."""
 
     rank: int
     name: str
     value: float
     count: int
+    round: int
 
 
 class CardData(TypedDict):
@@ -320,12 +322,17 @@ def _node_rows(record: GangRecord) -> List[List[str]]:
 
 
 def _scalars(record: GangRecord) -> List[ScalarRow]:
+    """Each rank's last value of each scalar, in every round: the restarted rounds' first,
+    then the last round's (numbered after the restarts)."""
+    rounds = [(r.round, r.ranks) for r in record.rounds] + [(len(record.restarts),
+                                                             record.ranks)]
     rows = []
-    for rank, own in sorted(record.ranks.items()):
-        for name, values in sorted(own.scalars.items()):
-            if values:
-                rows.append(ScalarRow(rank=rank, name=name, value=values[-1][1],
-                                      count=len(values)))
+    for round_, ranks in rounds:
+        for rank, own in sorted(ranks.items()):
+            for name, values in sorted(own.scalars.items()):
+                if values:
+                    rows.append(ScalarRow(rank=rank, name=name, value=values[-1][1],
+                                          count=len(values), round=round_))
     return rows
 
 
@@ -387,15 +394,25 @@ def timeline_spec(data: CardData) -> Dict[str, Any]:
 
 
 def scalars_spec(rows: Iterable[ScalarRow], name: str) -> Dict[str, Any]:
-    """A bar per rank of the last value of scalar `name` each rank recorded."""
+    """A bar per rank of the last value of scalar `name` each rank recorded; with restarts in
+    place, a bar per rank and round, side by side, coloured by round."""
+    values = [r for r in rows if r["name"] == name]
+    encoding: Dict[str, Any] = {
+        "x": {"field": "rank", "type": "ordinal"},
+        "y": {"field": "value", "type": "quantitative", "title": name},
+        "tooltip": [{"field": "rank"}, {"field": "round"}, {"field": "value"},
+                    {"field": "count"}]}
+    several = len({r["round"] for r in values}) > 1
+    if several:
+        encoding["xOffset"] = {"field": "round", "type": "ordinal"}
+        encoding["color"] = {"field": "round", "type": "ordinal", "title": "round"}
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
-        "title": "%s (last value recorded by each rank)" % name,
-        "data": {"values": [r for r in rows if r["name"] == name]},
+        "title": "%s (last value recorded by each rank%s)" % (
+            name, " in each round" if several else ""),
+        "data": {"values": values},
         "mark": "bar",
-        "encoding": {"x": {"field": "rank", "type": "ordinal"},
-                     "y": {"field": "value", "type": "quantitative", "title": name},
-                     "tooltip": [{"field": "rank"}, {"field": "value"}, {"field": "count"}]},
+        "encoding": encoding,
     }
 
 

@@ -291,19 +291,37 @@ def adopt_artifacts(task_datastore: Any, keys: Mapping[str, Tuple[str, Any]]) ->
 
 
 def card_state() -> Dict[str, Tuple[List[Any], Any]]:
-    """{card uuid: (its components rendered, the data of its last refresh)} of this process's
-    `current.card`, or {} without @card. Why: @card renders a task's cards in task_finished
-    from current.card's private store of components (CardComponentCollector:
-    _card_component_store, _serialize_components; CardComponentManager._latest_user_data)."""
+    """{card key: (its components rendered, the data of its last refresh)} of this process's
+    `current.card`, or {} without @card. A card's key names it the same way in every process
+    of the task (card_keys), not by its uuid, which each process draws at random. Why: @card
+    renders a task's cards in task_finished from current.card's private store of components
+    (CardComponentCollector: _card_component_store, _cards_meta, _serialize_components;
+    CardComponentManager._latest_user_data)."""
     from metaflow import current
 
     collector: Any = getattr(current, "card", None)
     store = getattr(collector, "_card_component_store", None)
     if not store:
         return {}
-    return {uuid: (collector._serialize_components(uuid),
-                   getattr(manager, "_latest_user_data", None))
-            for uuid, manager in store.items()}
+    keys = card_keys(collector)
+    return {keys[uuid]: (collector._serialize_components(uuid),
+                         getattr(manager, "_latest_user_data", None))
+            for uuid, manager in store.items() if uuid in keys}
+
+
+def card_keys(collector: Any) -> Dict[str, str]:
+    """{uuid: key} of a collector's cards: a key is the card's type, its id and its place
+    among the cards of that type and id ("blank/None/0"), the same in a forked or exec'd rank
+    0 as in the task, whose @card decorators are the same, in the same order. Why: a card's
+    uuid (CardComponentCollector.create_uuid, kept in its private _cards_meta) is drawn at
+    random in each process."""
+    seen: Dict[str, int] = {}
+    keys = {}
+    for uuid, meta in getattr(collector, "_cards_meta", {}).items():
+        base = "%s/%s" % (meta.get("type"), meta.get("card_id"))
+        keys[uuid] = "%s/%d" % (base, seen.get(base, 0))
+        seen[base] = seen.get(base, 0) + 1
+    return keys
 
 
 def restore_card_state(state: Mapping[str, Tuple[Sequence[Any], Any]]) -> None:
@@ -317,13 +335,14 @@ def restore_card_state(state: Mapping[str, Tuple[Sequence[Any], Any]]) -> None:
     store = getattr(collector, "_card_component_store", None)
     if not state or store is None:
         return
+    handed = {uuid: state[key] for uuid, key in card_keys(collector).items() if key in state}
     serialize = collector._serialize_components
 
     def serialize_handed_back(uuid: str) -> List[Any]:
-        return list(state[uuid][0]) if uuid in state else serialize(uuid)
+        return list(handed[uuid][0]) if uuid in handed else serialize(uuid)
 
     collector._serialize_components = serialize_handed_back
-    for uuid, (_, user_data) in state.items():
+    for uuid, (_, user_data) in handed.items():
         if uuid in store:
             store[uuid]._latest_user_data = user_data
 
