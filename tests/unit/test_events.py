@@ -107,7 +107,7 @@ def test_a_record_kept_by_an_earlier_release_still_makes_its_card():
     assert [r["outcome"] for r in data["ranks"]] == ["stopped", "finished", "peer failed",
                                                      "failed"]
     assert data["nodes"][1] == ["1", "2-3", "ip-10-0-0-2", "10.0.0.2", "Batch node index 1"]
-    assert data["scalars"] == [dict(rank=0, name="loss", value=0.5, count=1)]
+    assert data["scalars"] == [dict(rank=0, name="loss", value=0.5, count=1, round=0)]
     assert card.components(data)  # every component can be made
     # kept again in this release's form, the card is the same
     assert card.card_data(GangRecord.from_dict(json.loads(json.dumps(record.to_dict())))) == data
