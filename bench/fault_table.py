@@ -14,33 +14,17 @@ from pathlib import Path
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "reliability.md"
 START, END = "<!-- matrix:start -->", "<!-- matrix:end -->"
-WHERE = {0: "rank 0 (the task)", 1: "rank 1 (member, node 0)", 2: "rank 2 (member, node 1)"}
+WHERE = {0: "rank 0 (forked by the task)", 1: "rank 1 (member, node 0)", 2: "rank 2 (member, node 1)"}
 WHENS = ("before_init", "in_rendezvous", "in_collective", "after_body")
 HOWS = ("raise", "exit", "sigkill", "hang")
 
 
-# Cases whose message misses the rank or the cause (xfail in tests/e2e/test_failures.py).
-NOTES = {
-    "a": "the step fails, but the message names a peer that timed out, not the hung rank",
-    "b": "the step fails, but the message says another rank failed, not that rank 0 did not "
-         "finish",
-}
-
-
-def note(rank, when, how):
-    if how == "hang" and when != "after_body":
-        return "a"
-    if (rank, when, how) == (0, "after_body", "hang"):
-        return "b"
-    return None
-
-
-def cell(entry, mark):
+def cell(entry):
     if entry is None:
         return "not run"
     if entry["latency"] is None:
         return "**not detected** (killed at the bound)"
-    return "%.1f s" % entry["latency"] + (" (%s)" % mark if mark else "")
+    return "%.1f s" % entry["latency"]
 
 
 def render(entries):
@@ -50,9 +34,10 @@ def render(entries):
     for rank in WHERE:
         for when in WHENS:
             lines.append("| %s | %s | %s |" % (WHERE[rank], when.replace("_", " "), " | ".join(
-                cell(found.get((rank, when, how)), note(rank, when, how)) for how in HOWS)))
+                cell(found.get((rank, when, how))) for how in HOWS)))
     lines.append("")
-    lines += ["(%s) %s." % item for item in NOTES.items()]
+    lines.append("Every case names the failing rank and its cause (a hang: the hung rank, or rank "
+                 "0 that did not finish), as tests/e2e/test_failures.py asserts.")
     return "\n".join(lines)
 
 

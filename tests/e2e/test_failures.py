@@ -1,7 +1,7 @@
 """The fault matrix: every way a rank can fail stops the whole gang fast, names the cause and
 leaves nothing.
 
-2 nodes x 2 processes: rank 0 is the Metaflow task, rank 1 a member forked on node 0, rank 2
+2 nodes x 2 processes: rank 0 and rank 1 are members forked by the Metaflow task, rank 2
 a member on node 1 (started by node 1's agent). Where x when x how is 3 x 4 x 4 = 48 cases;
 CI runs 17 of them: 16 that cover every pair of (where, when), (where, how) and (when, how),
 and a member hung after its body. TD_FULL_FAULT_MATRIX=1 runs all 48. TD_FAULT_REPORT=<file>
