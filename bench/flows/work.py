@@ -30,11 +30,14 @@ def created(pid="self"):
 
 def task_created():
     """Creation time of the Metaflow task process: the zero of every time reported. Under
-    @torch_distributed rank 0 is a process the task forks (the same command line), whose
-    parent is the task; elsewhere the task is this process."""
+    @torch_distributed rank 0 is a process the task starts, whose parent is the task: forked
+    (the same command line), or under the start method exec a spin-step of it; elsewhere the
+    task is this process."""
     me = psutil.Process()
     parent = me.parent()
-    if parent is not None and parent.cmdline() == me.cmdline():
+    mine = me.cmdline()
+    if parent is not None and (parent.cmdline() == mine or (
+            "spin-step" in mine and "step" in parent.cmdline())):
         return created(parent.pid)
     return created()
 
