@@ -27,7 +27,11 @@ SCALE_START = "<!-- scale section: bench/scale_report.py, from a `bench/scale.py
 SCALE_END = "<!-- end of the scale section -->"
 # The sections other runs write, kept (in this order, at the end of the page) when this
 # script renders the rest.
-KEPT = ((SECTION_START, SECTION_END), (SCALE_START, SCALE_END))
+# The paired before/after launch of exec'd gangs when rank 0 became a spin-step of its own
+# (issue 22), from bench/results/ab-exec-rank0-*.json.
+EXEC_START = "<!-- exec rank 0 section: from a paired before/after launch run (issue 22) -->"
+EXEC_END = "<!-- end of the exec rank 0 section -->"
+KEPT = ((SECTION_START, SECTION_END), (SCALE_START, SCALE_END), (EXEC_START, EXEC_END))
 PHASES = [("proc", "rank 0 process started"), ("body", "work starts"),
           ("import", "torch imported"), ("init", "group formed"),
           ("collective", "all-reduce done")]
