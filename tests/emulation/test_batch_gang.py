@@ -144,6 +144,22 @@ def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang, tmp_p
     assert "writes to stderr" not in out.stdout
 
 
+def test_an_exec_gang_hands_rank_0s_results_back_and_restarts_in_place(gang):
+    """start_method="exec" on AWS Batch: rank 0 is a spin-step of node 0's task that saves its
+    artifacts into the run's S3 datastore and hands back their keys; rank 2 (node 1) fails in
+    round 0 and the gang restarts in place within the one multi-node job."""
+    res = gang.run(TD_START_METHOD="exec", TD_FAIL_RANK=2, TD_FAIL_ROUND=0, TD_MAX_RESTARTS=1)
+    assert res.returncode == 0, res.output
+    assert len(gang.jobs_of("train")) == 1, gang.batch.submissions  # no retry, no new job
+    assert "restart 1 of 1 after rank 2 (node 1) raised ValueError" in res.output, res.output
+    got = gang.client("dict(places=[p['rank'] for p in run['train'].task['places'].data], "
+                      "total=run['train'].task['total'].data, "
+                      "restarts=run['train'].task['restarts'].data)")
+    assert got == dict(places=[0, 1, 2, 3], total=10.0, restarts=1), got
+    [record] = gang.client(RECORDS % "[0]")
+    assert record["start_method"] == "exec", record["start_method"]
+
+
 def test_a_rank_on_node_1_stuck_outside_any_collective_is_named_with_its_stack(gang):
     """Hang detection across machines: node 1's agent reads its ranks' probes and sends where
     they stand through node 0's store; node 0 names rank 2 with its stack, with no timeout

@@ -7,6 +7,7 @@ rank in all-reduces for that many seconds (a test stops a node meanwhile). TD_IN
 of tests/intruder.py): rank 0 starts it first, an outside process that reached the gang's store
 with MASTER_ADDR and MASTER_PORT only; it writes to TD_INTRUDER_DIR. TD_HANG_RANK sleeps on that
 rank while the others wait in all_reduce; TD_HANG_TIMEOUT is the step's hang_timeout.
+TD_START_METHOD is the step's start_method (exec: every rank, rank 0 included, a spin-step).
 TD_MAX_RESTARTS is the step's max_restarts; TD_FAIL_ROUND fails TD_FAIL_RANK in that round of a
 restart in place only."""
 
@@ -41,7 +42,8 @@ class BatchGangFlow(FlowSpec):
     @retry(times=RETRIES, minutes_between_retries=0)
     @torch_distributed(nodes=NODES, nproc_per_node=NPROC, rendezvous_timeout=TIMEOUT,
                        hang_timeout=float(TD["TD_HANG_TIMEOUT"]) if TD.get("TD_HANG_TIMEOUT")
-                       else None, max_restarts=int(TD.get("TD_MAX_RESTARTS", "0")))
+                       else None, max_restarts=int(TD.get("TD_MAX_RESTARTS", "0")),
+                       start_method=TD.get("TD_START_METHOD"))
     @step
     def train(self):
         import torch
