@@ -344,18 +344,27 @@ def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubern
     _assert_the_retry_loaded_the_checkpoint_on_both_pods(gang)
 
 
-def test_a_rank_killed_on_the_worker_pod_restarts_the_jobset_in_place(aws, kubernetes, tmp_path):
+@pytest.mark.parametrize("start_method", ["fork", "exec"])
+def test_a_rank_killed_on_the_worker_pod_restarts_the_jobset_in_place(aws, kubernetes, tmp_path,
+                                                                       start_method):
     """max_restarts=1: rank 1 (the worker pod) is SIGKILLed after rank 0's save; both pods
-    start their ranks again within the same JobSet, each loading that save."""
+    start their ranks again within the same JobSet, each loading that save. Under exec every
+    rank, rank 0 included, is a spin-step: rank 0 of round 1 hands its artifacts back to the
+    control pod's task through the run's S3 datastore."""
     gang = KubernetesRun(aws, kubernetes, tmp_path, "remote_checkpoint_flow.py")
-    res = gang.run(timeout_s=300, TD_LAUNCH_DIR=gang.workdir, TD_MAX_RESTARTS=1)
+    res = gang.run(timeout_s=300, TD_LAUNCH_DIR=gang.workdir, TD_MAX_RESTARTS=1,
+                   TD_START_METHOD=start_method)
     assert res.returncode == 0, res.output
     assert "restart 1 of 1 after rank 1 (node 1) was killed by SIGKILL" in res.output, res.output
     assert "Task is starting (retry)" not in res.output, res.output
     assert len(gang.jobsets_of("train")) == 1  # no new JobSet
     found = gang.client("dict(loaded=run['train'].task['loaded'].data, restarts=run['train']"
-                        ".task['restarts'].data, attempt=run['train'].task.current_attempt)")
+                        ".task['restarts'].data, attempt=run['train'].task.current_attempt, "
+                        "record=__import__('metaflow_extensions.torch_distributed.plugins."
+                        "torch_distributed.mf.events', fromlist=['gang_record']).gang_record("
+                        "run['train'].task).to_dict())")
     assert found["restarts"] == 1 and found["attempt"] == 0, found
+    assert found["record"]["start_method"] == start_method, found["record"]
     loaded = found["loaded"]
     assert "-control-0-0-" in loaded[0]["pod"] and "-worker-0-0-" in loaded[1]["pod"], loaded
     assert all(p["is_loaded"] and p["found"] == "saved by rank 0 in attempt 0"

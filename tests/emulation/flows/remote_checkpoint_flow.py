@@ -12,7 +12,8 @@ preempt-saved-<rank> (when the save was done).
 Attempt 1 (a new multi-node job or JobSet): every rank reads what it finds in its
 current.checkpoint.directory, and rank 0 gathers it into `loaded`, with where each rank ran.
 TD_MAX_RESTARTS=N gives the gang max_restarts=N: the SIGKILL of rank 1 then restarts the gang in
-place, and round 1 of attempt 0 does what attempt 1 does (`restarts` is its restart_count)."""
+place, and round 1 of attempt 0 does what attempt 1 does (`restarts` is its restart_count).
+TD_START_METHOD is the step's start_method (exec: every rank, rank 0 included, a spin-step)."""
 
 import os
 import signal
@@ -72,7 +73,8 @@ class RemoteCheckpointFlow(FlowSpec):
     @checkpoint
     @torch_distributed(nodes=2, nproc_per_node=1, rendezvous_timeout=60,
                        preempt_grace=float(TD.get("TD_PREEMPT_GRACE", "25")),
-                       max_restarts=int(TD.get("TD_MAX_RESTARTS", "0")))
+                       max_restarts=int(TD.get("TD_MAX_RESTARTS", "0")),
+                       start_method=TD.get("TD_START_METHOD"))
     @step
     def train(self):
         import torch
