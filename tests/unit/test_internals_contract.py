@@ -322,6 +322,41 @@ def test_root_context_saved_args():
             "outside a CLI there is no context")
 
 
+def test_spin_step_skips_a_decorator_quietly_once_told(monkeypatch):
+    """decorators._should_skip_decorator_for_spin decides, for each decorator of each step, if
+    a spin-step skips it, and warns through the logger it is given; quiet_spin_skips keeps the
+    decision and drops the warning (a gang member's own spin-step)."""
+    from metaflow import decorators
+
+    name = "_should_skip_decorator_for_spin"
+    require(callable(getattr(decorators, name, None)), "decorators." + name, "it exists")
+    monkeypatch.setattr(decorators, name, getattr(decorators, name))  # undone after the test
+    monkeypatch.setattr(decorators, "SPIN_ALLOWED_DECORATORS", ["card", "torch_distributed"],
+                        raising=False)
+
+    def decide(deco_name):
+        said = []
+        deco = types.SimpleNamespace(name=deco_name)
+        skip = getattr(decorators, name)(deco, True, False,
+                                         lambda *a, **k: said.append(a[0] if a else k), "Step "
+                                         "decorator")
+        return skip, said
+
+    skip, said = decide("retry")
+    require(skip is True and len(said) == 1 and "'retry'" in str(said[0]), "decorators." + name,
+            "a spin-step skips a decorator off its allow-list and tells the logger it was given; "
+            "got %r, %r" % (skip, said))
+    internals.quiet_spin_skips()
+    internals.quiet_spin_skips()  # a second call wraps nothing again
+    require(decide("retry") == (True, []), "decorators." + name,
+            "quieted, it still skips the decorator and says nothing; got %r" % (decide("retry"),))
+    require(decide("torch_distributed") == (False, []), "decorators." + name,
+            "an allowed decorator runs; got %r" % (decide("torch_distributed"),))
+    require(getattr(decorators, name)(types.SimpleNamespace(name="retry"), False, False,
+                                      None) is False, "decorators." + name,
+            "outside a spin-step nothing is skipped")
+
+
 def test_plugins_deployer_impl_providers():
     commands = internals.deployer_commands()
     require({"step-functions", "argo-workflows"} <= set(commands),
@@ -1629,6 +1664,7 @@ CONTRACTS = {
     "command_words": "test_root_context_saved_args",
     "deployer_commands": "test_plugins_deployer_impl_providers",
     "spin_allowed_decorators": "test_metaflow_config_spin_allowed_decorators",
+    "quiet_spin_skips": "test_spin_step_skips_a_decorator_quietly_once_told",
     "orig_datastore": "test_flow_datastore_type_and_root",
     "attempt_datastore": "test_flow_datastore_get_task_datastore",
     "flow_datastore_at": "test_an_attempt_file_round_trips_through_a_real_datastore",

@@ -29,11 +29,15 @@ from .core.gangspec import (
 from .core.topology import Topology, plan_line, plan_topology
 from .mf import attempt_secret, card, checkpoints
 from .mf import current as current_mod
-from .mf import groupcheck, internals
+from .mf import groupcheck, internals, spinstep
 from .mf.events import GangRecord
 from .mf.usertimer import PausedTimer, WhenAll, disarm
 from .mf.versions import check_metaflow_version
 from .runtime import interrupt
+
+# Metaflow imports this module before it reads the command line: in a gang member, a spin-step
+# of the task, its warnings that the flow's other decorators are skipped go before they start.
+spinstep.quiet_if_member(os.environ)
 
 
 class TorchDistributedDecorator(StepDecorator):

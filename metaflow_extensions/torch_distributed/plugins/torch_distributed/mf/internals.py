@@ -150,6 +150,31 @@ def spin_allowed_decorators() -> List[str]:
     return list(SPIN_ALLOWED_DECORATORS)
 
 
+def quiet_spin_skips() -> None:
+    """In this process, spin-step skips the decorators its allow-list lacks without saying so.
+    Why: every exec'd rank and node agent is a spin-step of the gang's task, and Metaflow warns,
+    twice for every such decorator of every step of the flow, that it ignores it
+    (decorators._should_skip_decorator_for_spin, which the decorator hooks' loops call by its
+    module name): a line per rank, step and decorator, every round, each telling the user that
+    their @retry or @kubernetes is ignored while the task runs it. The skip itself stays."""
+    from metaflow import decorators
+
+    def make(skip: Callable[..., bool]) -> Callable[..., bool]:
+        signature = inspect.signature(skip)
+
+        def without_warning(*args: Any, **kwargs: Any) -> bool:
+            bound = signature.bind(*args, **kwargs)
+            bound.arguments["logger"] = _say_nothing
+            return skip(*bound.args, **bound.kwargs)
+        return without_warning
+
+    _wrap_once(decorators, "_should_skip_decorator_for_spin", make)
+
+
+def _say_nothing(*args: Any, **kwargs: Any) -> None:
+    """A Metaflow logger that drops what it is given."""
+
+
 # -- datastore and artifacts ---------------------------------------------------------------------
 
 def orig_datastore(flow_datastore: Any) -> str:
@@ -416,7 +441,7 @@ _CHILD_NODES: Dict[str, int] = {}
 _WRAPPED = "_torch_distributed_wrap"  # marks a method replaced by this module
 
 
-def _wrap_once(owner: type, name: str,
+def _wrap_once(owner: Any, name: str,
                make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
     """Replace `owner.name` by `make(original)` unless this module replaced it already (a
     second gang step of the same flow registers its own part, which the one wrapper finds)."""

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..core.gangspec import AgentOrder, GangSpec, TaskIdentity
+from ..core.gangspec import ORDER_ENV, SPEC_ENV, AgentOrder, GangSpec, TaskIdentity
 from ..mf import internals
 
 # Words that read the same in every shell context: left as they are.
@@ -124,6 +124,14 @@ def spin_env_additions(base_env: Mapping[str, str], spec: Union[GangSpec, AgentO
     if decorator_name not in allowed:
         allowed.append(decorator_name)
     return {**spec.to_env(), internals.SPIN_ALLOWED_ENV: json.dumps(allowed)}
+
+
+def quiet_if_member(environ: Mapping[str, str]) -> None:
+    """In a gang member (an exec'd rank or a node agent, told by its environment), Metaflow's
+    spin-step does not warn that it skips the flow's other decorators: the task runs them, and
+    the warning, a line per rank, step and decorator, would say they are ignored."""
+    if SPEC_ENV in environ or ORDER_ENV in environ:
+        internals.quiet_spin_skips()
 
 
 def interpreter() -> str:
