@@ -49,9 +49,14 @@ def test_the_group_check_can_be_a_warning(flow_runner):
     assert [sorted(r["seen"]) for r in ranks_of(flow_runner, "TorchFlow")] == [ROWS] * 4
 
 
-@pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
-def test_bare_lightning_trainer_is_ddp_over_the_gang(flow_runner, package):
-    res = flow_runner.run("fw_lightning_flow.py", env={"TD_LT": package})
+@pytest.mark.parametrize("package, start_method", [
+    ("lightning.pytorch", "auto"), ("pytorch_lightning", "auto"),
+    # every rank, rank 0 included, a spin-step of the task (what auto picks off Linux, or when
+    # the task initialised CUDA): the Trainer sees the same processes created externally
+    ("lightning.pytorch", "exec")])
+def test_bare_lightning_trainer_is_ddp_over_the_gang(flow_runner, package, start_method):
+    res = flow_runner.run("fw_lightning_flow.py", env={
+        "TD_LT": package, "METAFLOW_TORCH_DISTRIBUTED_START_METHOD": start_method})
     assert res.returncode == 0, res
     ranks = ranks_of(flow_runner, "LightningFlow")
     assert [(r["strategy"], r["world_size"], r["global_rank"]) for r in ranks] == \
