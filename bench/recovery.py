@@ -8,10 +8,12 @@ first training step of the last rank of the resumed gang (marks the training wri
 * `inplace`: tests/e2e/flows/checkpoint_flow.py with max_restarts=1: the gang is started again
   in the same attempt, every rank loading @checkpoint's latest;
 * `inplace2n`: the same, the world as 2 nodes (node agents on this machine) of world/2 each;
+* `inplaceexec`: `inplace` under start_method="exec": the restart starts every rank, rank 0
+  included, as a fresh interpreter (a spin-step of the task), which imports torch again;
 * `retry`: the same flow with max_restarts=0: @retry's next attempt (a new task) resumes;
 * `torchrun`: bench/flows/recovery_torchrun.py, a plain step running the same training under
   `torchrun --standalone --max-restarts=1`, which saves to a file.
-Each repetition runs the three in a shuffled order. Writes bench/results/recovery-<ts>.json and
+Each repetition runs them all in a shuffled order. Writes bench/results/recovery-<ts>.json and
 prints the medians, the paired ratios inplace/torchrun and inplace/retry.
 """
 
@@ -34,6 +36,9 @@ ARMS = {
     # the same world as 2 nodes x world/2 (node agents, the restart's word through the store)
     "inplace2n": (REPO / "tests" / "e2e" / "flows" / "checkpoint_flow.py",
                   {"TD_MAX_RESTARTS": 1, "TD_KILL_RANK": 3, "TD_KILL_STEP": 35, "TD_NODES": 2}),
+    "inplaceexec": (REPO / "tests" / "e2e" / "flows" / "checkpoint_flow.py",
+                    {"TD_MAX_RESTARTS": 1, "TD_KILL_RANK": 3, "TD_KILL_STEP": 35,
+                     "METAFLOW_TORCH_DISTRIBUTED_START_METHOD": "exec"}),
     "retry": (REPO / "tests" / "e2e" / "flows" / "checkpoint_flow.py",
               {"TD_MAX_RESTARTS": 0, "TD_KILL_RANK": 3, "TD_KILL_STEP": 35}),
     "torchrun": (HERE / "flows" / "recovery_torchrun.py", {"BENCH_KILL_RANK": 3}),
@@ -85,7 +90,8 @@ def main():
     summary = {a: statistics.median(by[a].values()) for a in ARMS}
     ratios = {}
     for arm, other in (("inplace", "torchrun"), ("inplace", "retry"), ("inplace2n", "torchrun"),
-                       ("inplace2n", "inplace")):
+                       ("inplace2n", "inplace"), ("inplaceexec", "torchrun"),
+                       ("inplaceexec", "inplace")):
         ratios["%s/%s" % (arm, other)] = statistics.median(
             by[arm][i] / by[other][i] for i in range(args.reps))
     result = {"world": args.reps and args.world, "reps": args.reps, "median_recovery_s": summary,
