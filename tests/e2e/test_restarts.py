@@ -163,3 +163,25 @@ def _card_bars(flow_runner, output):
                           str(target))
     assert got.returncode == 0, got.output
     return card_charts(card_json(target.read_text()))[0]
+
+
+def test_every_round_starts_its_ranks_with_the_signal_handling_of_the_first(flow_runner):
+    """A round's ranks are forked while their supervisor (node 0's task, node 1's agent) has
+    its own handlers installed: they must not inherit them. Each round's ranks start as the
+    first round's did (the package's SIGTERM handler, Metaflow's @timeout alarm, no wakeup fd
+    of the supervisor's), so the stop's SIGTERM unwinds rank 0 in every round: its finally
+    block runs and @catch keeps what it set."""
+    res = flow_runner.run("round_signals_flow.py")
+    assert res.returncode == 0, res  # @catch
+    assert "restart 1 of 1 after rank 3 (node 1) raised ValueError: rank 3 fails round 0" \
+        in res.output, res
+    for rank in range(4):
+        first, second = (json.loads((flow_runner.marks / ("signals-%d-%d" % (r, rank)))
+                                    .read_text()) for r in (0, 1))
+        assert second == first, (rank, first, second)
+        assert "install_rank_handler" in second["SIGTERM"] and second["wakeup_fd"] == -1, second
+    assert (flow_runner.marks / "finally-0").exists() and (flow_runner.marks / "finally-1").exists()
+    got = flow_runner.client("t = Flow('RoundSignalsFlow').latest_run['train'].task\n"
+                             "result = [t['left'].data, str(t['err'].data)]")
+    assert got[0] == 1, got
+    assert "rank 3 fails round 1" in got[1], got

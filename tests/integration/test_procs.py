@@ -6,6 +6,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failur
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import (
     OutputPump,
+    SignalSetup,
     fork_member,
     spawn_member,
     stop_members,
@@ -270,6 +272,35 @@ def test_close_fds_are_closed_in_the_child(members):
         assert member.poll() is None
     finally:
         os.close(r)
+
+
+def test_a_member_starts_with_the_signal_setup_it_is_given_not_its_parents(members):
+    """A supervisor's own handlers (and wakeup fd), installed after the setup was taken, stay
+    out of the members it forks later: a restart in place forks while they are installed."""
+    setup = SignalSetup.of_this_process()
+    supervisors = lambda signum, frame: None  # noqa: E731
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    previous = signal.signal(signal.SIGTERM, supervisors)
+    supervisors_fd = writer.fileno()
+    theirs = signal.set_wakeup_fd(supervisors_fd)
+    try:
+        def body():
+            handler = signal.getsignal(signal.SIGTERM)
+            wakeup = signal.set_wakeup_fd(-1)
+            os.write(1, json.dumps([handler is supervisors, handler == setup.handlers[
+                signal.SIGTERM], wakeup]).encode())
+
+        code, out, _ = run_forked(members, body, signals=setup)
+        inherited_code, inherited, _ = run_forked(members, body)
+    finally:
+        signal.set_wakeup_fd(theirs)
+        signal.signal(signal.SIGTERM, previous)
+        reader.close()
+        writer.close()
+    assert (code, json.loads(out)) == (0, [False, True, setup.wakeup_fd]), out
+    # without it, the fork takes the supervisor's (what rounds after the first used to get)
+    assert (inherited_code, json.loads(inherited)) == (0, [True, False, supervisors_fd])
 
 
 # OutputPump

@@ -23,6 +23,7 @@ from ..runtime import interrupt, stacks
 from ..runtime.control import loopback_interface
 from ..runtime.procs import (
     OutputPump,
+    SignalSetup,
     Sink,
     exit_file_of,
     fork_member,
@@ -58,6 +59,8 @@ class NodeRunner:
         self.args = args
         self.decorator_name = decorator_name
         self.base_env = dict(os.environ)  # what exec'd members start from
+        # what forked members start with in every round, before this process's own handlers
+        self.signals = SignalSetup.of_this_process()
         self.slots: List[Slot] = []
         # A remote node also ships its output to node 0, whose task log Metaflow keeps. The
         # shipper's store client needs torch: import it before the pump is forked.
@@ -117,7 +120,7 @@ class NodeRunner:
                                      remove_env=foreign_launcher_vars(os.environ),
                                      error_file=self.error_file(rank),
                                      close_fds=[*close_fds, *self._open_pipe_fds()],
-                                     pipes=write_ends)
+                                     pipes=write_ends, signals=self.signals)
             else:
                 argv, spawn_env = self.command(
                     Role.RANK, naming.hidden_task_id(self.spec.attempt.task.task_id,

@@ -8,6 +8,7 @@ that no atexit handler or artifact save of the parent runs in it.
 
 import atexit
 import ctypes
+import dataclasses
 import functools
 import os
 import selectors
@@ -15,8 +16,8 @@ import signal
 import subprocess
 import sys
 import time
-from typing import (Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple,
-                    Union)
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence,
+                    Tuple, Union)
 
 from ..core.failures import communication_error, report_exception, save_exception
 
@@ -25,6 +26,44 @@ _PR_SET_PDEATHSIG = 1
 # its latest state once it has been rewritten for this long, then at most this often, and once
 # more when it ends: never held back until its newline, never written as one line of every state.
 PROGRESS_INTERVAL = 5.0
+
+
+# The signals a supervising process (node 0's task, a node agent) handles for itself while its
+# gang runs: a preemption (SIGTERM), @timeout's alarm, a request for stacks (SIGUSR1), Ctrl-C.
+SUPERVISOR_SIGNALS = (signal.SIGTERM, signal.SIGALRM, signal.SIGUSR1, signal.SIGINT)
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalSetup:
+    """How a process handled SUPERVISOR_SIGNALS, and its wakeup fd, before it supervised a gang:
+    what every member it forks starts with, in every round. A rank forked for a restart in
+    place, while the supervisor's own handlers are installed, would otherwise run them (a stop's
+    SIGTERM taken for a preemption, rank 0 never unwinding) and write its signals to the
+    supervisor's wakeup fd, where the supervisor would take them for its own."""
+    handlers: Mapping[int, Any]  # signal -> handler (signal.getsignal), None: not from Python
+    wakeup_fd: Optional[int]  # None: not read (not the main thread)
+
+    @classmethod
+    def of_this_process(cls) -> "SignalSetup":
+        wakeup: Optional[int] = None
+        if threading_is_main():
+            wakeup = signal.set_wakeup_fd(-1)
+            if wakeup != -1:
+                signal.set_wakeup_fd(wakeup)
+        return cls({signum: signal.getsignal(signum) for signum in SUPERVISOR_SIGNALS}, wakeup)
+
+    def restore(self) -> None:
+        """In a forked child (its one thread) whose SUPERVISOR_SIGNALS are blocked."""
+        for signum, handler in self.handlers.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        if self.wakeup_fd is not None:
+            signal.set_wakeup_fd(self.wakeup_fd)
+
+
+def threading_is_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -105,11 +144,14 @@ def _written_exit(path: Optional[str]) -> int:
 
 def fork_member(label: str, body: Callable[[], object], env: Mapping[str, str],
                 remove_env: Iterable[str] = (), error_file: Optional[str] = None,
-                close_fds: Iterable[int] = (), pipes: Optional[Tuple[int, int]] = None) -> Member:
+                close_fds: Iterable[int] = (), pipes: Optional[Tuple[int, int]] = None,
+                signals: Optional[SignalSetup] = None) -> Member:
     """Fork this process; the child sets `env`, runs `body()` and exits with its status.
     Its output goes to new pipes, or to `pipes` (the write ends of its stdout and stderr, kept
     open by the caller for the next process of the same place: a restart in place), whose fds
-    the caller lists in `close_fds` with every other fd the child must not keep."""
+    the caller lists in `close_fds` with every other fd the child must not keep. With
+    `signals`, the child starts with that signal setup, not this process's current one (held
+    back across the fork, so that none reaches a handler of this process's in the child)."""
     out_r: Optional[int]
     err_r: Optional[int]
     own: Tuple[int, ...]
@@ -122,6 +164,8 @@ def fork_member(label: str, body: Callable[[], object], env: Mapping[str, str],
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
+    held = None if signals is None else \
+        signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
     pid = os.fork()
     if pid == 0:  # child: never returns
         code = 1
@@ -129,6 +173,9 @@ def fork_member(label: str, body: Callable[[], object], env: Mapping[str, str],
         # parent's (Metaflow's, of the task)
         atexit._clear()
         try:
+            if signals is not None and held is not None:
+                signals.restore()
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
             os.setpgid(0, 0)
             die_with_parent(parent)
             os.dup2(out_w, 1)
@@ -143,6 +190,8 @@ def fork_member(label: str, body: Callable[[], object], env: Mapping[str, str],
             _flush_stdio()
         finally:
             os._exit(code)
+    if held is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     if pipes is None:
         os.close(out_w)
         os.close(err_w)
