@@ -4,7 +4,9 @@ leaves nothing.
 2 nodes x 2 processes: rank 0 and rank 1 are members forked by the Metaflow task, rank 2
 a member on node 1 (started by node 1's agent). Where x when x how is 3 x 4 x 4 = 48 cases;
 CI runs 17 of them: 16 that cover every pair of (where, when), (where, how) and (when, how),
-and a member hung after its body. TD_FULL_FAULT_MATRIX=1 runs all 48. TD_FAULT_REPORT=<file>
+and a member hung after its body. TD_FULL_FAULT_MATRIX=1 runs all 48.
+TD_FAULT_START_METHOD=exec runs them under that start method (every rank, rank 0 included, a
+spin-step of the task; the default is the package's, fork here). TD_FAULT_REPORT=<file>
 appends each case's measured detection time to that file as a JSON line (docs/reliability.md
 is written from it by bench/fault_table.py).
 """
@@ -19,6 +21,8 @@ import psutil
 import pytest
 
 GANG = {"TD_NODES": 2, "TD_NPROC": 2}
+if os.environ.get("TD_FAULT_START_METHOD"):
+    GANG["METAFLOW_TORCH_DISTRIBUTED_START_METHOD"] = os.environ["TD_FAULT_START_METHOD"]
 # The peers of a hung rank give up after this process-group timeout (seconds), passed to
 # init_process_group in the hang cases only. It also bounds how long the first rank waits in
 # init for the last, so it must cover node 1's agent starting on a loaded 2-core machine.
@@ -73,8 +77,8 @@ def run_gang(flow_runner, env, *args, bound=RUN_BOUND):
     return res.returncode, res.output
 
 
-def failing_env(rank, when, how, **extra):
-    env = dict(GANG, TD_FAIL_RANK=rank, TD_FAIL_WHEN=when, TD_FAIL_HOW=how,
+def failing_env(rank, when, how, gang=GANG, **extra):
+    env = dict(gang, TD_FAIL_RANK=rank, TD_FAIL_WHEN=when, TD_FAIL_HOW=how,
                TD_RDZV_TIMEOUT=RDZV_TIMEOUT)
     env.update(extra)
     if how == "hang":
@@ -91,8 +95,25 @@ def report(case, **fields):
 
 @pytest.mark.parametrize("rank, when, how", list(_cases()))
 def test_failing_rank_fails_the_gang(flow_runner, rank, when, how):
+    check_failing_rank(flow_runner, rank, when, how, GANG)
+
+
+# Under start_method="exec" rank 0 is a spin-step of the task, not forked by it. CI runs its
+# failure in each phase, one way each (TD_FAULT_START_METHOD=exec runs the whole matrix so).
+EXEC_CI_CASES = [(0, "before_init", "raise"), (0, "in_rendezvous", "sigkill"),
+                 (0, "in_collective", "exit"), (0, "in_collective", "hang"),
+                 (0, "after_body", "raise")]
+
+
+@pytest.mark.parametrize("rank, when, how", EXEC_CI_CASES)
+def test_failing_rank_0_fails_an_exec_gang(flow_runner, rank, when, how):
+    check_failing_rank(flow_runner, rank, when, how,
+                       dict(GANG, METAFLOW_TORCH_DISTRIBUTED_START_METHOD="exec"))
+
+
+def check_failing_rank(flow_runner, rank, when, how, gang):
     bound = HANG_AFTER_BODY_BOUND if (when, how) == ("after_body", "hang") else RUN_BOUND
-    code, output = run_gang(flow_runner, failing_env(rank, when, how), bound=bound)
+    code, output = run_gang(flow_runner, failing_env(rank, when, how, gang), bound=bound)
     ended = time.time()
     failed_at = flow_runner.failed_at()
     latency = None if failed_at is None else ended - failed_at
