@@ -274,6 +274,41 @@ def test_close_fds_are_closed_in_the_child(members):
         os.close(r)
 
 
+def test_a_stop_that_reaches_a_member_recording_its_own_error_ends_it_with_no_second_error():
+    """The stop's SIGTERM reaches the rank that failed first while it records its error: it is
+    held back until the error is written, then ends the process, whatever handler the body had
+    (rank 0's raises TorchDistributedAborted, which must not follow the rank's own traceback
+    as a second error of another rank's). Seen under start_method="exec", where the member's
+    process is Metaflow's spin-step, which prints an exception that escapes."""
+    script = textwrap.dedent("""
+        import os, signal, sys
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import procs
+
+        def aborted(signum, frame):
+            raise RuntimeError("rank 0 told to stop by the gang")
+
+        signal.signal(signal.SIGTERM, aborted)
+        report = procs.report_exception
+
+        def report_as_the_stop_comes(*args):
+            os.kill(os.getpid(), signal.SIGTERM)  # the gang's stop, as the error is recorded
+            return report(*args)
+
+        procs.report_exception = report_as_the_stop_comes
+
+        def body():
+            raise ValueError("the rank's own failure")
+
+        print("returned", procs.run_member_body(body, None), flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=str(REPO))
+    assert done.returncode == -signal.SIGTERM, (done.returncode, done.stdout, done.stderr)
+    assert done.stderr.count("ValueError: the rank's own failure") == 1, done.stderr
+    assert "told to stop" not in done.stderr + done.stdout, done.stderr
+    assert "returned" not in done.stdout
+
+
 def test_a_member_starts_with_the_signal_setup_it_is_given_not_its_parents(members):
     """A supervisor's own handlers (and wakeup fd), installed after the setup was taken, stay
     out of the members it forks later: a restart in place forks while they are installed."""

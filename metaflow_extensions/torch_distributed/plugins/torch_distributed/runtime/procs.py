@@ -61,6 +61,7 @@ class SignalSetup:
 
 
 def threading_is_main() -> bool:
+    """Whether this is the main thread, the one thread that may set signal handlers."""
     import threading
 
     return threading.current_thread() is threading.main_thread()
@@ -219,6 +220,12 @@ def run_member_body(body: Callable[[], object], error_file: Optional[str]) -> in
             if error_file:  # last: from now on the gang counts this rank as failed
                 save_exception(ex, raised_at, error_file)
             _flush_stdio()
+            # The body is over: the stop's SIGTERM, held back until now, ends this process as
+            # its default action does. The handler installed for the body would do otherwise:
+            # rank 0's raises TorchDistributedAborted ("another rank of the gang failed"), a
+            # second traceback after this rank's own error, from nowhere in the user's code.
+            if threading_is_main():
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         code = 1
