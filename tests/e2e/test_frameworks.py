@@ -62,6 +62,12 @@ def test_bare_lightning_trainer_is_ddp_over_the_gang(flow_runner, package, start
     assert [(r["strategy"], r["world_size"], r["global_rank"]) for r in ranks] == \
         [("DDPStrategy", 4, rank) for rank in range(4)]
     assert_one_gang(ranks)
+    # the gang ran under the start method asked for (auto: fork here)
+    used = flow_runner.client(
+        "from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.events "
+        "import gang_record\nt = Flow('LightningFlow').latest_run['train'].task\n"
+        "result = gang_record(t).to_dict()['start_method']")
+    assert used == ("fork" if start_method == "auto" else start_method), used
     # Lightning launched nothing: it saw processes created externally (TorchElastic), and the
     # 4 bodies are the gang's 4 processes, each run once
     assert {(r["environment"], r["external"]) for r in ranks} == {("TorchElasticEnvironment", True)}

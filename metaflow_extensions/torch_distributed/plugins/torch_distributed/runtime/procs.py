@@ -15,6 +15,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence,
                     Tuple, Union)
@@ -46,7 +47,7 @@ class SignalSetup:
     @classmethod
     def of_this_process(cls) -> "SignalSetup":
         wakeup: Optional[int] = None
-        if threading_is_main():
+        if _in_main_thread():
             wakeup = signal.set_wakeup_fd(-1)
             if wakeup != -1:
                 signal.set_wakeup_fd(wakeup)
@@ -60,10 +61,8 @@ class SignalSetup:
             signal.set_wakeup_fd(self.wakeup_fd)
 
 
-def threading_is_main() -> bool:
+def _in_main_thread() -> bool:
     """Whether this is the main thread, the one thread that may set signal handlers."""
-    import threading
-
     return threading.current_thread() is threading.main_thread()
 
 
@@ -174,7 +173,7 @@ def fork_member(label: str, body: Callable[[], object], env: Mapping[str, str],
         # parent's (Metaflow's, of the task)
         atexit._clear()
         try:
-            if signals is not None and held is not None:
+            if signals is not None and held is not None:  # held back since before the fork
                 signals.restore()
                 signal.pthread_sigmask(signal.SIG_SETMASK, held)
             os.setpgid(0, 0)
@@ -224,7 +223,7 @@ def run_member_body(body: Callable[[], object], error_file: Optional[str]) -> in
             # its default action does. The handler installed for the body would do otherwise:
             # rank 0's raises TorchDistributedAborted ("another rank of the gang failed"), a
             # second traceback after this rank's own error, from nowhere in the user's code.
-            if threading_is_main():
+            if _in_main_thread():
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
