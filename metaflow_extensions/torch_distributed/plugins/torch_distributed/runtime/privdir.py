@@ -79,10 +79,11 @@ def read(folder: int, name: str, limit: int = 4096) -> Optional[bytes]:
                      dir_fd=folder)
     except OSError:
         return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        os.close(fd)
+        return None
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-            return None
         return f.read(limit)
 
 
