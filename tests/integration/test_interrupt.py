@@ -52,8 +52,12 @@ def _old_mark(shared, pid):
     return os.path.join(shared, "torch-distributed-interrupted-%d" % pid)
 
 
+# this user's, not the other user's (the planting runs as the other user)
+VICTIM_UID = os.getuid()
+
+
 def _user_dir(shared):
-    return os.path.join(shared, "metaflow-torch-distributed-%d" % os.getuid())
+    return os.path.join(shared, "metaflow-torch-distributed-%d" % VICTIM_UID)
 
 
 def _victim(shared, script):
@@ -116,6 +120,7 @@ def test_a_symlink_planted_at_the_mark_is_not_followed(tmp_path, how):
 
         as_other_user(plant)
         out, _ = _go(proc)
+        assert os.lstat(_user_dir(shared)).st_uid != VICTIM_UID  # the name stayed theirs
     assert out == "interrupted\n"
     assert precious.read_text() == "the victim's"
     assert list(victims_folder.iterdir()) == []
@@ -160,6 +165,7 @@ def test_a_file_of_another_users_at_the_mark_is_no_interruption_and_no_error(tmp
 
         as_other_user(plant)
         out, _ = _go(proc)
+        assert os.lstat(_user_dir(shared)).st_uid != VICTIM_UID  # the name stayed theirs
     interrupted, note, finished = out.splitlines()
     assert (interrupted, finished) == ("interrupted False", "finished")
     assert "died without a word" in note and "interrupted" not in note, note
