@@ -212,6 +212,24 @@ _SUPERVISOR = textwrap.dedent('''
 ''' % REPO)
 
 
+class _Announced:
+    """The file a container's announced pid goes to, in the folder its FORWARDING made in
+    `tmp_dir` (a name of mktemp's: found by looking)."""
+
+    def __init__(self, tmp_dir):
+        self.tmp_dir = tmp_dir
+
+    def path(self):
+        folders = list(self.tmp_dir.glob("metaflow-torch-distributed-forward.*"))
+        return folders[0] / preempt.PID_FILE if folders else None
+
+    def exists(self):
+        return self.path() is not None and self.path().exists()
+
+    def read_text(self):
+        return self.path().read_text()
+
+
 def _container(tmp_path, *args):
     """A container's main process (FORWARDING) running a supervisor, in a new session, as a
     node's command runs: (Popen, the file its announced pid goes to)."""
@@ -219,7 +237,7 @@ def _container(tmp_path, *args):
     proc = subprocess.Popen(
         preempt.forwarding([sys.executable, "-c", _SUPERVISOR, *map(str, args)]),
         env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    return proc, tmp_path / ("metaflow-torch-distributed-forward.%d" % proc.pid)
+    return proc, _Announced(tmp_path)
 
 
 def _wait_until(predicate, timeout=30):
@@ -274,14 +292,60 @@ def test_the_containers_exit_status_is_its_commands(tmp_path):
 
 
 def test_a_supervisor_handler_announces_itself_while_it_is_installed(tmp_path, monkeypatch):
-    path = tmp_path / "forward"
-    monkeypatch.setenv(preempt.FORWARD_ENV, str(path))
+    folder = tmp_path / "forward"
+    folder.mkdir(mode=0o700)
+    path = folder / preempt.PID_FILE
+    monkeypatch.setenv(preempt.FORWARD_ENV, str(folder))
     told = []
     with preempt.SupervisorHandler(lambda: told.append("preempted")):
         assert path.read_text() == str(os.getpid())
     assert not path.exists() and told == []
-    (tmp_path / "forward.term").touch()  # the container was told to stop before
+    (folder / preempt.TERM_FILE).touch()  # the container was told to stop before
     with preempt.SupervisorHandler(lambda: told.append("preempted")):
         _wait_until(lambda: told)
     assert told[:1] == ["preempted"] and preempt.PREEMPTED.is_set()
     preempt.PREEMPTED.clear()
+
+
+def test_the_containers_files_lie_in_a_folder_of_its_own():
+    """In a shared TMPDIR (mode 1777, like /tmp) the forwarder keeps its files in a folder it
+    made, mode 0700, under a name nobody can guess; it removes the folder when it ends."""
+    from tests.other_user import shared_tmp
+
+    script = textwrap.dedent("""
+        import os
+        path = os.environ[%r]
+        folder = path if os.path.isdir(path) else os.path.dirname(path)
+        print(folder, oct(os.lstat(folder).st_mode & 0o7777), os.lstat(folder).st_uid)
+    """ % preempt.FORWARD_ENV)
+    with shared_tmp() as shared:
+        out = subprocess.run(preempt.forwarding([sys.executable, "-c", script]),
+                             env=dict(os.environ, TMPDIR=shared), capture_output=True,
+                             text=True, timeout=30).stdout
+        folder, mode, uid = out.split()
+        assert os.path.dirname(folder) == shared, out
+        assert (mode, int(uid)) == (oct(0o700), os.getuid())
+        assert os.listdir(shared) == []
+
+
+def test_another_users_file_in_a_shared_tmpdir_forges_no_preemption(tmp_path):
+    """Another user plants, in the shared TMPDIR, the file that would tell the supervisor that
+    its container was stopped before it announced itself: nothing is planted where the
+    forwarder looks (a folder of its own, named by mktemp), so the supervisor only announces."""
+    from tests.other_user import as_other_user, shared_tmp
+
+    with shared_tmp() as shared:
+        proc = subprocess.Popen(
+            preempt.forwarding([sys.executable, "-c", _SUPERVISOR, "1.5", "stay", "0"]),
+            env=dict(os.environ, TMPDIR=shared), stdout=subprocess.PIPE, text=True,
+            start_new_session=True)
+        _wait_until(lambda: _children(proc.pid))  # past the forwarder's own start
+
+        def plant():  # the name the forwarder used, by its pid ($$)
+            open(os.path.join(shared, "metaflow-torch-distributed-forward.%d.term" % proc.pid),
+                 "w").close()
+
+        as_other_user(plant)
+        out, _ = proc.communicate(timeout=30)
+    assert out.splitlines() == ["announced", "finished"]
+    assert proc.returncode == 0

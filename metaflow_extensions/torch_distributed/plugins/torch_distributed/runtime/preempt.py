@@ -30,33 +30,41 @@ import threading
 from types import FrameType
 from typing import Callable, Iterable, List, Literal, Mapping, Optional, Tuple
 
+from ..runtime import privdir
 from ..runtime.procs import Member
 
 # What a user sends the task to have every rank print its stacks (stacks.py: on demand).
 ASK_SIGNAL = signal.SIGUSR1
 
-# Where a container's PID 1 (FORWARDING) finds the supervisor to forward a SIGTERM to: a file
-# holding its pid (`announce`); `<file>.term` exists once a SIGTERM came, told or not.
+# Where a container's PID 1 (FORWARDING) finds the supervisor to forward a SIGTERM to: a folder
+# of its own (`mktemp -d`: mode 0700, a name nobody can guess, so nothing another user planted
+# in a shared $TMPDIR is ever written or read) holding the supervisor's pid as PID_FILE
+# (`announce`), and TERM_FILE once a SIGTERM came, told or not.
 FORWARD_ENV = "METAFLOW_TORCH_DISTRIBUTED_FORWARD"
+PID_FILE = "pid"
+TERM_FILE = "term"
 
 # A container's main process: runs its command ("$@") as a child, and forwards a SIGTERM to the
-# announced supervisor (none announced yet: the supervisor sees `.term` when it announces).
+# announced supervisor (none announced yet: the supervisor sees TERM_FILE when it announces).
 # Its exit status is the command's. A trapped signal interrupts `wait`, which is then called
 # again; a child that ended meanwhile is still known to it (bash keeps the status of its
 # background jobs), else (127) the interrupted wait's status stands. The trap is set before
-# anything else runs: a SIGTERM at the container's very start is kept as `.term` (a SIGTERM during
-# the first `rm`, before the trap, ended the container without a word).
+# anything else runs: a SIGTERM at the container's very start is kept (`term`) and written to
+# TERM_FILE once the folder exists (a SIGTERM before the trap ended the container without a
+# word). Without `mktemp` (or a writable $TMPDIR) nothing is forwarded, as without FORWARDING.
 FORWARDING = (
-    'f="${TMPDIR:-/tmp}/metaflow-torch-distributed-forward.$$"; export %s="$f"; '
-    'forward() { interrupted=1; : > "$f.term"; '
-    '[ -s "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null; }; '
+    'forward() { interrupted=1; term=1; [ -n "$d" ] || return; : > "$d/%(term)s"; '
+    '[ -s "$d/%(pid)s" ] && kill -TERM "$(cat "$d/%(pid)s")" 2>/dev/null; }; '
     'trap forward TERM; '
-    'rm -f "$f"; [ -n "$interrupted" ] || rm -f "$f.term"; '
+    'd=$(mktemp -d "${TMPDIR:-/tmp}/metaflow-torch-distributed-forward.XXXXXX" 2>/dev/null) '
+    '|| d=; '
+    'if [ -n "$d" ]; then export %(env)s="$d"; [ -z "$term" ] || : > "$d/%(term)s"; fi; '
     '"$@" & child=$!; '
     'while :; do interrupted=; wait "$child"; code=$?; [ -n "$interrupted" ] || break; '
     'kill -0 "$child" 2>/dev/null && continue; '
     'wait "$child"; again=$?; [ "$again" = 127 ] || code=$again; break; done; '
-    'rm -f "$f" "$f.term"; exit "$code"' % FORWARD_ENV)
+    '[ -z "$d" ] || rm -rf "$d"; exit "$code"'
+    % {"env": FORWARD_ENV, "pid": PID_FILE, "term": TERM_FILE})
 
 
 # Seconds a scheduler that lets us set its stop grace (Kubernetes' terminationGracePeriodSeconds)
@@ -77,33 +85,35 @@ def forwarding(argv: Iterable[str]) -> List[str]:
 
 def announce(environ: Mapping[str, str] = os.environ) -> bool:
     """Make this process (a node's supervisor) the one this container's PID 1 forwards a
-    SIGTERM to. True when a SIGTERM came before: the caller acts on it as on its own."""
+    SIGTERM to. True when a SIGTERM came before: the caller acts on it as on its own. A folder
+    that is not this user's alone (privdir.private) is left as it is: nothing is forwarded."""
     path = environ.get(FORWARD_ENV)
     if not path:
         return False
-    try:
-        staged = "%s.%d" % (path, os.getpid())
-        with open(staged, "w") as f:
-            f.write(str(os.getpid()))
-        os.replace(staged, path)  # the trap reads a whole pid or no file
-    except OSError:
-        return False
-    return os.path.exists(path + ".term")
+    with privdir.private(path) as folder:
+        if folder is None:
+            return False
+        staged = "%s.%d" % (PID_FILE, os.getpid())
+        privdir.remove(folder, staged)  # left by an earlier process of this pid
+        if not privdir.create(folder, staged, str(os.getpid()).encode()):
+            return False
+        try:  # the trap reads a whole pid or no file
+            os.replace(staged, PID_FILE, src_dir_fd=folder, dst_dir_fd=folder)
+        except OSError:
+            privdir.remove(folder, staged)
+            return False
+        return privdir.is_ours(folder, TERM_FILE)
 
 
 def withdraw(environ: Mapping[str, str] = os.environ) -> None:
     """The supervisor is done: a later SIGTERM goes nowhere (as without FORWARDING), so that the
     task's end (its artifacts, its logs) runs on to the scheduler's SIGKILL."""
     path = environ.get(FORWARD_ENV)
-    if path is None:
+    if not path:
         return
-    try:
-        with open(path) as f:
-            if f.read().strip() != str(os.getpid()):
-                return
-        os.remove(path)
-    except OSError:
-        pass
+    with privdir.private(path) as folder:
+        if folder is not None and privdir.read(folder, PID_FILE) == str(os.getpid()).encode():
+            privdir.remove(folder, PID_FILE)
 
 
 # Set in every process of the gang once it is preempted (current.torch_distributed.preempted).
