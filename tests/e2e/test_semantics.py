@@ -1,6 +1,7 @@
 """Metaflow semantics around a gang: foreach, retry, catch, resume, Ctrl-C, start methods."""
 
 import json
+import os
 import signal
 import time
 
@@ -78,6 +79,29 @@ def test_ctrl_c_leaves_no_process(flow_runner):
            "Metaflow kills the tasks still running 5 s later." in output, output
     assert "died without a word" not in output and "OOM killer" not in output, output
     # the fixture asserts that nothing from this test's folder is left running
+
+
+def test_another_users_files_where_the_interrupt_mark_lies_do_not_fail_the_run(flow_runner):
+    """Another user of the machine takes, in the run's shared TMPDIR, the names where the run's
+    interrupt mark lay (a folder: even root cannot unlink it) and lies now (this user's own
+    folder): the run, which ends by forgetting its mark, still succeeds (it ended "Internal
+    error", exit status 1)."""
+    from tests.other_user import as_other_user, shared_tmp
+
+    with shared_tmp() as shared:
+        proc = flow_runner.popen("gang_flow.py", "run",
+                                 env={"TD_NODES": 1, "TD_NPROC": 2, "TMPDIR": shared})
+
+        victim = os.getuid()
+
+        def plant():  # named by the run's pid, before its tasks end
+            os.mkdir(os.path.join(shared, "torch-distributed-interrupted-%d" % proc.pid))
+            os.mkdir(os.path.join(shared, "metaflow-torch-distributed-%d" % victim))
+
+        as_other_user(plant)
+        out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out + err
+    assert "Internal error" not in out + err
 
 
 @pytest.mark.parametrize("how", ["raise", "sigkill"])
