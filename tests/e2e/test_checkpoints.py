@@ -1,7 +1,8 @@
 """Checkpoints and recovery: @checkpoint + @torch_distributed + @retry with no glue code.
 
 checkpoint_flow.py trains a tiny DDP model for 60 steps on a gang of 2 nodes x 2 processes;
-rank 0 saves with current.checkpoint.save() every 10 steps. Ranks 2 and 3 run on node 1, under
+every 10 steps rank 0 writes model.pt into current.checkpoint.directory (the name a retry loads
+it from) and saves it with current.checkpoint.save(). Ranks 2 and 3 run on node 1, under
 its node agent (a spin-step process, where @checkpoint's own hooks never run).
 """
 
@@ -28,6 +29,31 @@ def _recovery_seconds(flow_runner, world_size):
     return resumed - _mark(flow_runner, "killed-at")
 
 
+# Every checkpoint attempt ATTEMPT of the task stored, oldest save first, read back with
+# metaflow-checkpoint's own API: [the step its save's metadata names, the step its file holds].
+STORED = """import os, tempfile, torch
+from metaflow import Checkpoint
+saves = sorted(Checkpoint().list(task=t, attempt=%d), key=lambda c: int(c['version_id']))
+result = []
+for c in saves:
+    folder = tempfile.mkdtemp()
+    Checkpoint().load(c, path=folder)
+    result.append([c['metadata']['step'],
+                   torch.load(os.path.join(folder, 'model.pt'))['step']])
+"""
+
+
+def stored_steps(flow_runner, attempt, train=TRAIN):
+    """What each checkpoint of the latest run's `attempt` of the train task holds, oldest first:
+    [(the step it was saved at, the step its model.pt holds)]."""
+    return [tuple(pair) for pair in flow_runner.client(train + STORED % attempt)]
+
+
+def saved_at(*steps):
+    """What stored_steps finds when every save kept the step it was saved at."""
+    return [(s, s) for s in steps]
+
+
 def report_recovery(flow_runner, gang, world_size):
     """The recovery's seconds (from the SIGKILL to the resumed gang's first step), appended to
     TD_RECOVERY_REPORT when it is set (docs/checkpoints.md quotes these)."""
@@ -50,6 +76,10 @@ def test_a_lost_rank_resumes_from_the_last_checkpoint_on_every_node(flow_runner)
                                  "first=t['resumed_from'].data, attempt=t.current_attempt)")
     assert resumed["first"] == 30 and resumed["attempt"] == 1, resumed
     report_recovery(flow_runner, "2x2", 4)
+    # rank 0 wrote model.pt again where attempt 1 loaded it from (issue 38): attempt 0's saves
+    # still hold the steps they were saved at, and attempt 1's saves are its own
+    assert stored_steps(flow_runner, 0) == saved_at(10, 20, 30)
+    assert stored_steps(flow_runner, 1) == saved_at(40, 50, 60)
 
     whole = flow_runner.run("checkpoint_flow.py", env=GANG)
     assert whole.returncode == 0, whole

@@ -14,7 +14,7 @@ import re
 
 from tests.support import FlowRunner, card_charts, card_json
 
-from tests.e2e.test_checkpoints import _mark, _starts, report_recovery
+from tests.e2e.test_checkpoints import _mark, _starts, report_recovery, saved_at, stored_steps
 
 TRAIN = "t = Flow('CheckpointFlow').latest_run['train'].task\n"
 ONE_NODE = {"TD_NODES": 1, "TD_NPROC": 4, "TD_MAX_RESTARTS": 1}
@@ -70,6 +70,9 @@ def test_a_killed_rank_restarts_the_gang_in_place_from_the_last_checkpoint(
         [(1, killed_rank, "signal")], resumed
     report_recovery(flow_runner, "%dx%d in place%s" % (
         gang["TD_NODES"], gang["TD_NPROC"], ", exec" if gang is EXEC_TWO_NODES else ""), 4)
+    # round 1 wrote model.pt again where it loaded the step-30 save from, and saved it under
+    # keys of its own (issue 38): every save of either round holds the step it was saved at
+    assert stored_steps(flow_runner, 0) == saved_at(10, 20, 30, 40, 50, 60)
     # the card's timeline has both rounds on each rank's row: the killed rank's first process
     # failed
     bars = _card_bars(flow_runner, killed.output)

@@ -620,6 +620,55 @@ def test_checkpoints_current_checkpointer_loads_the_latest_again(tmp_path):
             "refresh_directory makes a new directory under temp_dir_root", "a restart in place")
 
 
+# A writer numbered with number_saves_from saves twice, then a second writer of the same task
+# numbered after both; run in a fresh interpreter (the datastore's root is read once).
+NUMBERED_SAVES = r"""
+import json, os, sys, types
+from metaflow import Checkpoint
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import internals
+
+folder = sys.argv[1]
+with open(os.path.join(folder, "model.pt"), "w") as f:
+    f.write("weights")
+writer = Checkpoint()
+internals.number_saves_from(writer, 3)
+first, second = writer.save(path=folder), writer.save(path=folder, name="other")
+task = types.SimpleNamespace(_default_checkpointer=Checkpoint())  # @checkpoint's object
+internals.number_saves_from(task, 5)
+third = task._default_checkpointer.save(path=folder)
+print("@@" + json.dumps([[c["version_id"], c["name"], c["key"]] for c in (first, second, third)]))
+"""
+
+
+def test_checkpoints_a_writer_numbers_its_saves_from_the_version_we_set(tmp_path):
+    """metaflow-checkpoint numbers the saves of each writer (a `Checkpoint`, or the one inside
+    @checkpoint's current.checkpoint) from its Checkpointer's current version, the last part of
+    the key, one more per save of any name (tests/e2e/test_restarts.py: round 1's saves do
+    not replace round 0's)."""
+    from metaflow_extensions.obcheckpoint.plugins.machine_learning_utilities.checkpoints \
+        .core import Checkpointer
+
+    require(params_of(Checkpointer._set_current_version) == ["self", "version_id"],
+            "Checkpointer._set_current_version", "a restart in place")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    env = dict(os.environ, METAFLOW_DEFAULT_DATASTORE="local",
+               METAFLOW_DATASTORE_SYSROOT_LOCAL=str(tmp_path),
+               METAFLOW_CHECKPOINT_UID="SeamFlow/1/train/2/abcdef123456/default/0",
+               METAFLOW_CHECKPOINT_TASK_IDENTIFIER="abcdef123456")
+    proc = subprocess.run([sys.executable, "-c", NUMBERED_SAVES, str(folder)], env=env,
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    require(proc.returncode == 0, "Checkpoint.save after number_saves_from",
+            "a restart in place: %s" % proc.stderr[-2000:])
+    saves = json.loads(proc.stdout.rsplit("@@", 1)[1])
+    require([(v, name) for v, name, _ in saves] == [(3, "mfchckpt"), (4, "other"),
+                                                   (5, "mfchckpt")],
+            "Checkpointer._current_version", "a writer's saves are numbered on from it: %s"
+            % saves)
+    require(all(key.endswith(".0.%s.%d" % (name, v)) for v, name, key in saves),
+            "the checkpoint key <task>.<attempt>.<name>.<version_id>", "%s" % saves)
+
+
 def test_card_components_reach_another_collector_rendered():
     """A card's components, rendered in rank 0's process (card_state), are what the task's
     collector serializes for @card's final render (restore_card_state). Each process draws its
@@ -1653,6 +1702,7 @@ def test_every_internal_has_a_contract_test():
 CONTRACTS = {
     "register_task_metadata": "test_task_metadata_is_registered_as_metaflows_decorators_do",
     "reload_task_checkpoint": "test_checkpoints_current_checkpointer_loads_the_latest_again",
+    "number_saves_from": "test_checkpoints_a_writer_numbers_its_saves_from_the_version_we_set",
     "set_current": "test_current_update_env",
     "install_current_parallel": "test_metaflow_current_parallel",
     "num_parallel_parents": "test_graph_node_parallel_foreach_and_num_parallel",

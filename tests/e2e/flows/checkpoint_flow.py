@@ -1,7 +1,8 @@
 """Training that resumes from @checkpoint after a lost rank (tests/e2e/test_checkpoints.py).
 
 A tiny linear model is trained with DDP for STEPS steps; rank 0 saves the model every EVERY
-steps with current.checkpoint.save(). TD_KILL_RANK is SIGKILLed at step TD_KILL_STEP on attempt 0;
+steps as a new user would: torch.save to model.pt in current.checkpoint.directory (the name it
+loaded from), then current.checkpoint.save() (metadata {"step": ...}). TD_KILL_RANK is SIGKILLed at step TD_KILL_STEP on attempt 0;
 under @retry the next attempt starts from the latest checkpoint on every rank of every node.
 TD_KILL_IN_SAVE=<step> SIGKILLs rank 0 inside its save of that step on attempt 0, after the files
 were uploaded and before the save became the task's latest checkpoint.
@@ -163,12 +164,11 @@ class CheckpointFlow(FlowSpec):
                         if (current.retry_count == 0
                                 and os.environ.get("TD_KILL_IN_SAVE") == str(i + 1)):
                             die_before_marking_latest()
-                        # a new folder per save: on the local datastore the restored files in
-                        # current.checkpoint.directory are links to the stored checkpoint
-                        folder = tempfile.mkdtemp()
+                        # the usual way: the loaded file's name written again where it was
+                        # loaded, then the directory saved (a stored checkpoint never changes)
                         torch.save({"model": model.state_dict(), "step": i + 1},
-                                   os.path.join(folder, "model.pt"))
-                        current.checkpoint.save(folder, metadata={"step": i + 1})
+                                   os.path.join(current.checkpoint.directory, "model.pt"))
+                        current.checkpoint.save(metadata={"step": i + 1})
                     dist.barrier()
         self.weights = json.dumps([p.detach().tolist() for p in model.parameters()])
         self.resumed_from = first

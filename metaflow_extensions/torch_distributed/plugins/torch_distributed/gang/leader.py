@@ -251,9 +251,12 @@ class Leader:
         if spec.attempt.checkpoint is not None:
             from metaflow import current
 
-            # what every rank loads this round: exec'd ranks and other nodes are told
-            spec = spec.with_attempt(
-                checkpoint=checkpoints.gang_fields(current, os.environ, restore=False))
+            # what every rank loads this round, and where its saves' numbering goes on (after
+            # the attempt's stored saves): the forked ranks inherit both, exec'd ranks and
+            # other nodes are told
+            spec = spec.with_attempt(checkpoint=checkpoints.gang_fields(
+                current, os.environ, restore=False,
+                next_version=checkpoints.continue_numbering(current)))
         attempt.spec = spec
         runner.new_round(spec)
         ended_control, attempt.store = attempt.control, attempt.control.for_round(restart)

@@ -11,11 +11,20 @@ through metaflow-checkpoint's public `Checkpoint` API into a directory of its ow
 (`install_member`), so every rank starts with the same files and the same `current.checkpoint`
 shape (directory, is_loaded, info, save, load). Saves from any rank go to the task's checkpoints,
 as with @checkpoint under @parallel.
+
+Two guarantees of a stored checkpoint, whatever the ranks do (issue 38):
+* it never changes: every checkpoint loaded for the ranks (by @checkpoint, again between rounds,
+  on another node, by `GangCheckpoint.load`) is made of files of the directory's own (`own_files`):
+  metaflow-checkpoint loads from the local datastore as links to the stored files;
+* a restarted round never replaces an earlier round's saves: its writers number their saves on
+  from the attempt's stored ones (`continue_numbering`), where a new writer would number them
+  from 0 again, the keys of round 0's saves.
 """
 
 import importlib
 import json
 import os
+import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Mapping, Optional
 
@@ -34,19 +43,21 @@ _IDENTITY_ENV = ("METAFLOW_CHECKPOINT_UID", "METAFLOW_CHECKPOINT_TASK_IDENTIFIER
                  "METAFLOW_CHECKPOINT_ARTIFACT_STORE_CONFIG")
 
 
-def gang_fields(current: Any, environ: Mapping[str, str],
-                restore: bool = True) -> Optional[Dict[str, Any]]:
+def gang_fields(current: Any, environ: Mapping[str, str], restore: bool = True,
+                next_version: int = 0) -> Optional[Dict[str, Any]]:
     """What members need of this task's @checkpoint (a GangSpec field), None without one.
-    A sharded checkpoint @checkpoint loaded is completed on node 0 first (every rank's shard),
-    unless `restore` is False (reload_latest did it)."""
+    A checkpoint @checkpoint loaded is completed on node 0 first (`complete`), unless `restore`
+    is False (reload_latest did it). `next_version`: the number of the round's first save
+    (`continue_numbering`; 0 in the first round of an attempt)."""
     checkpointer = getattr(current, "checkpoint", None)
     if checkpointer is None:
         return None
     if checkpointer.is_loaded and restore:
-        restore_shards(checkpointer.directory)
+        complete(checkpointer.directory)
     loaded = checkpointer.info.to_dict() if checkpointer.is_loaded else None
     return {"env": {k: environ[k] for k in _IDENTITY_ENV if k in environ},
-            "loaded": loaded, "directory": checkpointer.directory, "node": 0}
+            "loaded": loaded, "directory": checkpointer.directory, "node": 0,
+            "next_version": next_version}
 
 
 def reload_latest(load_policy: Optional[str]) -> Optional[str]:
@@ -65,8 +76,28 @@ def reload_latest(load_policy: Optional[str]) -> Optional[str]:
     loaded = internals.reload_task_checkpoint(checkpointer, load_policy)
     if loaded is None:
         return None
-    restore_shards(checkpointer.directory)
+    complete(checkpointer.directory)
     return getattr(loaded, "key", None) or str(loaded)
+
+
+def continue_numbering(current: Any) -> int:
+    """(Node 0's task, between two rounds of a gang restarted in place.) Make the saves of the
+    next round's ranks forked from this task number on from every save of the attempt stored so
+    far, by any round; return the number of the first (what the other members are told:
+    gang_fields). metaflow-checkpoint names a save <task>.<attempt>.<name>.<number>, numbered
+    per writer from 0: a round's new writers would store round 0's keys again."""
+    from ..mf import internals
+
+    checkpointer = current.checkpoint
+    version = next_version(checkpointer.list(attempt=current.retry_count))
+    internals.number_saves_from(checkpointer, version)
+    return version
+
+
+def next_version(saves: Iterable[Mapping[str, Any]]) -> int:
+    """The number after every one of `saves` (metaflow-checkpoint's checkpoint dicts, any
+    name): 0 for none."""
+    return 1 + max((int(save["version_id"]) for save in saves), default=-1)
 
 
 def load_policy(decorators: Iterable[Any]) -> Optional[str]:
@@ -110,9 +141,10 @@ def install_member(spec: GangSpec) -> GangSpec:
         os.makedirs(directory, exist_ok=True)
         if fields["loaded"] is not None:
             _api().load(fields["loaded"], directory)
-            restore_shards(directory)
+            complete(directory)
         fields = dict(fields, directory=directory, node=spec.node)
-    internals.set_current("checkpoint", GangCheckpoint(fields["directory"], fields["loaded"]))
+    internals.set_current("checkpoint", GangCheckpoint(fields["directory"], fields["loaded"],
+                                                       fields.get("next_version", 0)))
     return spec.with_attempt(checkpoint=fields)
 
 
@@ -136,6 +168,28 @@ def save_sharded(info: "TorchDistributedInfo", path: str, options: Dict[str, Any
         with open(os.path.join(manifest_dir, MANIFEST), "w") as f:
             json.dump({"shards": shards}, f)
         return checkpointer.save(path=manifest_dir, **options)
+
+
+def complete(directory: str) -> None:
+    """Make `directory`, where a checkpoint was just loaded, what every rank starts from: the
+    shards a sharded checkpoint lists loaded next to it, and every file its own."""
+    restore_shards(directory)
+    own_files(directory)
+
+
+def own_files(directory: str) -> None:
+    """Replace each symbolic link under `directory` by a copy of the file it points to.
+    metaflow-checkpoint (0.2.14, ObjectStorage._load_objects) loads a checkpoint of the local
+    datastore as links to the stored files: a rank that wrote the loaded file's name again
+    would write into the stored checkpoint, and saving that file again under the same key
+    fails (shutil.SameFileError). A checkpoint downloaded from S3 is files already."""
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                stored = os.path.realpath(path)
+                os.unlink(path)
+                shutil.copy2(stored, path)
 
 
 def restore_shards(directory: str) -> None:
@@ -163,12 +217,15 @@ class GangCheckpoint:
     loads when it is the latest).
     """
 
-    def __init__(self, directory: str, loaded: Optional[Dict[str, Any]]) -> None:
+    def __init__(self, directory: str, loaded: Optional[Dict[str, Any]],
+                 next_version: int = 0) -> None:
         self._directory = directory
         self._loaded = loaded
-        # One writer for the life of the rank: metaflow-checkpoint numbers the saves of a name
-        # per writer, and a fresh writer per save would store every save under the same key.
+        # One writer for the life of the rank: metaflow-checkpoint numbers the saves per
+        # writer, and a fresh writer per save would store every save under the same key. Its
+        # first save takes `next_version`, after the saves of the attempt's earlier rounds.
         self._writer: Any = None
+        self._next_version = next_version
 
     @property
     def directory(self) -> str:
@@ -194,9 +251,16 @@ class GangCheckpoint:
         """Save `path` (default: `directory`) as a checkpoint of the task and return its
         reference; `options` (name, metadata, latest, storage_format) as @checkpoint's."""
         if self._writer is None:
+            from ..mf import internals
+
             self._writer = _api()
+            internals.number_saves_from(self._writer, self._next_version)
         return self._writer.save(path=self._directory if path is None else path, **options)
 
     def load(self, reference: Any, path: Optional[str] = None) -> Any:
-        """Load the checkpoint `reference` into `path` (default: `directory`)."""
-        return _api().load(reference, path=self._directory if path is None else path)
+        """Load the checkpoint `reference` into `path` (default: `directory`), as files of its
+        own (writing them never changes the stored checkpoint)."""
+        path = self._directory if path is None else path
+        loaded = _api().load(reference, path=path)
+        own_files(path)
+        return loaded

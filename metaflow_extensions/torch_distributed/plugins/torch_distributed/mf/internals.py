@@ -831,6 +831,21 @@ def reload_task_checkpoint(checkpointer: Any, load_policy: str) -> Any:
     return checkpointer._setup_task_first_load(load_policy, checkpointer._flow)
 
 
+def number_saves_from(writer: Any, version: int) -> None:
+    """Number the next save of `writer` `version` (metaflow-checkpoint's version_id, the last
+    part of a checkpoint's key <task>.<attempt>.<name>.<version_id>), its later ones on from
+    there. `writer`: @checkpoint's current.checkpoint in the task, or a metaflow-checkpoint
+    `Checkpoint` (which then resolves the task it writes for from METAFLOW_CHECKPOINT_UID, as
+    its first save would). Why: each writer numbers its saves from 0
+    (Checkpointer._current_version), and no public API sets it; the ranks of a round
+    restarted in place are new writers within the same attempt, whose saves would take the
+    keys of the first round's and replace them."""
+    api = getattr(writer, "_default_checkpointer", writer)
+    if api._checkpointer is None:
+        api._init_checkpoint_for_writes(api)
+    api._checkpointer._set_current_version(version)
+
+
 # -- the installed release -----------------------------------------------------------------------
 
 def metaflow_version() -> str:
