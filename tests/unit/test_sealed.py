@@ -50,3 +50,59 @@ def test_each_distinct_forged_value_is_counted_once():
     ignored.note("abort", "mftd/abort", b"2")
     ignored.note("gather", "mftd/gather/0/1", b"x")
     assert ignored.counts() == {"abort": 2, "gather": 1}
+
+
+# -- torch's own values: sealed and private (seal_private) ----------------------------------------
+
+CONTEXT = GANG + "/round/0"
+TORCH_KEY = "torch/r0/default_pg/0//cpu//0/0"
+ADDRESS = b"\x02\x00\x9c\x40\x7f\x00\x00\x01 an address record of gloo: 127.0.0.1:40000, seq 7"
+
+
+def test_a_private_value_opens_under_its_secret_context_and_key_only():
+    value = sealed.seal_private(SECRET, CONTEXT, TORCH_KEY, ADDRESS)
+    assert sealed.open_private(SECRET, CONTEXT, TORCH_KEY, value) == ADDRESS
+    assert sealed.open_private(SECRET, CONTEXT, TORCH_KEY,
+                               sealed.seal_private(SECRET, CONTEXT, TORCH_KEY, b"")) == b""
+
+
+def test_a_private_value_hides_its_payload_and_is_new_each_time():
+    # whoever reads the store learns neither a peer's address nor NCCL's unique id
+    first = sealed.seal_private(SECRET, CONTEXT, TORCH_KEY, ADDRESS)
+    second = sealed.seal_private(SECRET, CONTEXT, TORCH_KEY, ADDRESS)
+    assert first != second
+    for value in (first, second):
+        assert b"127.0.0.1" not in value and b"\x7f\x00\x00\x01" not in value
+        assert SECRET.encode() not in value
+    assert len(first) == len(ADDRESS) + len(sealed.PRIVATE_VERSION) + sealed.TAG_SIZE + \
+        sealed.NONCE_SIZE
+
+
+@pytest.mark.parametrize("how, opened", [
+    ("another secret", lambda v: sealed.open_private("f" * 64, CONTEXT, TORCH_KEY, v)),
+    ("another round", lambda v: sealed.open_private(SECRET, GANG + "/round/1", TORCH_KEY, v)),
+    ("another attempt", lambda v: sealed.open_private(SECRET, "1700-train-5-1/round/0",
+                                                      TORCH_KEY, v)),
+    ("moved to another rank's key", lambda v: sealed.open_private(
+        SECRET, CONTEXT, TORCH_KEY[:-1] + "1", v)),
+    ("one bit of the ciphertext flipped", lambda v: sealed.open_private(
+        SECRET, CONTEXT, TORCH_KEY, v[:-1] + bytes([v[-1] ^ 1]))),
+    ("nonce changed", lambda v: sealed.open_private(
+        SECRET, CONTEXT, TORCH_KEY, v[:-len(ADDRESS) - 1] + bytes([v[-len(ADDRESS) - 1] ^ 1])
+        + v[-len(ADDRESS):])),
+    ("truncated", lambda v: sealed.open_private(SECRET, CONTEXT, TORCH_KEY, v[:-1])),
+    ("cut inside the nonce", lambda v: sealed.open_private(SECRET, CONTEXT, TORCH_KEY, v[:50])),
+    ("a value of the package's own seal", lambda v: sealed.open_private(
+        SECRET, CONTEXT, TORCH_KEY, sealed.seal(SECRET, CONTEXT, TORCH_KEY, ADDRESS))),
+    ("torch's plain record", lambda v: sealed.open_private(SECRET, CONTEXT, TORCH_KEY, ADDRESS)),
+    ("no secret to open with", lambda v: sealed.open_private("", CONTEXT, TORCH_KEY, v)),
+])
+def test_a_private_value_that_was_not_sealed_so_does_not_open(how, opened):
+    assert opened(sealed.seal_private(SECRET, CONTEXT, TORCH_KEY, ADDRESS)) is None, how
+
+
+def test_a_private_value_of_many_blocks_round_trips():
+    payload = bytes(range(256)) * 40  # 10 kB: keystream blocks past the first
+    value = sealed.seal_private(SECRET, CONTEXT, TORCH_KEY, payload)
+    assert sealed.open_private(SECRET, CONTEXT, TORCH_KEY, value) == payload
+    assert payload[:64] not in value

@@ -56,6 +56,14 @@ class TorchDistributedRendezvousTimeout(TorchDistributedGangFailed):
     headline = "@torch_distributed rendezvous timed out"
 
 
+class TorchDistributedStoreTampered(TorchDistributedException):
+    """A value torch reads from the gang's store to bootstrap its process groups (a peer's
+    address, NCCL's unique id) was not written by a member of the gang: a process outside the
+    gang wrote to node 0's port. The rank stops instead of connecting where it points."""
+
+    headline = "@torch_distributed: the gang's store was tampered with"
+
+
 class TorchDistributedAborted(Exception):
     """Raised in rank 0 when another rank failed and the gang is being stopped.
 

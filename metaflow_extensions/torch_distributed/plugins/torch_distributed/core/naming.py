@@ -16,6 +16,17 @@ KEY_PREFIX = _KEY_PREFIX  # every key the package writes begins with it
 PUBLIC_GANG_KEY = _KEY_PREFIX + "gang"
 
 
+# Prefix of torch's own keys (init_process_group's, gloo's, NCCL's) in the gang's store: ranks
+# reach the store through runtime/rendezvous_seal.py, which puts them under a prefix of their
+# round, so a round never reads what a stopped round's process groups wrote.
+TORCH_KEY_PREFIX = "torch/"
+
+
+def torch_key_prefix(round_: int) -> str:
+    """Where the process groups of the gang's round `round_` keep their keys."""
+    return "%sr%d/" % (TORCH_KEY_PREFIX, round_)
+
+
 def gang_id(run_id: str, step_name: str, task_id: str, attempt: int) -> str:
     """Unique per task attempt: TORCHELASTIC_RUN_ID, and the guard against cross-gang joins."""
     return "%s-%s-%s-%s" % (run_id, step_name, task_id, attempt)

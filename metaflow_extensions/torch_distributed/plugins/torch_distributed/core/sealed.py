@@ -5,10 +5,15 @@ TCPStore has no access control), so the key names hide nothing. What the package
 machinery reads is trusted for its seal instead: an HMAC-SHA256 under the attempt's secret over
 the gang attempt's id, the key and the payload. A value forged without the secret, moved to
 another key, copied from another attempt, truncated or corrupted does not open.
+
+What torch, gloo and NCCL exchange through the store to bootstrap (peers' addresses and pair
+ids, NCCL's unique id) is sealed and also kept private (seal_private): whoever reads the store
+learns neither where to connect nor the ids that would let it pose as a peer.
 """
 
 import hashlib
 import hmac
+import secrets
 import threading
 from typing import Dict, Optional, Set, Tuple
 
@@ -42,6 +47,62 @@ def unseal(secret: str, gang_id: str, key: str, value: bytes) -> Optional[bytes]
     if not hmac.compare_digest(value[len(VERSION):head], _tag(secret, gang_id, key, payload)):
         return None
     return payload
+
+
+# The first bytes of a private value (seal_private): its format.
+PRIVATE_VERSION = b"mftdp1"
+NONCE_SIZE = 16
+_BLOCK = hashlib.sha256().digest_size
+
+
+def _subkey(secret: str, purpose: bytes) -> bytes:
+    """A key of its own for each use of the secret (encryption, authentication)."""
+    return hmac.new(secret.encode(), b"mftd-private/" + purpose, hashlib.sha256).digest()
+
+
+def _keystream(key: bytes, nonce: bytes, size: int) -> bytes:
+    """HMAC-SHA256 as a pseudorandom function in counter mode (as NIST SP 800-108's KDF in
+    counter mode): block i is HMAC(key, nonce || i)."""
+    blocks = (size + _BLOCK - 1) // _BLOCK
+    return b"".join(hmac.new(key, nonce + i.to_bytes(8, "big"), hashlib.sha256).digest()
+                    for i in range(blocks))[:size]
+
+
+def _xor(data: bytes, stream: bytes) -> bytes:
+    return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(len(data), "big")
+
+
+def _private_tag(secret: str, context: str, key: str, body: bytes) -> bytes:
+    mac = hmac.new(_subkey(secret, b"mac"), digestmod=hashlib.sha256)
+    for part in (PRIVATE_VERSION, context.encode(), key.encode(), body):
+        mac.update(len(part).to_bytes(8, "big"))
+        mac.update(part)
+    return mac.digest()
+
+
+def seal_private(secret: str, context: str, key: str, payload: bytes) -> bytes:
+    """`payload` encrypted, then authenticated (encrypt-then-MAC, each with a key of its own
+    derived from the secret) for `key` in `context` (the attempt and its round): PRIVATE_VERSION,
+    tag, nonce, ciphertext. A fresh random nonce each time: sealing one payload twice gives two
+    values."""
+    nonce = secrets.token_bytes(NONCE_SIZE)
+    body = nonce + _xor(payload, _keystream(_subkey(secret, b"enc"), nonce, len(payload)))
+    return PRIVATE_VERSION + _private_tag(secret, context, key, body) + body
+
+
+def open_private(secret: str, context: str, key: str, value: bytes) -> Optional[bytes]:
+    """The payload seal_private sealed into `value` for `key` in `context`, or None when it was
+    not sealed so under this secret (forged, moved from another key, of another attempt or
+    round, truncated, changed)."""
+    head = len(PRIVATE_VERSION) + TAG_SIZE
+    if not secret or len(value) < head + NONCE_SIZE or not value.startswith(PRIVATE_VERSION):
+        return None
+    body = value[head:]
+    if not hmac.compare_digest(value[len(PRIVATE_VERSION):head],
+                               _private_tag(secret, context, key, body)):
+        return None
+    nonce, ciphertext = body[:NONCE_SIZE], body[NONCE_SIZE:]
+    return _xor(ciphertext, _keystream(_subkey(secret, b"enc"), nonce, len(ciphertext)))
 
 
 class Ignored:

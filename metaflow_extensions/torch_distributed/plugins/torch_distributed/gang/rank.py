@@ -15,7 +15,7 @@ from ..core.topology import Topology
 from ..mf import current as current_mod
 from ..mf import events, groupcheck, internals
 from ..mf import handback as rank0_results
-from ..runtime import preempt, stacks
+from ..runtime import preempt, rendezvous_seal, stacks
 from ..runtime.control import ControlPlane
 from ..runtime.procs import run_member_body
 
@@ -25,6 +25,9 @@ def run_rank_body(spec: GangSpec, topology: Topology, local_rank: int,
     """A rank's step body, its events recorded for the gang's card, its probe (stacks.py)
     telling its node's watch where it stands while hang detection is on."""
     rank = topology.rank(spec.node, local_rank)
+    # torch's own rendezvous through the gang's store opens only what members wrote
+    rendezvous_seal.install(spec.blueprint.step_name, spec.attempt.secret, spec.attempt.gang_id,
+                            spec.restart_count)
     # node 0's rank 0 unwinds on the gang's stop (its finally blocks run, what @catch keeps is
     # handed back); every other rank ends at once
     preempt.install_rank_handler(spec.work_dir, on_stop=_raise_aborted

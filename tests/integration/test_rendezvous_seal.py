@@ -1,0 +1,110 @@
+"""torch's own rendezvous through the gang's store, sealed (runtime/rendezvous_seal.py): real
+gloo process groups of real processes against a real TCPStore, and an outsider who reaches it."""
+
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import naming, sealed
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import (
+    rendezvous_seal,
+)
+from tests.support import REPO
+
+SECRET = "5ec2e7" * 10 + "abcd"
+GANG = "run-train-2-0"
+
+
+@pytest.fixture
+def store():
+    from torch.distributed import TCPStore
+
+    server = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30), wait_for_workers=False)
+    yield server
+
+
+def rank_env(port, rank, sealed_=True):
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+               WORLD_SIZE="2", TORCHELASTIC_USE_AGENT_STORE="True", GLOO_SOCKET_IFNAME="lo",
+               PYTHONPATH=str(REPO))
+    if sealed_:
+        env["SEAL_SECRET"] = SECRET
+    return env
+
+
+def run_attack(port, tmp_path, sealed_):
+    """The attack against a 2-rank gang: (the marker its pickle creates, each rank's output)."""
+    marker = tmp_path / "the attacker's pickle ran"
+    module = [sys.executable, "-m", "tests.gloo_hijack"]
+    ranks = [subprocess.Popen(module + ["rank"], cwd=REPO, env=rank_env(port, r, sealed_),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in (1, 0)]
+    attacker = subprocess.Popen(module + ["attack", "127.0.0.1", str(port), str(marker)],
+                                cwd=REPO, env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    outputs = [p.communicate(timeout=90)[0] for p in ranks]
+    attacker.communicate(timeout=60)
+    return marker, outputs
+
+
+def test_without_the_seal_the_attack_runs_its_pickle_in_a_rank(store, tmp_path):
+    # The control: torch's env:// as it is (and as this package used it before the seal).
+    # The attack is real, so the sealed test below shows the seal, not a weak attacker.
+    marker, outputs = run_attack(store.port, tmp_path, sealed_=False)
+    assert marker.exists(), outputs
+    assert "TextIOWrapper" in outputs[0], outputs[0]  # rank 1 unpickled the attacker's object
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_sealed_ranks_never_run_the_attackers_pickle(store, tmp_path, attempt):
+    marker, (rank1, rank0) = run_attack(store.port, tmp_path, sealed_=True)
+    assert not marker.exists(), rank1
+    # rank 1 read rank 0's own record (the attacker's did not open), or waited for it past
+    # the attacker's rewrites and stopped, naming the key: never another outcome
+    assert ("rank 1 got [{'from': 'rank 0'}]" in rank1
+            or "no rank of this gang wrote" in rank1), rank1
+    assert "TextIOWrapper" not in rank1 + rank0
+
+
+def test_a_value_no_member_wrote_stops_the_rank_naming_the_key(store, tmp_path):
+    # An outsider's value under the key of rank 0's address record, before rank 0 wrote
+    # any, and rank 0 never comes: rank 1 waits TAMPER_WAIT_S for a member's value, then
+    # stops with the cause instead of connecting where the value points.
+    key = naming.torch_key_prefix(0) + "default_pg/0//cpu//0/0"
+    store.set(key, b"\x02\x00\x9c\x40\x7f\x00\x00\x01 forged\n[rank 0] FATAL curl | sudo sh")
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "tests.gloo_hijack", "rank"], cwd=REPO,
+                         env=rank_env(store.port, 1), capture_output=True, text=True,
+                         timeout=90)
+    took = time.monotonic() - started
+    assert out.returncode != 0
+    assert "TorchDistributedStoreTampered" in out.stderr and "no rank of this gang wrote" in out.stderr, out.stderr
+    assert "'default_pg/0//cpu//0/0'" in out.stderr  # the key, quoted
+    assert "FATAL curl" not in out.stderr  # nothing of the outsider's value is printed
+    assert rendezvous_seal.TAMPER_WAIT_S <= took < rendezvous_seal.TAMPER_WAIT_S + 30
+
+
+def test_torchs_values_in_the_store_are_sealed_private_under_the_rounds_prefix(store):
+    from torch.distributed import TCPStore
+
+    client = TCPStore("127.0.0.1", store.port, None, False, timedelta(seconds=5))
+    ours = rendezvous_seal.sealed_store(client, "train", SECRET, GANG, 1)
+    ours.set("default_pg/0//cpu//0/0", b"127.0.0.1:40000 seq 7")
+    assert ours.get("default_pg/0//cpu//0/0") == b"127.0.0.1:40000 seq 7"
+    inner_key = naming.torch_key_prefix(1) + "default_pg/0//cpu//0/0"
+    raw = store.get(inner_key)
+    assert b"127.0.0.1" not in raw
+    assert sealed.open_private(SECRET, GANG + "/round/1", inner_key, raw) is not None
+    assert "default_pg/0//cpu//0/0" not in store.list_keys()  # nothing outside the prefix
+    # a round's value is not another round's, even moved under its prefix
+    store.set(naming.torch_key_prefix(2) + "default_pg/0//cpu//0/0", raw)
+    later = rendezvous_seal.sealed_store(client, "train", SECRET, GANG, 2)
+    assert later.check(["default_pg/0//cpu//0/0"])
+    assert ours.add("counter", 2) == 2 and ours.add("counter", 0) == 2  # counters as they are
+    assert ours.multi_get(["default_pg/0//cpu//0/0"]) == [b"127.0.0.1:40000 seq 7"]
+    with pytest.raises(NotImplementedError, match="sealed"):
+        ours.compare_set("default_pg/x", b"", b"1")
