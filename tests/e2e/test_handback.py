@@ -37,10 +37,12 @@ def test_rank_0s_artifacts_and_foreach_reach_the_task_from_its_own_process(runne
         "result = dict(by=t['rank0_started_by'].data, size=len(big),\n"
         "              same=hashlib.sha256(big).hexdigest() == t['big_sha'].data,\n"
         "              each=len(list(run['each'])), seen=run['join'].task['shards_seen'].data,\n"
-        "              big_key=t['big'].sha)")
+        "              big_key=t['big'].sha, secret_in_env=t['secret_in_env'].data)")
     big_key = got.pop("big_key")
+    # no rank's environment, nor a process it starts, holds the attempt's secret: an exec'd
+    # rank removes it as soon as it read it (before, each rank's and its children's held it)
     assert got == dict(by=method, size=20 * 1024 * 1024, same=True, each=3,
-                       seen=["a", "b", "c"])
+                       seen=["a", "b", "c"], secret_in_env=[[False, False], [False, False]])
     # the 20 MB artifact (random bytes: new in each run) is stored once, by rank 0
     assert [os.path.basename(p) for p in large_blobs(runner) - before] == [big_key]
 

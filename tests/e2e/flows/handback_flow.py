@@ -10,9 +10,10 @@ every other rank). TD_LEAVE=os_exit: rank 0 leaves with os._exit(0), handing bac
 import hashlib
 import os
 import signal
+import subprocess
 import sys
 
-from metaflow import FlowSpec, step, torch_distributed
+from metaflow import FlowSpec, current, step, torch_distributed
 
 BIG = 20 * 1024 * 1024
 LEAVE = os.environ.get("TD_LEAVE")  # read before rank 0's body empties os.environ
@@ -32,6 +33,12 @@ class HandbackFlow(FlowSpec):
         dist.init_process_group("gloo")
         rank = dist.get_rank()
         self.shards = ["a", "b", "c"]
+        # the attempt's secret, in this rank's environment or a child's (issue 37, point 7)
+        secret = current.torch_distributed._secret
+        child = subprocess.run([sys.executable, "-c", "import os; print(repr(dict(os.environ)))"],
+                               capture_output=True, text=True, check=True).stdout
+        self.secret_in_env = current.torch_distributed.gather(
+            [any(secret in v for v in os.environ.values()), secret in child])
         if rank == 0:
             me = psutil.Process()
             mine, parents = me.cmdline(), me.parent().cmdline()

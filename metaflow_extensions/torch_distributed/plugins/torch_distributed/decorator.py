@@ -18,6 +18,8 @@ from .core.errors import (
 )
 from .core.failures import Failure
 from .core.gangspec import (
+    ORDER_ENV,
+    SPEC_ENV,
     AgentOrder,
     Attempt,
     Blueprint,
@@ -223,6 +225,10 @@ class TorchDistributedDecorator(StepDecorator):
             return step_func
         spec = GangSpec.from_env(os.environ)
         order = AgentOrder.from_env(os.environ) if spec is None else None
+        # The member's GangSpec holds the attempt's secret: in memory from here on, so that
+        # nothing the body starts (a loader's workers, run_script, a crash reporter) inherits it.
+        os.environ.pop(SPEC_ENV, None)
+        os.environ.pop(ORDER_ENV, None)
         with PausedTimer():  # torch's import is ours, not the body's: keep it out of @timeout
             _require_torch(self.step_name)
         if spec is not None or order is not None:  # a member started by a gang
