@@ -18,6 +18,19 @@ from .test_batch_gang import BatchRun, _train_job_id
 REACH_BOUND = 5.0
 
 
+# (An expression for the runs' client.) Every checkpoint attempt 0 of the train task stored,
+# oldest first, read back from S3 with metaflow-checkpoint's own API: [version, its state.txt].
+STORED_STATES = (
+    "(lambda Checkpoint, mkdtemp: [(lambda folder: [c['version_id'], ("
+    "Checkpoint().load(c, path=folder), open(folder + '/state.txt').read())[1]])(mkdtemp()) "
+    "for c in sorted(Checkpoint().list(task=run['train'].task, attempt=0), "
+    "key=lambda c: int(c['version_id']))])"
+    "(__import__('metaflow').Checkpoint, __import__('tempfile').mkdtemp)")
+
+# What STORED_STATES finds after a restart in place: round 1's save did not replace round 0's.
+BOTH_ROUNDS = [[0, "saved by rank 0 in attempt 0"], [1, "saved by rank 0 in round 1"]]
+
+
 class CheckpointRun(BatchRun):
     flow_name = "RemoteCheckpointFlow"
 
@@ -53,6 +66,8 @@ def test_a_rank_killed_on_node_1_restarts_the_batch_gang_in_place_in_the_same_jo
     assert [(p["rank"], p["node"]) for p in loaded] == [(0, "0"), (1, "1")]
     assert all(p["is_loaded"] and p["found"] == "saved by rank 0 in attempt 0"
                for p in loaded), loaded
+    # rank 0 of round 1 wrote state.txt again and saved it: a key of its own (issue 38)
+    assert gang.client(STORED_STATES) == BOTH_ROUNDS
 
 
 def test_terminate_job_preempts_every_node_and_the_retry_resumes_from_the_save_in_its_grace(

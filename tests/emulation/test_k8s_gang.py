@@ -19,6 +19,7 @@ from .jobset_controller import validate_jobset
 from .k8s_api import KubernetesEmulator
 from tests.support import isolated_env, metaflow
 from .probes import assert_hang_report, intruder_env, published_secret, wait_for
+from .test_batch_checkpoint import BOTH_ROUNDS, STORED_STATES
 
 FLOWS = Path(__file__).parent / "flows"
 MAIN_ENV = "METAFLOW_TORCH_DISTRIBUTED_KUBERNETES_MAIN"
@@ -369,6 +370,8 @@ def test_a_rank_killed_on_the_worker_pod_restarts_the_jobset_in_place(aws, kuber
     assert "-control-0-0-" in loaded[0]["pod"] and "-worker-0-0-" in loaded[1]["pod"], loaded
     assert all(p["is_loaded"] and p["found"] == "saved by rank 0 in attempt 0"
                for p in loaded), loaded
+    # rank 0 of round 1 wrote state.txt again and saved it: a key of its own (issue 38)
+    assert gang.client(STORED_STATES) == BOTH_ROUNDS
 
 
 def _checkpoint_run_in_background(gang, **td):

@@ -12,7 +12,9 @@ preempt-saved-<rank> (when the save was done).
 Attempt 1 (a new multi-node job or JobSet): every rank reads what it finds in its
 current.checkpoint.directory, and rank 0 gathers it into `loaded`, with where each rank ran.
 TD_MAX_RESTARTS=N gives the gang max_restarts=N: the SIGKILL of rank 1 then restarts the gang in
-place, and round 1 of attempt 0 does what attempt 1 does (`restarts` is its restart_count).
+place, and round 1 of attempt 0 does what attempt 1 does (`restarts` is its restart_count), then
+rank 0 writes state.txt again ("saved by rank 0 in round 1") and saves it: a checkpoint of its
+own, next to round 0's.
 TD_START_METHOD is the step's start_method (exec: every rank, rank 0 included, a spin-step)."""
 
 import os
@@ -119,6 +121,11 @@ class RemoteCheckpointFlow(FlowSpec):
             # no rank leaves the group while a peer is still in init_process_group (rank 0,
             # which loaded the checkpoint in the task first, can be seconds behind): gloo then
             # fails that peer with "Connection closed by peer"
+            if rank == 0 and current.torch_distributed.restart_count:
+                with open(state, "w") as f:
+                    f.write("saved by rank 0 in round %d"
+                            % current.torch_distributed.restart_count)
+                current.checkpoint.save()
             dist.barrier()
         dist.destroy_process_group()
         self.next(self.end)
