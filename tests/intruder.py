@@ -4,7 +4,11 @@ prefix it finds (the package's keys as they are named today, and as they were na
 lay under the secret) forges what would steer the gang: an abort, check-ins, a node's done and
 failure, ranks' done, a checkpoint, and a gather value of every rank but 0 that is a pickle
 with a side effect (it creates OUT_DIR/pwned when unpickled); it replays a genuine value under
-the abort key. It writes what it saw and did to OUT_DIR/intruder.json.
+the abort key. It also goes for torch's own rendezvous: once the other ranks' process-group records are in
+the store it notes which of them show an address in the clear, and puts a copy of one under
+the key of rank 0's record, which rank 0 has not written yet (the others read it first), under
+the name torch gives it and under the gang's prefix for it. It writes what it saw and did to
+OUT_DIR/intruder.json.
 
 Test flows call `runpy.run_path(path)["intrude_from"](rank, world size, nodes, out dir)` in
 every rank before init_process_group: rank 0 starts it there, before the other ranks can send
@@ -54,10 +58,33 @@ def forge(store, prefix, world_size, nodes, out_dir):
     return sorted(values)
 
 
+LOOPBACK = (b"127.0.0.1", bytes([127, 0, 0, 1]))  # an address as text, and as in a sockaddr
+
+
+def forge_torchs(store, world_size):
+    """Wait (up to 10 s) for the records of ranks 1.. in the store; then a copy of one under
+    rank 0's record's keys (torch's name, and the gang's prefix). (keys, keys in the clear)."""
+    deadline = time.monotonic() + 10
+    while True:
+        torch_keys = sorted(k for k in store.list_keys() if not k.startswith("mftd/"))
+        records = [k for k in torch_keys if k.endswith("cpu//0/%d" % (world_size - 1))]
+        if records or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    clear = [k for k in torch_keys if any(a in store.get(k) for a in LOOPBACK)]
+    for record in records:
+        genuine = store.get(record)
+        for key in {record[:-len(str(world_size - 1))] + "0", "default_pg/0//cpu//0/0"}:
+            if not store.check([key]):  # rank 0 has not written it
+                store.set(key, genuine)
+    return torch_keys, clear
+
+
 def main(addr, port, world_size, nodes, out_dir):
     from torch.distributed import TCPStore
 
     store = TCPStore(addr, int(port), None, False, timedelta(seconds=20))
+    torch_keys, torch_clear = forge_torchs(store, int(world_size))
     keys = store.list_keys()
     wrote = []
     for prefix in prefixes(keys):
@@ -68,7 +95,8 @@ def main(addr, port, world_size, nodes, out_dir):
         store.set("mftd/abort", store.get(genuine[0]))
     store.check(wrote[:1])  # the server has them all (one connection is served in order)
     with open(os.path.join(out_dir, "intruder.json"), "w") as f:
-        json.dump({"keys": keys, "prefixes": prefixes(keys), "wrote": wrote}, f)
+        json.dump({"keys": keys, "prefixes": prefixes(keys), "wrote": wrote,
+                   "torch_keys": torch_keys, "torch_clear": torch_clear}, f)
     print("intruder: listed %d keys, forged %d values under %s"
           % (len(keys), len(wrote), prefixes(keys)), flush=True)
 

@@ -60,6 +60,11 @@ def test_an_outside_process_with_the_gang_address_can_neither_steer_it_nor_run_c
     # no key name carries the secret (a run of hex digits as long as a secret or its half)
     assert not [k for k in seen["keys"] if re.search("[0-9a-f]{32}", k)], seen["keys"]
     assert not (flow_runner.marks / "pwned").exists()  # the forged pickle was never loaded
+    # torch's own records (the other ranks' gloo addresses) were there, each under the gang's
+    # prefix of its round and none in the clear; rank 0's, planted as a copy of another's
+    # before rank 0 wrote it, was waited past (issue 37)
+    assert seen["torch_keys"] and seen["torch_clear"] == [], seen
+    assert all(k.startswith("torch/r0/") for k in seen["torch_keys"]), seen["torch_keys"]
     envs = flow_runner.client(TRAIN + "result = t['envs'].data")
     assert [e["RANK"] for e in envs] == [str(r) for r in range(nodes * nproc)]
     assert flow_runner.client(TRAIN + "result = t['total'].data") == sum(
