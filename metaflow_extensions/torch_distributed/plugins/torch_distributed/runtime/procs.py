@@ -21,6 +21,7 @@ from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Prot
                     Tuple, Union)
 
 from ..core.failures import communication_error, report_exception, save_exception
+from ..runtime.storewarnings import StoreWarnings
 
 _PR_SET_PDEATHSIG = 1
 # A line rewritten in place with \r (a progress bar: tqdm, Lightning, Accelerate) is shown as
@@ -468,11 +469,14 @@ class _Stream:
         self.shown: Optional[bytes] = None  # the state of the current \r-line last written out
         # when the current \r-line began or was last written out
         self.since: Optional[float] = None
+        # torch's store warnings, once per kind a minute (node 0's task hosts the store)
+        self.warnings = StoreWarnings()
 
     def feed(self, chunk: bytes, now: float) -> bytes:
         """The bytes to write for `chunk`: its complete lines, a \r-line as its last state."""
         *lines, self.pending = (self.pending + chunk).split(b"\n")
-        out = []
+        lines, notes = self.warnings.lines(lines, now)
+        out = [self.prefix + note + b"\n" for note in notes]
         for line in lines:
             if b"\r" in line:
                 out.append(self._state_line(_last_state(line)))
@@ -486,24 +490,32 @@ class _Stream:
         return b"".join(out)
 
     def due(self, interval: float) -> Optional[float]:
-        """When the \r-line in progress is next to be shown, or None."""
-        return None if self.since is None else self.since + interval
+        """When the \r-line in progress is next to be shown, or a note of torch's warnings
+        dropped is due; None if neither."""
+        dues = [d for d in (None if self.since is None else self.since + interval,
+                            self.warnings.due()) if d is not None]
+        return min(dues) if dues else None
 
     def snapshot(self, now: float, interval: float) -> bytes:
-        """The \r-line in progress as its latest state, once it is due."""
+        """The \r-line in progress as its latest state, once it is due (after the notes of
+        torch's warnings dropped, once due)."""
+        notes = b"".join(self.prefix + n + b"\n" for n in self.warnings.notes(now))
         if self.since is None or now < self.since + interval:
-            return b""
+            return notes
         self.since = now
         state = _last_state(self.pending)
         line = self._state_line(state)
         self.shown = state
-        return line
+        return notes + line
 
     def finish(self) -> bytes:
-        """What is left when the pipe closed: a last line without its newline."""
+        """What is left when the pipe closed: a last line without its newline, and the notes
+        of torch's warnings dropped."""
+        notes = b"".join(self.prefix + n + b"\n"
+                         for n in self.warnings.notes(0.0, final=True))
         if b"\r" in self.pending:
-            return self._state_line(_last_state(self.pending))
-        return self.prefix + self.pending + b"\n" if self.pending else b""
+            return notes + self._state_line(_last_state(self.pending))
+        return notes + (self.prefix + self.pending + b"\n" if self.pending else b"")
 
     def _state_line(self, state: bytes) -> bytes:
         if state == self.shown or not state.strip():
