@@ -86,6 +86,7 @@ class FailureKind(str, Enum):
     ABORTED = "aborted"  # (an agent's view) node 0 aborted the gang
     CONTROL = "control"  # (an agent's view) node 0's store could no longer be reached
     PREEMPTED = "preempted"  # a SIGTERM to a node preempted the gang (preempt.py)
+    TAMPERED = "tampered"  # the gang's store was tampered with (a node's messages deleted)
 
     def __str__(self) -> str:
         return self.value

@@ -469,10 +469,13 @@ def _outcome_components(outcome: Outcome, Markdown: Any) -> List[Any]:
 
 def ignored_note(counts: Dict[str, int]) -> str:
     """What the log and the card say of the messages the gang ignored (sealed.IGNORED)."""
+    deleted = "" if not any(kind.endswith(" deleted") for kind in counts) else (
+        " The kinds marked deleted are the gang's own messages that a process outside the gang "
+        "deleted from the store before node 0 read them.")
     return ("The gang ignored %s messages in its rendezvous store that were not sealed under "
             "the attempt's secret (forged or corrupt): a process outside the gang wrote to "
-            "the store at MASTER_ADDR:MASTER_PORT. None of them steered the gang. See "
-            "docs/security.md." % sealed.describe(counts))
+            "the store at MASTER_ADDR:MASTER_PORT. None of them steered the gang.%s See "
+            "docs/security.md." % (sealed.describe(counts), deleted))
 
 
 def _code(lines: Iterable[str]) -> str:

@@ -14,7 +14,7 @@ import secrets
 import socket
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from ..core import capacity, naming, sealed
 from ..core.errors import TorchDistributedEnvironmentError
@@ -136,6 +136,13 @@ class ControlPlane:
         self._progress_sent = 0
         # node -> (number, reports) of its latest progress
         self._progress_seen: Dict[int, Tuple[int, Dict[int, Report]]] = {}
+        # what each node's latest heartbeat and progress say the other one's count is (sent)
+        self._progress_claimed: Dict[int, int] = {}
+        self._beats_claimed: Dict[int, int] = {}
+        # key -> the last value of it that opened: a key that never goes away (a heartbeat,
+        # progress) read absent after it was there was deleted by someone outside the gang
+        self._last_opened: Dict[str, bytes] = {}
+        self.deleted: Set[str] = set()  # such keys, absent at their last read (tampered)
 
     def forget_rendezvous(self) -> None:
         """Delete every key of the store that is not the package's: what torch's process
@@ -244,6 +251,24 @@ class ControlPlane:
         otherwise (a value that does not open is counted in sealed.IGNORED as `kind`)."""
         value = self._probe(key)
         return None if value is None else self._open(key, value, kind)
+
+    def _read_kept(self, key: str, kind: str) -> Optional[bytes]:
+        """_read, for a key that a member writes again and again and nobody deletes (a
+        heartbeat, progress): read absent after a value of it opened, it was deleted from
+        outside the gang, which is counted in sealed.IGNORED as `kind` "deleted" (once for each
+        value deleted) and kept in `deleted`."""
+        value = self._probe(key)
+        if value is None:
+            last = self._last_opened.get(key)
+            if last is not None:
+                sealed.IGNORED.note(kind + " deleted", key, last)
+                self.deleted.add(key)
+            return None
+        payload = self._open(key, value, kind)
+        if payload is not None:
+            self._last_opened[key] = value
+            self.deleted.discard(key)
+        return payload
 
     def _probe(self, key: str) -> Optional[bytes]:
         """The value under `key`, or None when it is absent, in one request that never waits:
@@ -368,35 +393,67 @@ class ControlPlane:
     def rank_is_done(self, rank: int) -> bool:
         return self._flag(self._keys.rank_done(rank), "rank done")
 
+    # A node's heartbeat and its progress each carry the count of the other that its agent
+    # sent (both are sent by the agent's one client, each waited for by the store before the
+    # next message): every value node 0 reads of one says how many of the other were in the
+    # store by then. So node 0, which reads a node's heartbeat and progress in turn, always
+    # finds at least the count the other one claimed, unless someone outside the gang deleted
+    # it or put an older one back. A count that stays behind its claim is tampering, not a
+    # node that died or hangs (LeaderWatch's Overdue); a key read absent after it was there is
+    # a deletion (_read_kept). Both keep the seal's guarantees: a claim is read only from a
+    # value that opened.
+
     def beat(self, node: int) -> None:
         """Tell node 0 that node `node` is alive (see LeaderWatch._check_heartbeat): the count
-        of beats this client sent, so that a value replayed from earlier does not look new.
-        Waited for, as every message but a log chunk and a gathered value: a read from
-        another connection right after it sees it."""
+        of beats this client sent, so that a value replayed from earlier does not look new,
+        and the count of progress it sent. Waited for, as every message but a log chunk and a
+        gathered value: a read from another connection right after it sees it."""
         self._beats_sent += 1
-        self._set(self._keys.beat(node), str(self._beats_sent).encode())
+        self._set(self._keys.beat(node),
+                  ("%d %d" % (self._beats_sent, self._progress_sent)).encode())
 
     def beats(self, node: int) -> int:
         """How many heartbeats node `node` has sent (the highest count that opened)."""
-        payload = self._read(self._keys.beat(node), "heartbeat")
-        count = int(payload.decode()) if payload is not None else 0
+        payload = self._read_kept(self._keys.beat(node), "heartbeat")
+        count, *claim = [int(n) for n in payload.decode().split()] if payload else [0]
+        if claim:
+            self._progress_claimed[node] = max(claim[0], self._progress_claimed.get(node, 0))
         self._beats_seen[node] = max(count, self._beats_seen.get(node, 0))
         return self._beats_seen[node]
 
+    def beats_claimed(self, node: int) -> int:
+        """How many heartbeats node `node`'s latest progress read said it had sent."""
+        return self._beats_claimed.get(node, 0)
+
     def send_progress(self, node: int, reports: Mapping[int, Report]) -> None:
         """Where node `node`'s ranks stand ({rank: stacks report}), numbered by this client so
-        that a value replayed from earlier is not taken for news (see progress)."""
+        that a value replayed from earlier is not taken for news (see progress), with the count
+        of heartbeats it sent."""
         self._progress_sent += 1
-        self._set(self._keys.progress(node),
-                  json.dumps({"n": self._progress_sent, "ranks": reports}).encode())
+        self._set(self._keys.progress(node), json.dumps(
+            {"n": self._progress_sent, "b": self._beats_sent, "ranks": reports}).encode())
 
     def progress(self, node: int) -> Dict[int, Report]:
         """{rank: report} node `node` last sent, or {}: the latest by its number."""
-        value = self._json(self._keys.progress(node), "progress")
-        if value is not None and value.get("n", 0) > self._progress_seen.get(node, (0, {}))[0]:
+        payload = self._read_kept(self._keys.progress(node), "progress")
+        value = None if payload is None else json.loads(payload.decode())
+        if value is not None and value.get("n", 0) > self.progress_number(node):
             self._progress_seen[node] = (value["n"], {int(r): rep
                                                        for r, rep in value["ranks"].items()})
+            self._beats_claimed[node] = max(value.get("b", 0), self.beats_claimed(node))
         return self._progress_seen.get(node, (0, {}))[1]
+
+    def progress_number(self, node: int) -> int:
+        """The number of node `node`'s latest progress read (0: none yet)."""
+        return self._progress_seen.get(node, (0, {}))[0]
+
+    def progress_claimed(self, node: int) -> int:
+        """How many progress messages node `node`'s latest heartbeat said it had sent."""
+        return self._progress_claimed.get(node, 0)
+
+    def key_of(self, message: str, node: int) -> str:
+        """The key of node `node`'s `message` ("heartbeat" or "progress") this round."""
+        return self._keys.beat(node) if message == "heartbeat" else self._keys.progress(node)
 
     def ship_log(self, node: int, target_fd: int, data: bytes) -> None:
         """Queue output of node `node` (complete lines, for fd 1 or 2) for node 0's task log.

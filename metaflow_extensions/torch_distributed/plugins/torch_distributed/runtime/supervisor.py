@@ -468,6 +468,7 @@ class LeaderWatch(Watch):
         self._others_done_at: Optional[float] = None
         self._news = _News(lambda: self.control.nodes_news(), clock)
         self._next_beats = clock()  # when every node's heartbeats are read next
+        self._overdue = Overdue()  # a node's progress behind what its heartbeats say
 
     def start(self) -> "LeaderWatch":
         if not self._pending_joins:
@@ -575,6 +576,9 @@ class LeaderWatch(Watch):
         reports = self.progress.read()
         for node in self._other_nodes():
             reports.update(self.control.progress(node))
+            tampered = self._check_progress_arrives(node, now)
+            if tampered is not None:
+                return tampered
         self._last_reports = reports
         found = stacks.verdict(reports, self.topology.world_size, self.hang_timeout,
                                self.topology.locate)
@@ -584,6 +588,36 @@ class LeaderWatch(Watch):
         node, local_rank = self.topology.locate(rank)
         return F.Failure(rank, node, F.FailureKind.HUNG, now, local_rank=local_rank,
                          message=text)
+
+    def _check_progress_arrives(self, node: int, now: float) -> Optional[F.Failure]:
+        """(Just after node `node`'s progress was read.) A failure when its progress has been
+        behind what its heartbeats say it sent for half the hang timeout (and so the hang
+        verdict would run on stale reports): someone deletes it, or puts an older one back
+        (ControlPlane's counts). The wait lets a one-off deletion pass (the node's next
+        progress replaces it within a probe interval); a deletion in a loop fails the gang
+        within about hang_timeout / 2 + a heartbeat interval + a probe interval."""
+        assert self.hang_timeout  # _check_hang looks only then
+        seen, claimed = self.control.progress_number(node), self.control.progress_claimed(node)
+        behind = self._overdue.behind(("progress", node), seen, claimed, self.clock())
+        if behind is None or behind < self.hang_timeout / 2:
+            return None
+        return self._tampered(node, "progress", now, seen, claimed, behind)
+
+    def _tampered(self, node: int, message: str, now: float, seen: int, claimed: int,
+                  behind: float) -> F.Failure:
+        """The failure of node `node` whose `message` ("heartbeat" or "progress") stopped
+        reaching node 0 while its agent kept sending it."""
+        key = self.control.key_of(message, node)
+        other = "progress" if message == "heartbeat" else "heartbeat"
+        how = ("was deleted (node 0 read #%d at most)" % seen if key in self.control.deleted
+               else "held #%d at most" % seen)
+        return F.Failure(
+            None, node, F.FailureKind.TAMPERED, now,
+            message="keeps sending its %s, but it stopped reaching node 0 %ss ago: the gang's "
+            "store is being tampered with. Its %s says it sent %s #%d; key %s %s. A process "
+            "outside the gang deletes or rewrites the gang's keys in the store at "
+            "MASTER_ADDR:MASTER_PORT: find what else reaches that port (docs/security.md)"
+            % (message, _num(round(behind)), other, message, claimed, key, how))
 
     def _all_done(self) -> bool:
         """Every process and node finished, but rank 0's process (leader_slot), which may still
@@ -649,6 +683,12 @@ class LeaderWatch(Watch):
             return None
         if self.clock() - seen[1] < self.heartbeat_timeout:
             return None  # still beating
+        claimed = self.control.beats_claimed(node)
+        if count < claimed or self.control.key_of("heartbeat", node) in self.control.deleted:
+            # its progress says it kept beating, or its heartbeat was there and is gone: a
+            # dead node's heartbeat stays as it last wrote it
+            return self._tampered(node, "heartbeat", now, count, max(claimed, count),
+                                  self.clock() - seen[1])
         return F.Failure(
             None, node, F.FailureKind.LOST, now,
             message="stopped sending heartbeats %ss ago: %s or its container died, hangs, or "
@@ -756,6 +796,31 @@ class AgentWatch(Watch):
 
     def _holding(self, symptom: F.Failure) -> None:
         self.control.report_running(self.node, self.running_ranks())
+
+
+class Overdue:
+    """Since when node 0 has seen less of a node's message than the node says it sent
+    (ControlPlane: a heartbeat carries the count of progress sent, progress the count of
+    heartbeats). `behind` is given what was seen and what is claimed, each time the message
+    was read: the seconds node 0 has been behind a claim it has not caught up with since, or
+    None when it is not behind. Catching up with the claim it fell behind first resets it, so
+    a sender that keeps sending never looks behind for long, and a message that never arrives
+    does however often it is sent."""
+
+    def __init__(self) -> None:
+        self._since: Dict[Tuple[str, int], Tuple[int, float]] = {}
+
+    def behind(self, what: Tuple[str, int], seen: int, claimed: int,
+               now: float) -> Optional[float]:
+        held = self._since.get(what)
+        if held is not None and seen >= held[0]:
+            del self._since[what]
+            held = None
+        if held is None:
+            if claimed <= seen:
+                return None
+            held = self._since[what] = (claimed, now)
+        return now - held[1]
 
 
 class _News:
