@@ -130,3 +130,13 @@ def test_gpu_topology_rehearsed_on_cpu(flow_runner):
     got = flow_runner.client("t = Flow('GpuFlow').latest_run['train'].task\n"
                              "result = [t['world'].data, t['devices'].data]")
     assert got == [2, ["cpu", "cpu"]]
+
+
+def test_node_0_fails_a_gang_whose_store_holds_more_keys_than_it_may(flow_runner):
+    """Node 0 watches its store's key count (issue 37: a flood of the store): here a limit
+    lowered below what the gang itself writes, so that the gang's own keys trip it."""
+    res = flow_runner.run("gang_flow.py", env={"TD_NODES": 1, "TD_NPROC": 2,
+                                               "METAFLOW_TORCH_DISTRIBUTED_STORE_MAX_KEYS": 2})
+    assert res.returncode != 0, res
+    assert "the store was flooded: it holds" in res.output, res
+    assert "more than the 2 any gang of this size writes" in res.output, res

@@ -1,4 +1,5 @@
-"""Issue 37, point 4: deleting a node's messages from the gang's store is seen. A real store
+"""Issue 37, points 4 and 5: deleting a node's messages from the gang's store is seen, and so
+is a flood of the store. A real store
 hosted as node 0 hosts it, node 1's real agent watch (beats and progress, as agent.py makes
 it, with a member process of its own), node 0's real watch, and an intruder in a process of
 its own that knows only the port and deletes a key of node 1 in a loop."""
@@ -16,6 +17,12 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topolo
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import stacks
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.control import (
     ControlPlane,
+)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.floodwatch import (
+    STORE_MAX_KEYS_ENV,
+    STORE_MAX_MB_ENV,
+    FloodWatch,
+    max_keys,
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import (
     spawn_member,
@@ -163,3 +170,73 @@ def test_a_healthy_node_whose_heartbeat_is_deleted_is_named_tampered_not_dead(ga
     assert _new_ignored(before).get("heartbeat deleted", 0) >= 1
     assert "heartbeat deleted" in ignored_note(_new_ignored(before))  # node 0's note at the end
     print("heartbeat deleted in a loop: failed %.1f s after the deletions began" % took)
+
+
+# An outsider's flood: `count` keys of `size` bytes, in one multi_set of `batch` keys at a time.
+FLOODER = """
+import sys
+from datetime import timedelta
+from torch.distributed import TCPStore
+port, count, size, batch = (int(a) for a in sys.argv[1:5])
+store = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+value = b"x" * size
+for start in range(0, count, batch):
+    n = min(batch, count - start)
+    store.multi_set(["flood/%d" % i for i in range(start, start + n)], [value] * n)
+print("done", flush=True)
+"""
+
+
+def _flooded(host, port, count, size, batch, env):
+    """Node 0's watch of a gang of 4 ranks (FloodWatch as the leader makes it, with `env`), while an
+    outsider floods the store: (its failures, seconds from the flood's start to the verdict)."""
+    failures = []
+    rank0 = spawn_member(naming.rank_label(0), [sys.executable, "-S", "-c",
+                                                "import time; time.sleep(60)"],
+                         {"PATH": os.environ.get("PATH", "")})
+    watch = flooder = None
+    try:
+        watch = LeaderWatch([Slot(rank0, 0, 0, 0)], host, Topology(1, 4),
+                            on_failure=failures.append,
+                            flood=FloodWatch(host.num_keys, 4, env=env)).start()
+        flooder = subprocess.Popen([sys.executable, "-c", FLOODER, str(port), str(count),
+                                    str(size), str(batch)], stdout=subprocess.PIPE)
+        assert flooder.stdout.readline() == b"done\n"
+        flooded_at = time.monotonic()
+        assert watch.wait(5), "the flood went unseen"
+    finally:
+        if watch is not None:
+            watch.finished.set()
+        if flooder is not None:
+            flooder.kill()
+            flooder.wait()
+        stop_members([rank0], 0.2)
+    return failures, time.monotonic() - flooded_at
+
+
+def test_a_store_flooded_with_keys_fails_the_gang_naming_the_flood():
+    """Before: the store took any number of keys, and node 0 said nothing."""
+    host, port = hosted_store(GANG, SECRET)
+    limit = max_keys(4, {})
+    failures, took = _flooded(host, port, limit + 1, 8, 20_000, env={})
+    [failure] = failures
+    text = failure.describe()
+    assert failure.kind == "tampered" and failure.node == 0, text
+    # the gang's own two keys (its claim), and the flood's
+    assert "the store was flooded: it holds %d keys, more than the %d" % (limit + 3, limit) \
+        in text, text
+    assert STORE_MAX_KEYS_ENV in text and "MASTER_ADDR:MASTER_PORT" in text
+    print("%d keys: failed %.1f s after the flood" % (limit + 1, took))
+
+
+def test_a_store_flooded_with_large_values_fails_the_gang_before_node_0s_memory_is_at_risk():
+    """A few large values (the issue's attacker wrote 8 MiB ones until node 0 grew by 500 MB):
+    node 0's growth is counted, here against a limit lowered to 32 MiB."""
+    host, port = hosted_store(GANG, SECRET)
+    failures, took = _flooded(host, port, 6, 8 << 20, 1, env={STORE_MAX_MB_ENV: "32"})
+    [failure] = failures
+    text = failure.describe()
+    assert failure.kind == "tampered" and failure.node == 0, text
+    assert "the store was flooded: node 0's task, which hosts it, grew by" in text, text
+    assert "more than the 32 MiB it may (%s)" % STORE_MAX_MB_ENV in text, text
+    print("6 x 8 MiB: failed %.1f s after the flood" % took)

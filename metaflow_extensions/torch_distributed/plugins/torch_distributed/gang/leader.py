@@ -49,6 +49,7 @@ from ..runtime.control import (
     is_port_in_use,
     port_in_use_error,
 )
+from ..runtime.floodwatch import FloodWatch
 from ..runtime.procs import Member, fork_member, spawn_member
 from ..runtime.remote_logs import LogReceiver
 from ..runtime.supervisor import POLL_INTERVAL, LeaderWatch, Place, Slot
@@ -388,7 +389,8 @@ class Leader:
             progress=stacks.NodeProgress(spec.work_dir, self.topology.ranks_of(0)),
             hang_timeout=spec.blueprint.hang_timeout_s,
             on_preempt=self._preempt_gang,
-            agents_stay=bool(spec.blueprint.max_restarts)).start()
+            agents_stay=bool(spec.blueprint.max_restarts),
+            flood=FloodWatch(attempt.control.num_keys, self.topology.world_size)).start()
 
     def _settle(self, attempt: _Attempt) -> None:
         """Once every process of the gang has stopped: what happened, and the card's record."""

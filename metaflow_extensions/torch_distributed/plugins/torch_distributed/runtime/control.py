@@ -157,6 +157,10 @@ class ControlPlane:
             if not key.startswith(naming.KEY_PREFIX):
                 self._store.delete_key(key)
 
+    def num_keys(self) -> int:
+        """How many keys the store holds (every round's, torch's and the package's)."""
+        return int(self._store.num_keys())
+
     @property
     def round(self) -> int:
         """The gang's round this client speaks for (0 until a restart in place)."""

@@ -34,6 +34,7 @@ from ..core import failures as F
 from ..core.topology import Topology
 from ..runtime import oom, stacks
 from ..runtime.control import ControlPlane
+from ..runtime.floodwatch import FloodWatch
 from ..runtime.procs import Member
 from ..runtime.stacks import NodeProgress, OnDemand, Report
 
@@ -438,8 +439,11 @@ class LeaderWatch(Watch):
                  clock: Callable[[], float] = time.monotonic,
                  progress: Optional[NodeProgress] = None, hang_timeout: Optional[float] = None,
                  on_preempt: Optional[OnPreempt] = None, leader_slot: Optional[Slot] = None,
-                 agents_stay: bool = False) -> None:
+                 agents_stay: bool = False, flood: Optional[FloodWatch] = None) -> None:
         super().__init__(slots, control, topology, on_failure, clock)
+        # the store's keys and node 0's memory, once a full look (floodwatch.py)
+        self.flood = flood
+        self._next_flood_check = clock()
         # with restarts in place a local node's agent outlives its node's round (it waits
         # for node 0's word): a node that finished is done, its agent still running
         self.agents_stay = agents_stay
@@ -535,6 +539,9 @@ class LeaderWatch(Watch):
         if failure is not None:
             return failure
         now = time.time()
+        flooded = self._check_flood(now)
+        if flooded is not None:
+            return flooded
         look = bool(self._watched or self._pending_joins) and self._news.look()
         beats = self.heartbeat_timeout is not None and self.clock() >= self._next_beats
         if beats and self.heartbeat_timeout is not None:
@@ -588,6 +595,15 @@ class LeaderWatch(Watch):
         node, local_rank = self.topology.locate(rank)
         return F.Failure(rank, node, F.FailureKind.HUNG, now, local_rank=local_rank,
                          message=text)
+
+    def _check_flood(self, now: float) -> Optional[F.Failure]:
+        if self.flood is None or self.clock() < self._next_flood_check:
+            return None
+        self._next_flood_check = self.clock() + FULL_LOOK_INTERVAL
+        what = self.flood.check()
+        if what is None:
+            return None
+        return F.Failure(None, 0, F.FailureKind.TAMPERED, now, message=FloodWatch.message(what))
 
     def _check_progress_arrives(self, node: int, now: float) -> Optional[F.Failure]:
         """(Just after node `node`'s progress was read.) A failure when its progress has been
