@@ -4,10 +4,15 @@ seconds, naming the straggler with its stack in the log and on the card; a rank 
 still reaches its collectives is not a hang. No `timeout=` is given to init_process_group: torch
 would wait 30 minutes."""
 
+import os
 import re
+import signal
 import time
+from pathlib import Path
 
 from tests.support import card_json
+
+DELETER = str(Path(__file__).parent.parent / "progress_deleter.py")
 
 GANG = {"TD_NODES": 2, "TD_NPROC": 2}
 HANG_TIMEOUT = 6
@@ -136,3 +141,32 @@ def test_every_ranks_stacks_on_demand_with_sigusr1_to_the_task(flow_runner):
     assert "killed by" not in output, output[-6000:]
     assert time.time() - asked > 5  # the verdict came seconds later, not at the request
     flow_runner.assert_no_leftovers()
+
+
+def test_a_hang_while_node_1s_progress_is_deleted_in_a_loop_fails_as_tampering(flow_runner):
+    """Issue 37: an outside process deletes node 1's progress in a loop while rank 2 (node 1)
+    hangs outside any collective. Before, node 0 held node 1's last progress that got through
+    and gave no verdict until the deletions stopped (90 s here); now the gang fails within
+    hang_timeout of the deletions, naming the key and the tampering."""
+    env = dict(GANG, TD_FAIL_RANK=2, TD_FAIL_WHEN="in_collective", TD_FAIL_HOW="hang",
+               METAFLOW_TORCH_DISTRIBUTED_HANG_TIMEOUT=HANG_TIMEOUT, TD_INTRUDER=DELETER)
+    try:
+        res = flow_runner.run("gang_flow.py", env=env, timeout=75)
+        ended = time.time()
+    finally:
+        pid = flow_runner.marks / "deleter-pid"
+        if pid.exists():
+            try:
+                os.killpg(int(pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    out = res.output
+    assert res.returncode != 0, out[-6000:]
+    assert "node 1 keeps sending its progress, but it stopped reaching node 0" in out, \
+        out[-6000:]
+    assert "store is being tampered with" in out and "mftd/node/1/progress" in out
+    since = float((flow_runner.marks / "deleting-since").read_text())
+    print("deleting node 1's progress: the gang failed %.1fs after the deletions began"
+          % (ended - since))
+    assert ended - since < HANG_TIMEOUT + SLACK, out[-6000:]
+    assert re.search(r"The gang ignored \d+ \(.*progress deleted \d+", out), out[-3000:]
