@@ -63,7 +63,11 @@ def attack(addr, port, marker):
 
 
 def rank():
+    import faulthandler
+
     import torch.distributed as dist
+
+    faulthandler.dump_traceback_later(60, exit=True)  # a rank that hangs shows where, and ends
 
     secret = os.environ.get("SEAL_SECRET")
     if secret:
