@@ -31,7 +31,12 @@ SCALE_END = "<!-- end of the scale section -->"
 # (issue 22), from bench/results/ab-exec-rank0-*.json.
 EXEC_START = "<!-- exec rank 0 section: from a paired before/after launch run (issue 22) -->"
 EXEC_END = "<!-- end of the exec rank 0 section -->"
-KEPT = ((SECTION_START, SECTION_END), (SCALE_START, SCALE_END), (EXEC_START, EXEC_END))
+# What the seal of torch's own rendezvous adds to init_process_group (issue 37), from
+# bench/rendezvous_seal.py's bench/results/seal-*.json.
+SEAL_START = "<!-- seal section: from a bench/rendezvous_seal.py run (issue 37) -->"
+SEAL_END = "<!-- end of the seal section -->"
+KEPT = ((SECTION_START, SECTION_END), (SCALE_START, SCALE_END), (EXEC_START, EXEC_END),
+        (SEAL_START, SEAL_END))
 PHASES = [("proc", "rank 0 process started"), ("body", "work starts"),
           ("import", "torch imported"), ("init", "group formed"),
           ("collective", "all-reduce done")]
