@@ -16,6 +16,8 @@ does not emulate):
            websocket here, so Metaflow's kill falls back to deleting the JobSet
     discovery, the JobSet CRD, SelfSubjectAccessReviews, Kueue LocalQueues, nodes, and RBAC
     on the calls above: k8s_cluster.py
+    NetworkPolicies (validated), deleted with their owner JobSet as the garbage collector
+    does: k8s_policies.py
 
 Pods see the network a container would: `http_proxy` points here, so the instance metadata
 calls Metaflow's pods make (169.254.169.254) are answered 404 locally, and the cluster DNS
@@ -43,6 +45,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from .jobset_controller import GROUP, POD_IP, VERSION, InvalidJobSet, JobSetController, Pod
 from .k8s_cluster import ClusterApi, forbidden
+from .k8s_policies import NetworkPolicies
 from .node_process import NodeProcess
 
 LOOPBACK = "127.0.0.1"
@@ -137,6 +140,7 @@ class KubernetesEmulator:
         self.controller = JobSetController(self._start_pod, hold_pods=hold_pods,
                                            stop_grace_s=stop_grace_s,
                                            queue_admission_s=queue_admission_s)
+        self.network_policies = NetworkPolicies(self.cluster.allowed, forbidden)
         self._server: _Server | None = None
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -207,6 +211,8 @@ class KubernetesEmulator:
         while not self._stopping.wait(self._poll_s):
             try:
                 self.controller.tick()
+                self.network_policies.collect({js.obj["metadata"]["uid"] for js in
+                                               list(self.controller.jobsets.values())})
                 self._publish_dns()
             # Kept for close() to raise, instead of the thread dying silently.
             except Exception:
@@ -259,6 +265,8 @@ class KubernetesEmulator:
         path, query = parts.path.rstrip("/"), parse_qs(parts.query)
         self.requests.append("%s %s" % (method, path))
         found = self.cluster.answer(method, path, body)
+        if found is None:
+            found = self.network_policies.answer(method, path, body)
         if found is not None:
             return found
         if path.startswith(_JOBSETS):

@@ -17,6 +17,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime imp
 
 from .jobset_controller import validate_jobset
 from .k8s_api import KubernetesEmulator
+from .k8s_cluster import ClusterApi
 from tests.support import isolated_env, metaflow
 from .probes import assert_hang_report, intruder_env, published_secret, wait_for
 from .test_batch_checkpoint import BOTH_ROUNDS, STORED_STATES
@@ -27,6 +28,8 @@ FLOW_NAMES = {"k8s_gang_flow.py": "KubernetesGangFlow",
               "k8s_foreach_flow.py": "KubernetesForeachFlow",
               "remote_checkpoint_flow.py": "RemoteCheckpointFlow"}
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies"
 
 
 class KubernetesRun:
@@ -153,6 +156,31 @@ def test_an_outside_process_in_the_store_neither_steers_the_gang_nor_sees_its_se
     assert "The gang ignored " in res.output and "gather 3" in res.output, res.output
 
 
+def test_the_jobset_comes_with_a_network_policy_that_admits_its_own_pods_only(shared):
+    gang, res = shared
+    assert res.returncode == 0, res.output
+    [jobset] = gang.jobsets_of("train")
+    name = jobset["metadata"]["name"]
+    [policy] = gang.kubernetes.network_policies.created  # validated against the published API
+    own = {"matchLabels": {JOBSET_NAME_LABEL: name}}
+    assert policy["spec"] == {"podSelector": own, "policyTypes": ["Ingress"],
+                              "ingress": [{"from": [{"podSelector": own}]}]}
+    # owned by the JobSet (the garbage collector removes it with it), and still there
+    uid = gang.kubernetes.controller.get("default", name)["metadata"]["uid"]
+    assert [(o["kind"], o["name"], o["uid"]) for o in policy["metadata"]["ownerReferences"]] \
+        == [("JobSet", name, uid)]
+    assert list(gang.kubernetes.network_policies.policies) == [("default", name + "-gang")]
+    # created right after the JobSet: Metaflow's first look at it and its pods, our read of
+    # its uid, then the policy
+    requests = gang.kubernetes.requests
+    at = requests.index("POST /apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets")
+    assert "POST " + NETWORK_POLICIES in requests[at + 1:at + 5], requests[at:at + 5]
+    # its selector picks exactly the JobSet's pods
+    selected = gang.kubernetes.controller.pods("default", own["matchLabels"])
+    assert sorted(p["metadata"]["name"] for p in selected) == sorted(
+        p.name for p in gang.kubernetes.pods(name))
+
+
 def test_the_gangs_card_shows_the_jobset_and_its_pods(shared):
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import card, events
 
@@ -224,10 +252,17 @@ def test_a_rank_on_the_worker_pod_stuck_outside_any_collective_is_named_with_its
 
 
 def test_a_failing_rank_on_the_worker_pod_fails_the_jobset_and_retry_creates_a_new_one(
-        aws, kubernetes, tmp_path):
+        aws, start_kubernetes, tmp_path):
+    # (and the user may not create NetworkPolicies: each attempt warns once, and runs)
+    kubernetes = start_kubernetes(cluster=ClusterApi(
+        denied=[("create", "networking.k8s.io", "networkpolicies")]))
     gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
     res = gang.run(TD_FAIL_RANK=2, TD_FAIL_ATTEMPT=0, TD_RETRIES=1)
     assert res.returncode == 0, res.output
+    assert res.output.count("the gang runs without its NetworkPolicy") == 2, res.output
+    assert "you may not create networkpolicies.networking.k8s.io in namespace default" \
+        in res.output
+    assert not kubernetes.network_policies.policies
     # attempt 0 failed with the worker's root cause, traceback and last words in the task log
     assert "rank 2 (node 1, local rank 0) raised ValueError: injected failure on rank 2" \
         in res.output
@@ -257,6 +292,15 @@ def test_a_worker_pod_that_never_starts_fails_the_step_at_the_rendezvous_timeout
     [worker] = [p for p in kubernetes.pods(jobset["metadata"]["name"])
                 if p.replicated_job == "worker"]
     assert worker.process is None  # it never ran; the failed JobSet took it down
+    # its NetworkPolicy goes with it: the garbage collector removes it once the JobSet is deleted
+    name = jobset["metadata"]["name"]
+    assert list(kubernetes.network_policies.policies) == [("default", name + "-gang")]
+    status, _ = kubernetes.answer(
+        "DELETE", "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets/" + name, b"")
+    assert status == 200
+    wait_for(lambda: not kubernetes.network_policies.policies, what="the policy collected")
+    assert [p["metadata"]["name"] for p in kubernetes.network_policies.collected] == [
+        name + "-gang"]
 
 
 def test_a_foreach_of_two_queued_gangs_is_two_jobsets_that_start_late_without_timing_out(

@@ -1771,3 +1771,23 @@ def _no_stray_environment(monkeypatch):
     for name in list(os.environ):
         if name.startswith("METAFLOW_SPIN"):
             monkeypatch.delenv(name)
+
+
+def test_the_jobset_created_is_named_by_its_name_and_namespace(monkeypatch, tmp_path):
+    """after_jobset_created reads KubernetesJobSet.name and ._namespace, which must be the
+    JobSet's as execute submits it (its dump's metadata), and calls back only once execute
+    created it."""
+    from metaflow.plugins.kubernetes.kubernetes_jobsets import KubernetesJobsetException
+
+    jobset, sdk = _jobset_of(monkeypatch, outerbounds_home(tmp_path))
+    called = []
+    internals.after_jobset_created(jobset, lambda *named: called.append(named))
+    with pytest.raises(KubernetesJobsetException):  # what the stand-in API server answers
+        jobset.execute()
+    require(called == [], "KubernetesJobSet.execute", "it raises when the API refuses the "
+            "JobSet, so nothing is called back")
+    submitted = (sdk.submitted[0]["metadata"]["name"], JOBSET_ARGS["namespace"])
+    require((jobset.name, jobset._namespace) == submitted,
+            "KubernetesJobSet.name and ._namespace", "they are the name of the JobSet execute "
+            "submits and the namespace create_jobset was given; got %r, expected %r"
+            % ((jobset.name, jobset._namespace), submitted))

@@ -27,7 +27,7 @@ from ..core.gangspec import AgentOrder, NodeZero, TaskIdentity
 from ..mf import internals
 from ..mf.spinstep import spin_env_additions
 from ..runtime import preempt
-from . import trampoline
+from . import isolation, trampoline
 from .base import AgentPlace, Backend, GangStep
 
 # Set by the decorator's launch_env on the trampoline of a multi-node step (the step's name).
@@ -197,3 +197,14 @@ def gang_jobset(kube: Any, jobset: Any, kw: Dict[str, Any], step: GangStep, cli:
     # a deleted pod's SIGTERM reaches the node's supervisor, which needs time to pass it on
     jobset.control.command(preempt.forwarding(internals.jobset_control_command(jobset)))
     internals.jobset_stop_grace(jobset, preempt.scheduler_grace(step.blueprint.preempt_grace_s))
+    internals.after_jobset_created(jobset, lambda name, namespace: isolate_jobset(
+        step.step_name, name, namespace))
+
+
+def isolate_jobset(step_name: str, jobset_name: str, namespace: str) -> None:
+    """Give the JobSet just created its NetworkPolicy (isolation.py); a refusal is a warning
+    in the task's log, never the run's failure."""
+    from kubernetes.client.rest import ApiException
+
+    isolation.isolate(internals.kubernetes_client(), ApiException, step_name, jobset_name,
+                      namespace, lambda warning: print(warning, file=sys.stderr, flush=True))

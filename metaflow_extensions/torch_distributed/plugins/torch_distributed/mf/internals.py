@@ -639,6 +639,20 @@ def jobset_stop_grace(jobset: Any, seconds: int) -> None:
     jobset.dump = dump_with_grace
 
 
+def after_jobset_created(jobset: Any, then: Callable[[str, str], None]) -> None:
+    """Call `then(name, namespace)` of the JobSet once KubernetesJobSet.execute has created it
+    (not when the API refused it). Why: execute returns a RunningJobSet that keeps the name and
+    namespace in private attributes, and the unsubmitted KubernetesJobSet its namespace in one."""
+    execute = jobset.execute
+
+    def execute_then() -> Any:
+        running = execute()
+        then(jobset.name, jobset._namespace)
+        return running
+
+    jobset.execute = execute_then
+
+
 def wrap_state_machine_job(
         node_overrides: Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]) -> None:
     """In this process (`step-functions create`), a Batch job's state submits
