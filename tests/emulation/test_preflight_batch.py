@@ -69,6 +69,15 @@ def account(aws):
     ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=[
         {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group}]}])
     ok = _queue(aws, "preflight-ok", group)
+    # the self rule, and more: every TCP port from anywhere, SSH from anywhere (not the gang's)
+    open_group = ec2.create_security_group(GroupName="gang-open", Description="open",
+                                           VpcId=vpc["VpcId"])["GroupId"]
+    ec2.authorize_security_group_ingress(GroupId=open_group, IpPermissions=[
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": open_group}]},
+        {"IpProtocol": "tcp", "FromPort": 0, "ToPort": 65535,
+         "IpRanges": [{"CidrIp": "0.0.0.0/0"}]},
+        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}])
+    _queue(aws, "preflight-open", open_group)
     _queue(aws, "preflight-small", group, maxvCpus=2)
     _queue(aws, "preflight-gpu", group, instanceTypes=["g5"])
     _queue(aws, "preflight-tiny-types", group, instanceTypes=["t3.micro"])
@@ -128,6 +137,33 @@ def test_a_security_group_without_the_self_rule_names_the_command(account):
     assert found["security group"].fix == (
         "aws ec2 authorize-security-group-ingress --group-id %s --protocol all "
         "--source-group %s" % (group, group))
+
+
+def test_a_group_admitting_only_itself_has_no_warning(account):
+    assert "security group ingress" not in findings(account)
+
+
+def test_a_group_open_to_the_world_on_the_gangs_ports_is_warned_naming_group_and_rule(account):
+    found = findings(account, queue="preflight-open")
+    assert found["security group"].status == "ok"  # the nodes reach each other: it runs
+    warning = found["security group ingress"]
+    group = warning.message.split()[2]
+    assert warning.status == "warning"
+    assert warning.message == (
+        "security group %s admits TCP 0-65535 from 0.0.0.0/0: that reaches the gang's store "
+        "and gloo's and NCCL's ports (20000-65535) on every node, where only the gang's own "
+        "nodes should" % group)
+    assert warning.fix.startswith(
+        "aws ec2 revoke-security-group-ingress --group-id %s --ip-permissions "
+        "'[{\"IpProtocol\":\"tcp\",\"FromPort\":0,\"ToPort\":65535,\"IpRanges\":"
+        "[{\"CidrIp\":\"0.0.0.0/0\"}]}]'" % group)
+    # SSH from anywhere is not on the gang's ports: one warning only
+    checks = [f for f in batch_findings(
+        preflight.GangNeeds("train", "batch", 2, 1, 2, 1024, 0, options={
+            "queue": "preflight-open", "iam_role": account.role}), ROOT,
+        lambda service, region=None: account.aws.client(service))
+        if f.check == "security group ingress"]
+    assert len(checks) == 1, checks
 
 
 def test_a_one_node_gang_needs_no_self_rule(account):

@@ -51,10 +51,22 @@ def test_a_cluster_that_can_run_the_gang_passes(cluster):
     emulator = cluster()
     found = findings(emulator)
     assert {c: f.status for c, f in found.items()} == {
-        "JobSet": "ok", "RBAC": "ok", "image": "unknown"}, found
+        "JobSet": "ok", "RBAC": "ok", "NetworkPolicy": "ok", "image": "unknown"}, found
     assert "JobSet v0.6 or later" in found["JobSet"].message
     assert "create jobsets.jobset.x-k8s.io" in found["RBAC"].message
-    assert len(emulator.cluster.reviews) == 4  # one review per verb and resource
+    assert len(emulator.cluster.reviews) == 5  # one review per verb and resource
+
+
+def test_no_right_to_create_network_policies_warns_and_names_the_role(cluster):
+    found = findings(cluster(denied={("create", "networking.k8s.io", "networkpolicies")}),
+                     namespace="ml")
+    assert found["RBAC"].status == "ok"  # the gang still runs
+    assert found["NetworkPolicy"].status == "warning"
+    assert found["NetworkPolicy"].message.startswith(
+        "in namespace ml you may not create networkpolicies.networking.k8s.io")
+    assert found["NetworkPolicy"].fix.startswith(
+        "kubectl create role metaflow-gang-isolation -n ml --verb=create "
+        "--resource=networkpolicies.networking.k8s.io")
 
 
 def test_without_the_jobset_crd_names_the_install(cluster):

@@ -13,8 +13,9 @@ from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequ
                     TypeVar, Union)
 from urllib.parse import unquote
 
+from ..core.naming import REMOTE_PORT_RANGE
 from ..preflight.common import (Finding, GangNeeds, check_image, check_shared_memory, failed,
-                                passed, unknown)
+                                passed, unknown, warned)
 
 # What an AWS API answered (boto3 gives JSON as dicts and lists).
 Answer = Dict[str, Any]
@@ -34,6 +35,9 @@ ECR_IMAGE = re.compile(r"^(\d{12})\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(?:\.c
 ECR_MISSING = ("ImageNotFoundException", "RepositoryNotFoundException")
 # What a task does with the S3 datastore (Metaflow's datastore reads, writes and lists).
 DATASTORE_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:ListBucket")
+# The gang's TCP ports on a node: node 0's store (naming.remote_port) and the ports gloo and
+# NCCL listen on, which the kernel chooses (Linux's ephemeral range, 32768-60999 by default).
+GANG_PORTS = (REMOTE_PORT_RANGE[0], 65535)
 
 
 @dataclass
@@ -67,6 +71,7 @@ def check(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
     elif facts.queue is not None:
         findings += check_environments(needs, facts.environments, facts.instance_types)
         findings += check_security_groups(needs, facts)
+        findings += check_open_ingress(needs, facts)
         findings += check_instance_types(needs, facts)
     findings += check_role(needs, facts)
     findings += check_shared_memory(needs, "batch")
@@ -302,6 +307,61 @@ def check_security_groups(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
                    "no security group of the compute environments (%s) allows all traffic "
                    "from itself, in and out, so the gang's nodes cannot reach each other and "
                    "the rendezvous would hang" % ", ".join(groups), "; ".join(fixes))]
+
+
+def check_open_ingress(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
+    """Only the gang's own nodes should reach its ports: a warning for each source outside the
+    compute environments' security groups (a CIDR, a prefix list, another group) that an
+    inbound rule of theirs admits on the gang's ports."""
+    if needs.nodes == 1:
+        return []
+    own = {g for e in facts.environments for g in _resources(e).get("securityGroupIds", [])}
+    findings = []
+    for group in facts.security_groups:
+        for permission in group.get("IpPermissions", []):
+            if not _reaches_gang_ports(permission):
+                continue
+            for kind, source in _outsiders(permission, own):
+                rule = {key: permission[key] for key in ("IpProtocol", "FromPort", "ToPort")
+                        if key in permission}
+                rule[kind] = [source]
+                findings.append(warned(
+                    needs.step, "security group ingress",
+                    "security group %s admits %s from %s: that reaches the gang's store and "
+                    "gloo's and NCCL's ports (%d-%d) on every node, where only the gang's own "
+                    "nodes should" % (group["GroupId"], _ports(permission),
+                                      next(iter(source.values())), *GANG_PORTS),
+                    "aws ec2 revoke-security-group-ingress --group-id %s --ip-permissions '%s' "
+                    "(or give the compute environment a group of the gang's own that allows "
+                    "all traffic from itself only)"
+                    % (group["GroupId"], json.dumps([rule], separators=(",", ":")))))
+    return findings
+
+
+def _reaches_gang_ports(permission: Mapping[str, Any]) -> bool:
+    protocol = str(permission.get("IpProtocol"))
+    if protocol == "-1":
+        return True
+    if protocol not in ("tcp", "6"):
+        return False
+    return (permission.get("FromPort", 0) <= GANG_PORTS[1]
+            and permission.get("ToPort", 65535) >= GANG_PORTS[0])
+
+
+def _ports(permission: Mapping[str, Any]) -> str:
+    if str(permission.get("IpProtocol")) == "-1":
+        return "all traffic"
+    return "TCP %s-%s" % (permission.get("FromPort"), permission.get("ToPort"))
+
+
+def _outsiders(permission: Mapping[str, Any],
+               own: Iterable[str]) -> List[Tuple[str, Dict[str, str]]]:
+    """(the rule's key, its entry) of each source of `permission` outside the groups `own`."""
+    keys = (("IpRanges", "CidrIp"), ("Ipv6Ranges", "CidrIpv6"),
+            ("PrefixListIds", "PrefixListId"), ("UserIdGroupPairs", "GroupId"))
+    return [(kind, {field: entry[field]}) for kind, field in keys
+            for entry in permission.get(kind, [])
+            if field in entry and not (kind == "UserIdGroupPairs" and entry[field] in own)]
 
 
 def _allows_all(permission: Mapping[str, Any], group_id: str) -> bool:

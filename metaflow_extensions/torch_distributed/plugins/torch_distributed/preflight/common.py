@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterable, List, Optional, Union
 from ..backends.kubernetes import MIN_SHARED_MEMORY_MIB
 from ..core.topology import Topology
 
-PASSED, FAILED, UNKNOWN = "ok", "FAILED", "unknown"
+PASSED, FAILED, UNKNOWN, WARNED = "ok", "FAILED", "unknown", "warning"
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,12 @@ def passed(step: str, check: str, message: str) -> Finding:
 
 def failed(step: str, check: str, message: str, fix: str) -> Finding:
     return Finding(step, check, FAILED, message, fix)
+
+
+def warned(step: str, check: str, message: str, fix: str) -> Finding:
+    """The gang can run, but less safely than it should: `fix` says how. A warning does not
+    fail the preflight."""
+    return Finding(step, check, WARNED, message, fix)
 
 
 def unknown(step: str, check: str, message: str, fix: str) -> Finding:
@@ -130,7 +136,7 @@ def check_image(needs: GangNeeds, backend: str) -> List[Finding]:
 
 # -- the report ----------------------------------------------------------------------------
 
-MARKS = {PASSED: "ok", FAILED: "FAILED", UNKNOWN: "??"}
+MARKS = {PASSED: "ok", FAILED: "FAILED", UNKNOWN: "??", WARNED: "warning"}
 
 
 def report_lines(findings: Iterable[Finding]) -> List[str]:
@@ -143,7 +149,7 @@ def report_lines(findings: Iterable[Finding]) -> List[str]:
             lines.append("step %s:" % step)
         lines.append("  [%s] %s: %s" % (MARKS[finding.status], finding.check, finding.message))
         if finding.fix:
-            lines.append("       %s %s" % ("fix:" if finding.status == FAILED else "check:",
+            lines.append("       %s %s" % ("check:" if finding.status == UNKNOWN else "fix:",
                                             finding.fix))
     return lines
 

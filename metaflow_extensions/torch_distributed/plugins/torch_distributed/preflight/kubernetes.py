@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
 
+from ..backends.isolation import POLICY_ACCESS
 from ..preflight.common import (Finding, GangNeeds, check_image, check_shared_memory, failed,
-                                passed, unknown)
+                                passed, unknown, warned)
 
 if TYPE_CHECKING:  # the kubernetes package is imported where the preflight uses it
     from kubernetes.client import ApiException
@@ -66,6 +67,7 @@ class KubernetesFacts:
 def check(needs: GangNeeds, facts: KubernetesFacts) -> List[Finding]:
     findings = check_jobset(needs, facts)
     findings += check_access(needs, facts)
+    findings += check_network_policy(needs, facts)
     findings += check_queue(needs, facts)
     findings += check_gpus(needs, facts)
     findings += check_shared_memory(needs, "kubernetes")
@@ -152,6 +154,27 @@ def check_access(needs: GangNeeds, facts: KubernetesFacts) -> List[Finding]:
     return [passed(needs.step, "RBAC", "in namespace %s you may %s" % (
         namespace, ", ".join("%s %s" % (verb, _resource_name(group, resource))
                              for verb, group, resource in wanted)))]
+
+
+def check_network_policy(needs: GangNeeds, facts: KubernetesFacts) -> List[Finding]:
+    """A gang of N > 1 nodes gets a NetworkPolicy beside its JobSet (backends/isolation.py):
+    without the right to create it, the gang runs unisolated (a warning, not a failure)."""
+    if needs.nodes == 1 or "access" in facts.refused:
+        return []
+    namespace = _namespace(needs)
+    verb, group, resource = POLICY_ACCESS
+    name = _resource_name(group, resource)
+    if facts.access.get(POLICY_ACCESS, (False, ""))[0]:
+        return [passed(needs.step, "NetworkPolicy", "in namespace %s you may create %s: each "
+                       "gang's JobSet gets one that admits only its own pods" % (namespace, name))]
+    return [warned(needs.step, "NetworkPolicy", "in namespace %s you may not create %s: the "
+                   "gang would run without one, and any pod of the cluster could reach its "
+                   "store and gloo's and NCCL's ports" % (namespace, name),
+                   "kubectl create role metaflow-gang-isolation -n %s --verb=%s --resource=%s, "
+                   "then kubectl create rolebinding metaflow-gang-isolation -n %s "
+                   "--role=metaflow-gang-isolation --user=\"$(kubectl auth whoami -o "
+                   "jsonpath='{.status.userInfo.username}')\" (check with `kubectl auth can-i "
+                   "%s %s -n %s`)" % (namespace, verb, name, namespace, verb, name, namespace))]
 
 
 def queue_name(needs: GangNeeds) -> Optional[str]:
@@ -262,7 +285,8 @@ def gather(needs: GangNeeds, client: ModuleType, api: object,
                 api).read_custom_resource_definition(JOBSET_CRD, _preload_content=False))
             facts.jobset_crd = json.loads(raw.data) if raw is not None else None
     authorization = client.AuthorizationV1Api(api)
-    for verb, group, resource in access_needed(needs):
+    wanted = access_needed(needs) + ((POLICY_ACCESS,) if needs.nodes > 1 else ())
+    for verb, group, resource in wanted:
         review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
             resource_attributes=client.V1ResourceAttributes(
                 namespace=namespace, verb=verb, group=group, resource=resource)))
