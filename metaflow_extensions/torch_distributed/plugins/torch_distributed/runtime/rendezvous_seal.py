@@ -19,7 +19,7 @@ a rank connect elsewhere or unpickle anything.
 import importlib
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
 from ..core import naming, sealed
 from ..core.errors import TorchDistributedStoreTampered
@@ -167,17 +167,4 @@ def tampered(step_name: str, key: str, value: bytes) -> TorchDistributedStoreTam
         "node 0's store port. The rank stopped rather than connect where that value points. "
         "Find what else reaches the port (on a shared host: other users' processes; remotely: "
         "the network between the nodes) and see docs/security.md."
-        % (safe_text(key), len(value), TAMPER_WAIT_S)))
-
-
-def safe_text(text: str, limit: int = 120) -> str:
-    """`text` as a quoted, escaped line of at most `limit` characters: what an outsider wrote
-    never reaches a log as it is (no newline, no terminal escape)."""
-    shown = repr(text[:limit])
-    return shown + ("..." if len(text) > limit else "")
-
-
-def installed() -> Optional[Callable[..., Any]]:
-    """The env:// handler torch wraps now (ours, once install ran), for tests."""
-    module = importlib.import_module("torch.distributed.rendezvous")
-    return getattr(module, _HANDLERS).get("env")
+        % (sealed.shown(key), len(value), TAMPER_WAIT_S)))
