@@ -65,7 +65,7 @@ def isolation_warning(step_name: str, namespace: str, jobset_name: str, status: 
     return ("@torch_distributed on step %s: the gang runs without its NetworkPolicy %s: %s. Any "
             "pod of the cluster that reaches JobSet %s's pods can connect to the gang's store "
             "and to gloo's and NCCL's ports. Grant `create` on networkpolicies.%s in namespace "
-            "%s to isolate the gang; see docs/kubernetes.md, \"Permissions\"."
+            "%s to isolate the gang; see docs/kubernetes.md, \"Cluster needs\"."
             % (step_name, policy_name(jobset_name), why, jobset_name, NETWORKING_GROUP,
                namespace))
 
