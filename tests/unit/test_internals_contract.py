@@ -1749,6 +1749,7 @@ CONTRACTS = {
     "jobset_pods": "test_the_jobset_exposes_control_and_worker_specs",
     "jobset_control_command": "test_the_jobsets_control_command_and_its_pods_stop_grace",
     "jobset_stop_grace": "test_the_jobsets_control_command_and_its_pods_stop_grace",
+    "after_jobset_created": "test_the_jobset_created_is_named_by_its_name_and_namespace",
     "metaflow_version": "test_metaflow_version_get_version",
     "cli_click": "test_plugin_cli_groups_of_the_vendored_click",
     "cli_flow_steps": "test_cli_object_graph_and_datastore",
