@@ -50,6 +50,15 @@ NODES_NEWS = naming.Keys().nodes_news
 LEADER_NEWS = naming.Keys().leader_news
 
 
+def read_now(store: "Store", key: str) -> Optional[bytes]:
+    """The value under `key`, or None when it is absent, in one request that never waits: a
+    compare-and-set that changes nothing (it answers with the value; over an absent key it
+    answers with the expected value, _PROBE, which no sealed value is, and sets nothing)."""
+    # torch's stub says str; the store takes and answers bytes
+    value = store.compare_set(key, _PROBE, _PROBE)  # type: ignore[arg-type]
+    return None if value == _PROBE else bytes(value)
+
+
 def ensure_file_limit(step_name: str, topology: Topology) -> Optional[int]:
     """(Node 0, before its store listens.) Raise this process's soft limit of open files to
     what the gang's connections need (capacity.files_needed), within the hard limit; the new
@@ -275,12 +284,7 @@ class ControlPlane:
         return payload
 
     def _probe(self, key: str) -> Optional[bytes]:
-        """The value under `key`, or None when it is absent, in one request that never waits:
-        a compare-and-set that changes nothing (it answers with the value, or sets the probe,
-        which no sealed value can be, over an absent key and answers with it)."""
-        # torch's stub says str; the store takes and answers bytes
-        value = self._store.compare_set(key, _PROBE, _PROBE)  # type: ignore[arg-type]
-        return None if value == _PROBE else bytes(value)
+        return read_now(self._store, key)
 
     def _open(self, key: str, value: bytes, kind: str) -> Optional[bytes]:
         payload = sealed.unseal(self._secret, self.gang_id, key, value)

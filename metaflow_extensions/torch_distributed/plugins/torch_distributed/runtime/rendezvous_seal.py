@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
 from ..core import naming, sealed
 from ..core.errors import TorchDistributedStoreTampered
+from .control import read_now
 
 if TYPE_CHECKING:  # torch is imported when a rank installs the seal, not with this module
     from torch.distributed import Store
@@ -30,8 +31,6 @@ if TYPE_CHECKING:  # torch is imported when a rank installs the seal, not with t
 # Seconds a rank waits for a value that does not open to be replaced by a member's own.
 TAMPER_WAIT_S = 10.0
 _POLL_S = 0.05
-# What a read that changes nothing sets over an absent key (no sealed value is this one).
-_PROBE = b"\x00mftd-torch-read"
 # torch's registry of init_method schemes (torch/distributed/rendezvous.py): its env:// handler
 # is wrapped in place, as register_rendezvous_handler refuses a scheme twice.
 _HANDLERS = "_rendezvous_handlers"
@@ -98,11 +97,10 @@ def sealed_store(inner: "Store", step_name: str, secret: str, gang_id: str,
 
         def _value(self, inner_key: str) -> bytes:
             """The value under `inner_key`, waiting for it as torch's get does. torch waits
-            for a key before it gets it, so one request usually answers: a compare-and-set
-            that changes nothing (it answers with the value; over an absent key it answers with
-            _PROBE and sets nothing), where the store's get would wait and get again."""
-            value = bytes(self._inner.compare_set(inner_key, _PROBE, _PROBE))  # type: ignore[arg-type]
-            return bytes(self._inner.get(inner_key)) if value == _PROBE else value
+            for a key before it reads it, so one request usually answers (control.read_now),
+            where the store's get would wait and get again."""
+            value = read_now(self._inner, inner_key)
+            return bytes(self._inner.get(inner_key)) if value is None else value
 
         def add(self, key: str, amount: int) -> int:
             return int(self._inner.add(self._key(key), amount))
