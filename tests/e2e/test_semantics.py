@@ -141,6 +141,35 @@ def test_invalid_configuration_fails_before_any_task(flow_runner, args, expected
         assert "@torch_distributed on step train:" in res.output, res
 
 
+def test_nproc_per_node_gpu_without_gpus_fails_before_any_task(flow_runner):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.devices import (
+        visible_gpu_ids,
+    )
+    if visible_gpu_ids():
+        pytest.skip("this machine has GPUs: nproc_per_node='gpu' plans a gang here")
+    res = flow_runner.run("config_flow.py", env={"TD_ARGS": json.dumps({"nproc_per_node": "gpu"})})
+    assert res.returncode != 0
+    assert "@torch_distributed on step train: nproc_per_node=\"gpu\" means one process per " \
+        "GPU" in " ".join(res.output.split()), res
+    assert "start step ran" not in res.output and "Internal error" not in res.output, res
+
+
+def test_nproc_per_node_auto_runs_one_rank_per_cpu_as_torchrun(flow_runner):
+    # torchrun's --nproc-per-node=auto without GPUs: torch._utils.cpu_count(), the affinity
+    before = os.sched_getaffinity(0)
+    cpus = set(sorted(before)[:2])
+    os.sched_setaffinity(0, cpus)  # the flow's processes inherit it
+    try:
+        res = flow_runner.run("config_flow.py", env={
+            "TD_ARGS": json.dumps({"nproc_per_node": "auto"}),
+            "METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK": "off"})
+    finally:
+        os.sched_setaffinity(0, before)
+    assert res.returncode == 0, res
+    assert "train: 1 node x %d process%s = world size %d (CPU, gloo)" % (
+        len(cpus), "es" if len(cpus) > 1 else "", len(cpus)) in res.output, res
+
+
 NUM_PARALLEL_FIX = (
     "@torch_distributed on step train: step start reaches it with self.next(..., "
     "num_parallel=2), Metaflow's own way to start a gang (with @parallel). @torch_distributed "

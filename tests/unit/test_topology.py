@@ -1,9 +1,12 @@
 """plan_topology: every inference rule and every error, as tables; Topology's rank arithmetic."""
 
+import os
+
 import metaflow  # noqa: F401 - metaflow must load the extension before its modules are imported
 import pytest
 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.devices import (
+    node_cpus,
     requested_gpus,
     visible_gpu_ids,
 )
@@ -44,6 +47,19 @@ INFERRED = [
      dict(nproc_per_node=4, gpus=8, gpu_source=RES8), 1, 4),
     ("nproc_per_node above the visible GPUs is allowed (nothing was requested)",
      dict(nproc_per_node=8, gpus=4, gpu_source=VIS4), 1, 8),
+    # torchrun's words (torch.distributed.run.determine_local_world_size)
+    ('"gpu": one process per GPU of @resources', dict(nproc_per_node="gpu", gpus=8,
+                                                      gpu_source=RES8), 1, 8),
+    ('"gpu" with nodes and visible GPUs', dict(nproc_per_node="gpu", nodes=2, gpus=4,
+                                               gpu_source=VIS4), 2, 4),
+    ('"gpu" with world_size', dict(nproc_per_node="gpu", world_size=16, gpus=8,
+                                   gpu_source=RES8), 2, 8),
+    ('"auto" with GPUs is one process per GPU', dict(nproc_per_node="auto", gpus=8,
+                                                     gpu_source=RES8, cpus=64), 1, 8),
+    ('"auto" without GPUs: one process per CPU', dict(nproc_per_node="auto", cpus=6,
+                                                      cpu_source="6 CPUs of this machine"), 1, 6),
+    ('"auto" without GPUs, with nodes', dict(nproc_per_node="auto", nodes=2, cpus=4,
+                                             cpu_source="@batch(cpu=4)"), 2, 4),
 ]
 
 
@@ -92,6 +108,22 @@ ERRORS = [
      ["world_size=8", "nodes=2", "= 4 processes per node", RES8, "8 GPUs", "= 16"]),
     ("nproc_per_node above the requested GPUs", dict(nproc_per_node=16, gpus=8, gpu_source=RES8),
      ["nproc_per_node=16", "8 GPUs", RES8, "nproc_per_node=8"]),
+    ('"gpu" without GPUs', dict(nproc_per_node="gpu", cpus=8),
+     ['nproc_per_node="gpu" means one process per GPU', "asks for no GPUs",
+      "@resources(gpu=N)", 'nproc_per_node="auto"']),
+    ('"auto" planned without a CPU count (internal)', dict(nproc_per_node="auto"),
+     ['nproc_per_node="auto" found neither GPUs nor a CPU count']),
+    ("a word torchrun knows but the decorator does not", dict(nproc_per_node="cpu"),
+     ["nproc_per_node='cpu' is not a whole number", '"gpu" or "auto"']),
+    ('"GPU" is not "gpu"', dict(nproc_per_node="GPU", gpus=8, gpu_source=RES8),
+     ["nproc_per_node='GPU' is not a whole number", '"gpu" or "auto"']),
+    ('"auto" on CPUs that world_size is not a multiple of',
+     dict(nproc_per_node="auto", world_size=6, cpus=4, cpu_source="@batch(cpu=4)"),
+     ["world_size=6", '(from nproc_per_node="auto": no GPUs, @batch(cpu=4))', "6 / 4 = 1.50"]),
+    ('"gpu" whose GPUs disagree with world_size and nodes',
+     dict(nproc_per_node="gpu", world_size=8, nodes=2, gpus=8, gpu_source=RES8),
+     ["nodes=2 x 8 processes per node", 'nproc_per_node="gpu": @resources(gpu=8)',
+      "not world_size=8"]),
 ]
 
 
@@ -182,6 +214,24 @@ def test_a_shape_that_does_not_add_up_names_where_processes_per_node_came_from(k
     with pytest.raises(ValueError) as info:
         plan_topology(**kwargs)
     assert named in str(info.value)
+
+
+@pytest.mark.parametrize("decos,expected", [
+    ([], (1, "Metaflow's default of cpu=1 per node")),
+    ([_Deco("resources", cpu="4", gpu=None)], (4, "@resources(cpu=4)")),
+    ([_Deco("resources", cpu="2"), _Deco("batch", cpu="8")], (8, "@batch(cpu=8)")),
+    ([_Deco("batch", cpu="0.5")], (1, "@batch(cpu=0.5)")),
+    ([_Deco("kubernetes", cpu=16), _Deco("catch", cpu=64)], (16, "@kubernetes(cpu=16)")),
+])
+def test_node_cpus_of_a_remote_step_come_from_its_decorators(decos, expected):
+    assert node_cpus(decos, remote=True) == expected
+
+
+def test_node_cpus_of_a_local_step_are_the_cpus_this_process_may_use():
+    # as torch._utils.cpu_count counts them for torchrun's "auto": the affinity, not cpu=
+    assert node_cpus([_Deco("resources", cpu="64")], remote=False, affinity={0, 3, 5}) == \
+        (3, "3 CPUs of this machine")
+    assert node_cpus([], remote=False)[0] == len(os.sched_getaffinity(0))
 
 
 def test_visible_gpu_ids_from_proc_and_cuda_visible_devices(tmp_path):

@@ -58,10 +58,12 @@ class TorchDistributedDecorator(StepDecorator):
         Total number of processes. Default: nodes x nproc_per_node.
     nodes : int, optional
         Number of nodes. Default: world_size / nproc_per_node, else 1.
-    nproc_per_node : int, optional
+    nproc_per_node : int or str, optional
         Processes per node. Default: the GPUs asked for by @resources/@batch/@kubernetes on
         this step, else the GPUs visible to the task; without GPUs, world_size (all on one
-        node) unless nodes is given, else 1.
+        node) unless nodes is given, else 1. torchrun's words work too: "gpu" (one process
+        per GPU, counted as the default counts them; an error without GPUs) and "auto" (per
+        GPU, else per CPU: the step's cpu= on a remote backend, this machine's CPUs locally).
     rendezvous_timeout : int, optional
         Seconds every node and rank has to join before the step fails naming the missing ones.
         Default: METAFLOW_TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT (300).
@@ -146,17 +148,19 @@ class TorchDistributedDecorator(StepDecorator):
         if gpus is None:
             visible = len(devices.visible_gpu_ids())
             gpus, source = (visible, "%d visible GPUs" % visible) if visible else (None, None)
+        self.on_batch = any(d.name == "batch" for d in decorators)
+        self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
+        cpus, cpu_source = (devices.node_cpus(decorators, self.on_batch or self.on_kubernetes)
+                            if self.attributes["nproc_per_node"] == "auto" else (None, None))
         try:
             self.topology = plan_topology(
                 self.attributes["world_size"], self.attributes["nodes"],
-                self.attributes["nproc_per_node"], gpus, source)
+                self.attributes["nproc_per_node"], gpus, source, cpus, cpu_source)
         except ValueError as ex:
             raise TorchDistributedConfigError(step_name, str(ex))
         self.gpus_requested = source if source and source.startswith("@") else None
         self.settings = settings.resolve(step_name, self.attributes, _configured_settings())
         groupcheck.check_mode(step_name, os.environ)  # a bad value fails before the run
-        self.on_batch = any(d.name == "batch" for d in decorators)
-        self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
         if card.wanted(self.settings.card, decorators, self.on_batch or self.on_kubernetes,
                        internals.metadata_type()):
             internals.add_card(step_name, decorators, card.GANG_CARD,

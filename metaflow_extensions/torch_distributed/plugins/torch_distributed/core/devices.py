@@ -3,7 +3,7 @@ the step asked for and what the machine shows (no CUDA initialised, nothing writ
 
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.envcontract import node_gpu_block, parse_visible_devices
 from ..core.errors import TorchDistributedEnvironmentError
@@ -39,6 +39,27 @@ def requested_gpus(decorators: Sequence[Any]) -> Tuple[Optional[int], Optional[s
                 if best is None or gpus > best:
                     best, source = gpus, "@%s(gpu=%d)" % (deco.name, gpus)
     return best, source
+
+
+def node_cpus(decorators: Sequence[Any], remote: bool,
+              affinity: Optional[Collection[int]] = None) -> Tuple[int, str]:
+    """(CPUs of one node, where that came from), for nproc_per_node="auto" without GPUs. On a
+    remote backend, the most `cpu=` that @resources, @batch or @kubernetes give the step
+    (Metaflow's default of 1 when none does): the node's size, known when the flow is launched.
+    Locally, the CPUs this process may run on, as torchrun counts them (torch._utils.cpu_count:
+    os.sched_getaffinity)."""
+    if remote:
+        best, source = 1, "Metaflow's default of cpu=1 per node"
+        for deco in decorators:
+            value = deco.attributes.get("cpu") if deco.name in GPU_DECORATORS else None
+            if value not in (None, ""):
+                cpus = max(1, int(float(value)))
+                if cpus > best or source.startswith("Metaflow"):
+                    best, source = cpus, "@%s(cpu=%s)" % (deco.name, value)
+        return best, source
+    count = len(affinity) if affinity is not None else (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return count, "%d CPUs of this machine" % count
 
 
 def accelerator(step_name: str, topology: Topology, needed: int, where: str,

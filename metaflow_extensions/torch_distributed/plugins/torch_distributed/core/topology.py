@@ -39,6 +39,9 @@ class Topology:
 
 
 ATTRIBUTES = ("world_size", "nodes", "nproc_per_node")
+# torchrun's words for --nproc-per-node that the decorator accepts (torch.distributed.run's
+# determine_local_world_size): "gpu" one process per GPU, "auto" per GPU, else per CPU.
+NPROC_WORDS = ("gpu", "auto")
 # The torch.distributed backend for the gang's device, as the plan names it.
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 
@@ -66,9 +69,11 @@ def _check_count(name: str, value: object) -> Optional[int]:
         return None
     # bool is an int in Python; True processes is a mistake, not 1.
     if isinstance(value, bool) or not isinstance(value, int):
+        words = ' (or "gpu" or "auto", as torchrun takes them)' if name == "nproc_per_node" \
+            else ""
         raise ValueError(
-            "%s=%r is not a whole number. Give a positive integer, e.g. %s=2."
-            % (name, value, name)
+            "%s=%r is not a whole number. Give a positive integer%s, e.g. %s=2."
+            % (name, value, words, name)
         )
     if value < 1:
         raise ValueError(
@@ -78,22 +83,46 @@ def _check_count(name: str, value: object) -> Optional[int]:
     return value
 
 
+def _nproc_word(word: str, gpus: Optional[int], gpu_source: Optional[str],
+                cpus: Optional[int], cpu_source: Optional[str]) -> Tuple[int, str]:
+    """(processes per node, where they came from) for torchrun's nproc_per_node="gpu" or
+    "auto": the node's GPUs as the default counts them; "auto" without GPUs, its CPUs."""
+    if gpus:
+        return gpus, 'nproc_per_node="%s": %s' % (word, gpu_source or "%d GPUs" % gpus)
+    if word == "gpu":
+        raise ValueError(
+            'nproc_per_node="gpu" means one process per GPU (as torchrun\'s --nproc-per-node=gpu)'
+            ", but the step asks for no GPUs (no gpu= on @resources, @batch or @kubernetes) and "
+            "this machine shows none. Ask for them with @resources(gpu=N), give a number "
+            '(nproc_per_node=2), or write nproc_per_node="auto" for one process per CPU when '
+            "there are no GPUs.")
+    if not cpus:
+        raise ValueError('nproc_per_node="auto" found neither GPUs nor a CPU count. Give a '
+                         "number of processes per node, e.g. nproc_per_node=2.")
+    return cpus, 'nproc_per_node="auto": no GPUs, %s' % (cpu_source or "%d CPUs" % cpus)
+
+
 def plan_topology(world_size: object = None, nodes: object = None, nproc_per_node: object = None,
-                  gpus: Optional[int] = None, gpu_source: Optional[str] = None) -> Topology:
+                  gpus: Optional[int] = None, gpu_source: Optional[str] = None,
+                  cpus: Optional[int] = None, cpu_source: Optional[str] = None) -> Topology:
     """The Topology of a gang.
 
     `gpus` is the GPU count per node that the step asks for (from @resources, @batch or
     @kubernetes) or, failing that, that the machine shows; `gpu_source` names where it came from.
     One rule, local or remote: processes per node default to `gpus`, and nodes to
     world_size / nproc_per_node. Without GPUs, all of world_size runs on one node unless `nodes`
-    is given (then world_size / nodes per node, or 1 without world_size).
+    is given (then world_size / nodes per node, or 1 without world_size). `cpus` (and
+    `cpu_source`) is a node's CPU count, which only nproc_per_node="auto" reads.
     """
     world_size = _check_count("world_size", world_size)
     nodes = _check_count("nodes", nodes)
-    nproc_per_node = _check_count("nproc_per_node", nproc_per_node)
+    word = nproc_per_node if nproc_per_node in NPROC_WORDS else None
+    nproc_per_node = None if word else _check_count("nproc_per_node", nproc_per_node)
 
     # where nproc_per_node came from, for the messages below
-    if nproc_per_node is not None:
+    if word:
+        nproc_per_node, source = _nproc_word(str(word), gpus, gpu_source, cpus, cpu_source)
+    elif nproc_per_node is not None:
         source = "nproc_per_node=%d" % nproc_per_node
         if gpus and nproc_per_node > gpus and gpu_source and gpu_source.startswith("@"):
             raise ValueError(
