@@ -104,6 +104,10 @@ def test_explicit_devices_fail_fast_with_the_fix(flow_runner):
     assert "Lightning's Trainer was given devices=1, which contradicts the gang's 2 nodes x 2 " \
            "processes per node" in res.output, res
     assert "Remove devices=1 from Trainer(...)" in res.output
+    # said once (issue 42), however many ranks raised it: in the step's error; each rank's
+    # traceback ends with its first words, after Lightning's own ValueError
+    assert res.output.count("Remove devices=1 from Trainer(...)") == 1, res
+    assert "(the step's error, below, says it in full, with its fix)" in res.output, res
     # it failed in trainer.fit as Lightning launched, before any training step
     assert "`Trainer.fit` stopped" not in res.output
     assert_ranks_that_raised_are_not_called_stopped(res.output)

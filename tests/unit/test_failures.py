@@ -7,6 +7,7 @@ import pytest
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failures import (
     Failure,
     FailureKind,
+    GangOutcome,
     communication_error,
     from_exit,
     gang_outcome,
@@ -545,6 +546,53 @@ def test_a_ranks_own_exception_is_printed_from_the_users_code_unless_debugging(d
     assert text.startswith("Traceback (most recent call last):\n")
     assert text.endswith("ValueError: bad lr\n")
     assert ("test_failures.py" in text) == bool(debug), text
+
+
+LONG_FIX = ("Lightning's Trainer was given devices=4, which contradicts the gang's 1 node x 2 "
+            "processes per node = world size 2. Remove devices=4 from Trainer(...).")
+
+
+@pytest.mark.parametrize("message,last_line", [
+    (LONG_FIX, "TorchDistributedFrameworkError: Lightning's Trainer was given devices=4, which "
+     "contradicts the ... (the step's error, below, says it in "
+     "full, with its fix)\n"),
+    ("short", "TorchDistributedFrameworkError (the step's error, below, says it, with its "
+     "fix)\n"),
+])
+def test_the_packages_own_error_in_a_rank_is_said_in_full_by_the_step_alone(message, last_line,
+                                                                            monkeypatch):
+    import io
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import failures
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
+        TorchDistributedFrameworkError,
+    )
+
+    monkeypatch.delenv(failures.DEBUG_ENV, raising=False)
+    out = io.StringIO()
+    try:
+        try:
+            raise ValueError("You set `devices=4` and `num_nodes=2` in Lightning")
+        except ValueError as cause:
+            raise TorchDistributedFrameworkError("train", message) from cause
+    except TorchDistributedFrameworkError as ex:
+        failures.report_exception(ex, symptom=False, file=out)
+    text = out.getvalue()
+    assert "ValueError: You set `devices=4`" in text  # the framework's own error, in full
+    assert text.endswith(last_line), text
+    assert "Remove devices=4" not in text
+
+
+def test_the_note_names_another_ranks_different_package_error_in_full():
+    ours = "TorchDistributedFrameworkError: @torch_distributed on step *train*: "
+    root = Failure(1, 0, FailureKind.EXCEPTION, 1.0, message=ours + LONG_FIX, local_rank=1)
+    same = Failure(0, 0, FailureKind.EXCEPTION, 2.0, message=ours + LONG_FIX, local_rank=0)
+    other = Failure(2, 1, FailureKind.EXCEPTION, 3.0, local_rank=0,
+                    message=ours + "another message of the package's, long enough to be cut "
+                    "in a brief note about the other ranks. Its fix: do this.")
+    note = GangOutcome([root, same, other], [], []).others_note()
+    assert note.count("Remove devices=4") == 0, note  # the root cause's says it
+    assert "Its fix: do this" in note, note
 
 
 def test_a_ranks_communication_error_is_one_line_unless_debugging(monkeypatch):

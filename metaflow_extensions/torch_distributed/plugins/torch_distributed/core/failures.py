@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple
 
+from ..core.errors import TorchDistributedException
 from ..core.naming import rank_label
 
 # The exception types a rank raises because a *peer* went away, by where they are defined:
@@ -295,8 +296,18 @@ def report_exception(ex: BaseException, symptom: bool,
               "the root cause; %s=1 prints this traceback)" % (type(ex).__name__, first[0],
                                                                 DEBUG_ENV), file=file)
     else:
-        print(user_traceback("".join(traceback.format_exception(type(ex), ex, ex.__traceback__))),
-              end="", file=file)
+        text = "".join(traceback.format_exception(type(ex), ex, ex.__traceback__))
+        if isinstance(ex, TorchDistributedException):
+            # The package's own message (a framework's shape that contradicts the gang's, say)
+            # is the gang's error, said in full once, by node 0: here its first words only.
+            said = "".join(traceback.format_exception_only(type(ex), ex))
+            if text.endswith(said):
+                brief = Failure(None, 0, FailureKind.EXCEPTION, 0.0,
+                                message="%s: %s" % (type(ex).__name__, ex)).brief()
+                text = text[:-len(said)] + "%s (the step's error, below, says it%s with its " \
+                    "fix)\n" % ((brief[len("raised "):], " in full,") if brief.endswith("...")
+                                else (type(ex).__name__, ","))
+        print(user_traceback(text), end="", file=file)
 
 
 def save_exception(ex: BaseException, raised_at: float, error_file: str) -> None:
@@ -350,11 +361,20 @@ class GangOutcome:
     def root_cause(self) -> Failure:
         return self.failed[0]
 
+    def _said(self, failure: Failure) -> str:
+        """How the note names another rank's failure: in brief, but this package's own error
+        in full unless the root cause says the same (its rank printed only its first words,
+        report_exception)."""
+        if failure.kind is FailureKind.EXCEPTION and _OUR_PREFIX.match(failure.message) and \
+                failure.message != self.root_cause.message:
+            return failure.what().rstrip(".")
+        return failure.brief()
+
     def others_note(self) -> str:
         """What happened to the other ranks, one sentence each."""
         notes = []
         if len(self.failed) > 1:
-            others = "; ".join("%s %s" % (f.where(), f.brief()) for f in self.failed[1:])
+            others = "; ".join("%s %s" % (f.where(), self._said(f)) for f in self.failed[1:])
             # once preempted, ranks end as their code reacts to the SIGTERM (a framework's
             # SIGTERMException, an exit): what they did in the grace, not failures of their own
             lead = ("While the ranks had their grace to save: "
