@@ -16,7 +16,8 @@ def readme_commands(*args):
 def test_two_commands_open_the_readme():
     first, second = readme_commands()
     assert "pip install" in first and " -e " not in first  # installed as users install it
-    assert first.endswith("examples/ddp_flow.py --no-pylint run")
+    # no --no-pylint: Metaflow lints only where pylint is installed, and the example passes
+    assert first.endswith("examples/ddp_flow.py run")
     assert second == "bash .ci/run"
 
 
