@@ -15,6 +15,7 @@ from .core.errors import (
     TorchDistributedConfigError,
     TorchDistributedEnvironmentError,
     TorchDistributedException,
+    presented,
 )
 from .core.failures import Failure
 from .core.gangspec import (
@@ -144,13 +145,14 @@ class TorchDistributedDecorator(StepDecorator):
         self.has_catch = any(d.name == "catch" for d in decorators)
         # @batch's task_pre_step reads current.parallel on every node of a multi-node job
         internals.install_current_parallel(os.environ)
-        gpus, source = devices.requested_gpus(decorators)
+        gpus, source = devices.requested_gpus(decorators, step_name)
         if gpus is None:
             visible = len(devices.visible_gpu_ids())
             gpus, source = (visible, "%d visible GPUs" % visible) if visible else (None, None)
         self.on_batch = any(d.name == "batch" for d in decorators)
         self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
-        cpus, cpu_source = (devices.node_cpus(decorators, self.on_batch or self.on_kubernetes)
+        cpus, cpu_source = (devices.node_cpus(decorators, self.on_batch or self.on_kubernetes,
+                                              step_name=step_name)
                             if self.attributes["nproc_per_node"] == "auto" else (None, None))
         try:
             self.topology = plan_topology(
@@ -253,7 +255,11 @@ class TorchDistributedDecorator(StepDecorator):
                 return _member_step(spec, step_func, self.name, flow)
         if retry_count > max_user_code_retries:
             return step_func  # @catch's fallback attempt runs alone, as on any step
-        return self._leader_step(flow, step_func, retry_count, max_user_code_retries)
+        try:
+            return self._leader_step(flow, step_func, retry_count, max_user_code_retries)
+        except Exception as ex:
+            _present(self.step_name, ex)
+            raise
 
     def _leader_step(self, flow: Any, step_func: Callable[..., Any], retry_count: int,
                      max_user_code_retries: int) -> Callable[..., None]:
@@ -314,6 +320,8 @@ class TorchDistributedDecorator(StepDecorator):
                 if ex.__traceback__ is not None and leader.raised_users_own(ex):
                     # its traceback is in its rank's lines: the gang's frames are not the user's
                     raise ex.with_traceback(None)
+                if ex is not leader.users_error:
+                    _present(self.step_name, ex)
                 raise
             # A gang that failed before it was assembled keeps its timer paused: the
             # rendezvous timeout bounded that wait, and the gang's error is the step's.
@@ -419,6 +427,14 @@ def _attribute(decorators: Sequence[Any], name: str, attribute: str) -> Any:
         if deco.name == name:
             return deco.attributes.get(attribute)
     return None
+
+
+def _present(step_name: str, ex: BaseException) -> None:
+    """Raise `ex`, an error of the gang's own machinery, as one of this package's that names
+    its cause (errors.presented), so that Metaflow does not print it as `Internal error`."""
+    ours = presented(step_name, ex)
+    if ours is not None:
+        raise ours from ex
 
 
 def _require_torch(step_name: str) -> None:

@@ -6,7 +6,7 @@ import sys
 from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.envcontract import node_gpu_block, parse_visible_devices
-from ..core.errors import TorchDistributedEnvironmentError
+from ..core.errors import TorchDistributedConfigError, TorchDistributedEnvironmentError
 from ..core.topology import Topology
 
 # Decorators that may say how many GPUs each node has, in the order Metaflow honours them.
@@ -26,7 +26,20 @@ def visible_gpu_ids(environ: Optional[Mapping[str, str]] = None,
     return parse_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), count)
 
 
-def requested_gpus(decorators: Sequence[Any]) -> Tuple[Optional[int], Optional[str]]:
+def _count(step_name: str, decorator: str, attribute: str, value: Any, kind: Any = int) -> Any:
+    """@decorator's `attribute` as a number of `kind`; a value that is none is the step's
+    configuration error, raised where the flow is validated (not Metaflow's Internal error)."""
+    try:
+        return kind(float(value))
+    except (TypeError, ValueError):
+        raise TorchDistributedConfigError(
+            step_name, "@%s(%s=%r) is not a number, and @torch_distributed plans the gang from it. "
+            "Give a number, e.g. @%s(%s=2)." % (decorator, attribute, value, decorator,
+                                                attribute)) from None
+
+
+def requested_gpus(decorators: Sequence[Any],
+                   step_name: str = "") -> Tuple[Optional[int], Optional[str]]:
     """(GPUs per node, "@deco(gpu=N)") of the step's decorators that ask for the most GPUs,
     or (None, None)."""
     best: Optional[int] = None
@@ -35,14 +48,15 @@ def requested_gpus(decorators: Sequence[Any]) -> Tuple[Optional[int], Optional[s
         if deco.name in GPU_DECORATORS:
             value = deco.attributes.get("gpu")
             if value not in (None, 0, "0", ""):
-                gpus = int(float(value))
+                gpus = _count(step_name, deco.name, "gpu", value)
                 if best is None or gpus > best:
                     best, source = gpus, "@%s(gpu=%d)" % (deco.name, gpus)
     return best, source
 
 
 def node_cpus(decorators: Sequence[Any], remote: bool,
-              affinity: Optional[Collection[int]] = None) -> Tuple[int, str]:
+              affinity: Optional[Collection[int]] = None,
+              step_name: str = "") -> Tuple[int, str]:
     """(CPUs of one node, where that came from), for nproc_per_node="auto" without GPUs. On a
     remote backend, the most `cpu=` that @resources, @batch or @kubernetes give the step
     (Metaflow's default of 1 when none does): the node's size, known when the flow is launched.
@@ -53,7 +67,7 @@ def node_cpus(decorators: Sequence[Any], remote: bool,
         for deco in decorators:
             value = deco.attributes.get("cpu") if deco.name in GPU_DECORATORS else None
             if value not in (None, ""):
-                cpus = max(1, int(float(value)))
+                cpus = max(1, int(_count(step_name, deco.name, "cpu", value, float)))
                 if cpus > best or source.startswith("Metaflow"):
                     best, source = cpus, "@%s(cpu=%s)" % (deco.name, value)
         return best, source

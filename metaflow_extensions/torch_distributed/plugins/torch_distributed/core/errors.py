@@ -1,6 +1,8 @@
 """Every error @torch_distributed raises. Each names the step and the value and says how to fix it."""
 
-from typing import TYPE_CHECKING, Sequence
+import tempfile
+import traceback
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from metaflow.exception import MetaflowException
 
@@ -114,3 +116,32 @@ class TorchDistributedScriptFailed(TorchDistributedException):
             "rank %d ran `%s` (current.torch_distributed.run_script), which exited with code "
             "%d. Its output is in the rank's [rank %d] lines above; fix the script, then rerun."
             % (rank, " ".join(argv[1:]), code, rank)))
+
+
+class TorchDistributedUnexpectedError(TorchDistributedException):
+    """The gang's own machinery stopped on an error that is neither the user's code's nor one
+    this package names: a bug of the package, reported with its traceback (see `presented`)."""
+
+    headline = "@torch_distributed stopped on an unexpected error"
+
+
+def presented(step_name: str, ex: BaseException) -> Optional[TorchDistributedException]:
+    """`ex`, which reached the task from the gang's own machinery (not from the step's code),
+    as an error of this package that names the cause and what to do, or None when it needs no
+    presenting (a MetaflowException already has a headline; SystemExit and KeyboardInterrupt are
+    no errors). Metaflow prints any other exception as `Internal error`, with a traceback whose
+    last frame is this package's, whether the cause was the machine or the package."""
+    if isinstance(ex, MetaflowException) or not isinstance(ex, Exception):
+        return None
+    if isinstance(ex, OSError):  # a full disk, a folder it may not write, a limit
+        return TorchDistributedEnvironmentError(step_name, (
+            "the gang could not be set up on this machine: %s: %s. This is the machine's "
+            "doing, not your step's code: free disk space, or make writable the folder named "
+            "(the gang keeps its files under %s, set by TMPDIR), or raise the limit it names, "
+            "then rerun. METAFLOW_TORCH_DISTRIBUTED_DEBUG=1 shows where it was raised."
+            % (type(ex).__name__, ex, tempfile.gettempdir())))
+    return TorchDistributedUnexpectedError(step_name, (
+        "the gang stopped on %s: %s, an error of metaflow-torch-distributed's own, not of your "
+        "step's code. Please report it with this traceback; a rerun may pass.\n%s"
+        % (type(ex).__name__, ex, "".join(traceback.format_exception(
+            type(ex), ex, ex.__traceback__)).rstrip())))
