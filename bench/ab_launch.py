@@ -14,6 +14,13 @@ Each install is a Python (a venv) with the package installed from one commit. A 
 order, through the same `run_flow` as bench/run.py. Times are rank 0's, in seconds since the
 train task was created; `collective` is when the first all_reduce completed. Writes
 bench/results/ab-<timestamp>.json and prints medians of each arm and of the paired differences.
+With `single` and `torchrun` among the launchers (bench/run.py's floor and torchrun in a
+step), it also prints each arm's whole-flow ratios to them, paired by repetition (issue 41:
+`--launchers single,torchrun,ours_fork,ours_nocard`, the last with the gang's card off).
+
+An install needs no copy of torch: a venv made with `python -m venv --without-pip` whose
+site-packages holds a `.pth` file naming a source tree of the package (e.g. `git archive`
+of a commit, unpacked) and then this repository's `.venv/lib/python3.11/site-packages`.
 """
 
 import argparse
@@ -70,6 +77,26 @@ def summary(runs, arms, launchers, metrics=("collective", "wall")):
     return lines
 
 
+def ratios(runs, arms, launchers, floors=("single", "torchrun")):
+    """Per arm, each launcher's whole-flow time over each floor's (`floors` that were run) in
+    the same arm and repetition: the median of those paired ratios and their range."""
+    lines = []
+    for arm in arms:
+        walls = {(r["launcher"], r["rep"]): r["wall"] for r in runs
+                 if r["arm"] == arm and r["returncode"] == 0 and r["result"]}
+        for launcher in launchers:
+            for floor in floors:
+                if floor == launcher or floor not in launchers:
+                    continue
+                paired = [walls[(launcher, rep)] / walls[(floor, rep)]
+                          for (name, rep) in walls if name == launcher and (floor, rep) in walls]
+                if paired:
+                    lines.append("%-7s %-12s / %-9s median %.2f (range %.2f to %.2f, %d pairs)"
+                                 % (arm, launcher, floor, statistics.median(paired),
+                                    min(paired), max(paired), len(paired)))
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("arms", nargs=2, help="LABEL=PYTHON, e.g. before=../a/.venv/bin/python")
@@ -104,6 +131,8 @@ def main(argv=None):
                 rec["returncode"], rec["load_1min"]), flush=True)
     lines = summary(runs, labels, launchers, ("collective", "wall") if args.kind == "launch"
                     else ("wall", "datastore_bytes"))
+    if args.kind == "launch":
+        lines += ratios(runs, labels, launchers)
     print("\n".join(lines))
     data = dict(command=" ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
                 note=args.note, arms=arms, world=args.world, launchers=launchers,

@@ -47,6 +47,9 @@ LAUNCHERS = {
     "ours_exec": ("bench_ours.py", {"BENCH_START_METHOD": "exec"}),
     # torch imported by the task before the fork: the fix suggested in docs/benchmarks.md
     "ours_preload": ("bench_ours.py", {"BENCH_START_METHOD": "fork", "BENCH_PRELOAD": "1"}),
+    # the gang's card off (issue 41: what drawing the card costs the launch)
+    "ours_nocard": ("bench_ours.py", {"BENCH_START_METHOD": "fork",
+                                      "METAFLOW_TORCH_DISTRIBUTED_CARD": "0"}),
     # one process per emulated node: what world_size alone meant on CPU before issue 11
     "ours_nodes": ("bench_ours.py", {"BENCH_START_METHOD": "fork", "BENCH_NODE_PER_RANK": "1"}),
 }

@@ -208,3 +208,18 @@ def test_without_a_card_of_the_users_the_gangs_card_takes_no_component(tmp_path)
     run_id = _train_task(res).split("/")[0]
     assert "Card not found" in runner.cli("card_flow.py", "card", "list",
                                           "%s/start/1" % run_id).output
+
+
+def test_the_task_draws_the_gangs_card_itself(tmp_path):
+    """No `card create` process draws the gang's card (one ran at the end of every gang task,
+    about 0.5 s of its time): with a `card create` that cannot run, the gang's card of the
+    run is there all the same when the run is over, and complete."""
+    runner = FlowRunner(tmp_path)
+    res = runner.run("card_flow.py", env={"TD_CARD_CREATE_FAILS": "1"})
+    assert res.returncode == 0, res
+    assert "Card render failed" not in res.output
+    cards = _cards(runner, "card_flow.py", _train_task(res))
+    assert set(cards) == {("torch_distributed", "torch_distributed")}
+    gang = json.dumps(cards[("torch_distributed", "torch_distributed")])
+    assert "Gang of step train, attempt 0" in gang and "### Outcome: success" in gang
+    assert "### Timeline" in gang and "### Last lines of each rank" in gang

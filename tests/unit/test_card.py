@@ -271,7 +271,7 @@ def test_a_card_that_cannot_be_made_never_hides_the_step_result(capsys, tmp_path
         TaskIdentity
 
     deco = TorchDistributedDecorator.__new__(TorchDistributedDecorator)
-    deco.step_name = "train"
+    deco.step_name, deco.task_card = "train", None
     identity = TaskIdentity("1", "2", "", None, 0, 0, None, "local@%s" % tmp_path)
     flow = SimpleNamespace()
     # a datastore that cannot take the record: said, not raised

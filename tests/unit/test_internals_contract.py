@@ -766,6 +766,123 @@ def test_card_decorator_private_attributes(monkeypatch):
             % asked[0])
 
 
+def _card_on_a_task(monkeypatch, tmp_path, attributes):
+    """A @card set up as in task 7 of run 5 (step_init, task_pre_step), with a local flow
+    datastore in `tmp_path` (the working directory: the card root is found from it), its
+    class-wide state fresh, and a recorder for `card create` (CardCreator.create)."""
+    from metaflow import current
+    from metaflow.datastore import FlowDataStore
+    from metaflow.plugins.cards.card_decorator import CardDecorator
+    from metaflow.plugins.datastores.local_storage import LocalStorage
+
+    for name, value in (("total_decos_on_step", {}), ("_called_once", {}), ("step_counter", 0),
+                        ("task_finished_decos", 0), ("card_creator", None),
+                        ("_GLOBAL_CARD_INFO", {}), ("_config_values", None),
+                        ("_config_file_name", None)):
+        monkeypatch.setattr(CardDecorator, name, value, raising=False)
+    without_class_attribute(monkeypatch, type(current), "card")
+    for name, value in (("run_id", "5"), ("task_id", "7")):
+        monkeypatch.setattr(type(current), name, property(lambda _, v=value: v))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".metaflow").mkdir()
+    datastore = FlowDataStore("GangFlow", storage_impl=LocalStorage,
+                              ds_root=str(tmp_path / ".metaflow"))
+    deco = CardDecorator(attributes=attributes)
+    deco.external_init()
+    provider = Provider("local")
+    deco.step_init(_FLOW, None, "train", [deco], Environment(), datastore,
+                   lambda *a, **k: None)
+    deco.task_pre_step("train", None, provider, "5", "7", _FLOW, None, 0, 0, None, [])
+    asked = []
+
+    class Creator:
+        def create(self, **options):
+            asked.append(options)
+
+    monkeypatch.setattr(CardDecorator, "card_creator", Creator())
+    return deco, provider, asked
+
+
+@pytest.mark.parametrize("drawn", [True, False])
+def test_a_card_drawn_by_the_task_is_the_one_card_create_saves(monkeypatch, tmp_path, drawn):
+    """finish_card_in_task: @card's task_finished asks the task first; where it drew and saved
+    the card (card_page, save_card), `card create` is not asked, @card counts the decorator as
+    finished, and the card is where `card get` reads it, with the card-info metadata `card
+    create` registers. Where the task did not, @card renders as before."""
+    from metaflow.cards import Markdown
+    from metaflow.datastore import FlowDataStore
+    from metaflow.plugins.cards.card_datastore import CardDatastore
+    from metaflow.plugins.cards.card_decorator import CardDecorator
+    from metaflow.plugins.datastores.local_storage import LocalStorage
+    from tests.support import card_json
+
+    deco, provider, asked = _card_on_a_task(monkeypatch, tmp_path,
+                                            {"type": "blank", "id": "gang"})
+    told = []
+
+    def finish(is_task_ok, pathspec, attempt):
+        told.append((is_task_ok, pathspec, attempt))
+        if drawn:
+            html = internals.card_page([Markdown("drawn by the task")], pathspec)
+            internals.save_card(deco, html, pathspec, attempt)
+        return drawn
+
+    internals.finish_card_in_task(deco, finish)
+    deco.task_finished("train", types.SimpleNamespace(name="GangFlow"), None, True, 0, 0)
+    require(told == [(True, "GangFlow/5/train/7", 0)], "current.run_id, current.task_id",
+            "the pathspec of the task's card")
+    require(CardDecorator.task_finished_decos == 1, "CardDecorator._cleanup",
+            "it counts the @card decorators of the step that finished")
+    require(bool(asked) != drawn, "CardDecorator.task_finished",
+            "it renders with CardCreator.create unless the task drew the card")
+    if not drawn:
+        return
+    root = CardDatastore.get_storage_root("local")
+    require(root == str(tmp_path / ".metaflow" / "mf.cards"), "CardDatastore.get_storage_root",
+            "the local card root is found from the working directory: %s" % root)
+    cards = CardDatastore(FlowDataStore("GangFlow", storage_impl=LocalStorage, ds_root=root),
+                          pathspec="GangFlow/5/train/7")
+    [path] = cards.extract_card_paths(card_type="blank", card_id="gang")
+    html = cards.get_card_html(path)
+    require("drawn by the task" in card_json(html), "BlankCard.render",
+            "it renders its components into the page; it reads only the task's pathspec")
+    require('METAFLOW_RELOAD_TOKEN = "final"' in html, "MetaflowCard.RELOAD_POLICY_TOKEN",
+            "card create puts the final render's reload token in its place")
+    [(run_id, step_name, task_id, [datum])] = provider.registered
+    require((run_id, step_name, task_id, datum.type, datum.field, datum.tags)
+            == ("5", "train", "7", "card-info", deco._card_uuid, ["attempt_id:0"])
+            and json.loads(datum.value)["type"] == "blank", "plugins.cards.metadata."
+            "_save_metadata", "card create registers a card's card-info metadata once")
+
+
+@pytest.mark.parametrize("is_task_ok", [True, False])
+def test_a_gang_card_the_task_could_not_draw_is_left_to_card_create(monkeypatch, tmp_path,
+                                                                    capsys, is_task_ok):
+    """card.TaskCard, the gang's card drawn by the task: when saving it fails (here the card
+    store refuses the write), the step says so and Metaflow's `card create` renders the card,
+    a failed attempt's too (render_failed_card), from the record kept with the task."""
+    from metaflow.plugins.datastores.local_storage import LocalStorage
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import card
+
+    deco, _, asked = _card_on_a_task(monkeypatch, tmp_path, dict(card.GANG_CARD))
+
+    def refused(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(LocalStorage, "save_bytes", refused)
+    task_card = card.TaskCard("train", deco, None)
+    internals.finish_card_in_task(deco, task_card)
+    task_card.keep(None, None)
+    deco.task_finished("train", types.SimpleNamespace(name="GangFlow"), None, is_task_ok, 0, 0)
+    said = capsys.readouterr().err
+    assert ("@torch_distributed on step *train*: could not draw the gang's card in the task "
+            "(OSError: No space left on device); Metaflow's `card create` draws it") in said
+    # a successful attempt's card is asked for as @card asks for it: render, then refresh
+    assert [a["mode"] for a in asked] == (["render", "refresh"] if is_task_ok else ["render"])
+    assert asked[0]["card_uuid"] == deco._card_uuid and asked[0]["final"] is True
+
+
 def test_card_types_of_extensions_and_their_base():
     from metaflow.plugins import CARDS
     from metaflow.plugins.cards.card_modules.card import MetaflowCard
@@ -1732,6 +1849,9 @@ CONTRACTS = {
     "restore_card_state": "test_card_components_reach_another_collector_rendered",
     "card_keys": "test_card_components_reach_another_collector_rendered",
     "render_failed_card": "test_card_decorator_private_attributes",
+    "finish_card_in_task": "test_a_card_drawn_by_the_task_is_the_one_card_create_saves",
+    "card_page": "test_a_card_drawn_by_the_task_is_the_one_card_create_saves",
+    "save_card": "test_a_card_drawn_by_the_task_is_the_one_card_create_saves",
     "card_base": "test_card_types_of_extensions_and_their_base",
     "add_card": "test_card_decorator_counts_the_cards_of_a_step_once",
     "metadata_type": "test_the_metadata_type_of_this_process",

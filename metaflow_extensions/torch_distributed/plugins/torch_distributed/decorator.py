@@ -130,8 +130,8 @@ class TorchDistributedDecorator(StepDecorator):
         self.step_name = step_name
         self.flow_datastore = flow_datastore
         self.step_decorators = decorators
-        self.led_gang = False
         self.task_datastore = None  # this attempt's output datastore (task_pre_step)
+        self.task_card: Optional[card.TaskCard] = None  # the gang's card, drawn by the task
         current_mod.install(current_mod.UNAVAILABLE)
         # With --with torch_distributed the decorator lands on every step; gang only the
         # steps a gang makes sense for (not start, end, joins, or @parallel's own steps).
@@ -165,8 +165,8 @@ class TorchDistributedDecorator(StepDecorator):
         groupcheck.check_mode(step_name, os.environ)  # a bad value fails before the run
         if card.wanted(self.settings.card, decorators, self.on_batch or self.on_kubernetes,
                        internals.metadata_type()):
-            internals.add_card(step_name, decorators, card.GANG_CARD,
-                               (flow, graph, environment, flow_datastore, logger))
+            self.task_card = card.add_to_step(step_name, decorators,
+                                              (flow, graph, environment, flow_datastore, logger))
         target = schedulers.check_deploy(step_name, self.topology)
         if self.on_kubernetes and self.gpus_requested and schedulers.cli_words()[:1] in (
                 ["run"], ["resume"]):
@@ -303,7 +303,6 @@ class TorchDistributedDecorator(StepDecorator):
             # @timeout counts from the gang's assembly, not its start-up (usertimer.py)
             timer = PausedTimer().pause()
             clock = WhenAll(timer.resume, ("body", "assembled"))
-            self.led_gang = True
             try:
                 try:
                     leader.run(step_func, args, on_body_start=lambda: clock.arrive("body"),
@@ -350,6 +349,8 @@ class TorchDistributedDecorator(StepDecorator):
         """Keep this attempt's record with the task: the gang's card is drawn from it."""
         from .mf import events
 
+        if self.task_card is not None:
+            self.task_card.keep(record, identity)
         if record is None:
             return
         try:
@@ -358,13 +359,6 @@ class TorchDistributedDecorator(StepDecorator):
         except Exception as ex:  # noqa: BLE001 - the card's record; the step's result stands
             print("@torch_distributed on step *%s*: could not keep the gang's record: %s"
                   % (self.step_name, ex), file=sys.stderr, flush=True)
-
-    def task_finished(self, step_name: str, flow: Any, graph: Any, is_task_ok: bool,
-                      retry_count: int, max_user_code_retries: int) -> None:
-        # Metaflow's @card renders only the cards of attempts that succeeded; the card of a
-        # failed gang is where its root cause is.
-        if self.active and self.led_gang and not is_task_ok:
-            card.render_failed(self.step_decorators)
 
     def _place_remote_agent(self, backend: Backend, order: AgentOrder,
                             flow_name: str) -> GangSpec:

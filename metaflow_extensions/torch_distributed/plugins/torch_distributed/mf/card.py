@@ -1,20 +1,20 @@
 """The gang's card: topology, a timeline of every rank, the outcome and each rank's last lines.
 
 Every gang step gets a card of its own, of type and id `torch_distributed` (GANG_CARD; the card
-type is plugins/cards/torch_distributed_card), which Metaflow renders with `card create` as any
-card; the user's own cards and `current.card` are left exactly as the user built them.
-`render` draws the card of one attempt from the gang records kept with the task (events.py).
+type is plugins/cards/torch_distributed_card); the user's own cards and `current.card` are left
+exactly as the user built them. The task draws it itself as it ends (TaskCard), from the
+gang's record in memory, for a failed attempt too (which Metaflow's @card leaves unrendered):
+no `card create` process on the task's way out. `render` draws it the way Metaflow's `card
+create` does, from the gang records kept with the task (events.py), where the task could not.
 `card_data` turns those records into what the card shows: plain data, tested by tables.
-`components` turns that into Metaflow card components (Markdown, Table, VegaChart).
-`render_failed` renders the gang's card of a failed attempt, which Metaflow's @card leaves
-unrendered.
-"""
+`components` turns that into Metaflow card components (Markdown, Table, VegaChart)."""
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, TypedDict, Union
 
 from ..mf import events
 from ..mf.events import GangRecord, NodeInfo, RoundRecord, Tails
 from ..core import sealed
+from ..core.gangspec import TaskIdentity
 from ..core.failures import Failure, FailureKind
 
 # The @card that @torch_distributed puts on its step: the card's type and its id, for
@@ -488,18 +488,85 @@ def _code(lines: Iterable[str]) -> str:
 
 def render(task: Any) -> str:
     """The HTML of the gang's card of the attempt of `task`, a client Task (as `card create`
-    gives it to the card type)."""
-    from metaflow.cards import BlankCard, Markdown
+    gives it to the card type: where the task could not draw the card itself, TaskCard)."""
+    from metaflow.cards import BlankCard
 
     record, history = events.attempt_records(task)
-    if record is None:
-        parts = [Markdown("## Gang of step %s, attempt %d\n\nThis attempt kept no record of a "
-                          "gang: it was @catch's fallback, which runs the step on its own, or its "
-                          "task ended before the gang's record was kept (see the task's log)."
-                          % (task.pathspec.split("/")[2], task.current_attempt))]
-    else:
-        parts = components(card_data(record, history))
-    return BlankCard(components=parts).render(task)
+    return BlankCard(components=_parts(task.pathspec, task.current_attempt, record,
+                                       history)).render(task)
+
+
+def _parts(pathspec: str, attempt: int, record: Optional[GangRecord],
+           history: Sequence[GangRecord]) -> List[Any]:
+    """The components of the gang's card of attempt `attempt` of task `pathspec`."""
+    from metaflow.cards import Markdown
+
+    if record is not None:
+        return components(card_data(record, history))
+    return [Markdown("## Gang of step %s, attempt %d\n\nThis attempt kept no record of a gang: "
+                     "it was @catch's fallback, which runs the step on its own, or its task "
+                     "ended before the gang's record was kept (see the task's log)."
+                     % (pathspec.split("/")[2], attempt))]
+
+
+class TaskCard:
+    """The gang's card of this attempt, drawn and saved by the task's own process as it ends
+    (internals.finish_card_in_task), not by a `card create` process: what the gang's record
+    holds is in memory here, and the page takes about 10 ms to draw. The step's decorator
+    hands it the attempt's record once the gang has ended (`keep`). Without one (@catch's
+    fallback attempt), a successful attempt's card says so, and a failed attempt gets none, as
+    Metaflow renders no card of a failed attempt. If drawing or saving fails, Metaflow's `card
+    create` draws it from the record kept with the task, as before."""
+
+    def __init__(self, step_name: str, deco: Any, flow_datastore: Any) -> None:
+        self.step_name = step_name
+        self.deco = deco
+        self.flow_datastore = flow_datastore
+        self.led = False
+        self.record: Optional[GangRecord] = None
+        self.identity: Optional[TaskIdentity] = None
+
+    def keep(self, record: Optional[GangRecord], identity: TaskIdentity) -> None:
+        """This attempt led a gang, which ended with `record` (None: it kept none); `identity`
+        is the task's TaskIdentity, where the earlier attempts' records are."""
+        self.led, self.record, self.identity = True, record, identity
+
+    def __call__(self, is_task_ok: bool, pathspec: str, attempt: int) -> bool:
+        """Draw and save the card (internals.finish_card_in_task); False leaves it to
+        Metaflow's @card."""
+        import sys
+
+        from ..mf import internals
+
+        if not (is_task_ok or self.led):
+            return False
+        try:
+            history = [] if self.record is None or self.identity is None else (
+                events.earlier_attempts(self.flow_datastore, self.identity, self.step_name,
+                                        attempt))
+            html = internals.card_page(_parts(pathspec, attempt, self.record, history),
+                                       pathspec)
+            internals.save_card(self.deco, html, pathspec, attempt)
+        except Exception as ex:  # noqa: BLE001 - the card is a view: Metaflow draws it instead
+            print("@torch_distributed on step *%s*: could not draw the gang's card in the task "
+                  "(%s: %s); Metaflow's `card create` draws it from the gang's record instead."
+                  % (self.step_name, type(ex).__name__, ex), file=sys.stderr, flush=True)
+            if not is_task_ok:  # Metaflow's @card renders no card of a failed attempt
+                internals.render_failed_card(self.deco)
+            return False
+        return True
+
+
+def add_to_step(step_name: str, decorators: List[Any], step_init_args: Sequence[Any]) -> TaskCard:
+    """Put the gang's card on step `step_name` (a @card of GANG_CARD, from the decorator's
+    step_init: `decorators` are the step's, `step_init_args` what step_init was given after
+    the step name), drawn by the task itself as it ends (TaskCard)."""
+    from ..mf import internals
+
+    deco = internals.add_card(step_name, decorators, GANG_CARD, step_init_args)
+    task_card = TaskCard(step_name, deco, step_init_args[3])
+    internals.finish_card_in_task(deco, task_card)
+    return task_card
 
 
 def is_gang_card(deco: Any) -> bool:
@@ -515,14 +582,3 @@ def wanted(on: bool, decorators: Iterable[Any], remote: bool, metadata: str) -> 
     (docs/seeing-the-gang.md, Limits)."""
     return on and not any(is_gang_card(d) for d in decorators) and not (
         remote and metadata == "local")
-
-
-def render_failed(decorators: Iterable[Any]) -> None:
-    """Render the gang's card of this failed attempt: Metaflow's @card renders only the cards
-    of attempts that succeeded, and the failed attempt's card is where its root cause is. The
-    user's own cards are left as Metaflow leaves them."""
-    from ..mf import internals
-
-    for deco in decorators:
-        if is_gang_card(deco):
-            internals.render_failed_card(deco)

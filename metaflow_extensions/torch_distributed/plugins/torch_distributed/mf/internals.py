@@ -430,6 +430,74 @@ def render_failed_card(deco: Any) -> bool:
     return True
 
 
+def finish_card_in_task(deco: Any, finish: Callable[[bool, str, int], bool]) -> None:
+    """At the end of the task, @card `deco` first calls `finish(is_task_ok, pathspec,
+    attempt)`, which draws the card in the task's own process and saves it (save_card); only
+    where that returns False does @card's own task_finished run. Why: @card's task_finished
+    renders with `card create` and waits for it (card_creator.py: a final render waits), a
+    process that loads Metaflow and the flow again and finds the task through the client:
+    about 0.5 s at the end of every task on a 2-core machine. The method is replaced on this
+    one decorator, not in a subclass: @card keeps class-wide counts of a step's decorators
+    (`cls.step_counter += 1` would count a subclass apart), and its _cleanup counts the
+    decorators that finished, which the last one needs to remove the flow's config file."""
+    original = deco.task_finished
+
+    def task_finished(step_name: str, flow: Any, graph: Any, is_task_ok: bool,
+                      retry_count: int, max_user_code_retries: int) -> None:
+        from metaflow import current
+
+        pathspec = "/".join((flow.name, current.run_id, step_name, current.task_id))
+        if deco._card_uuid is not None and finish(is_task_ok, pathspec, retry_count):
+            deco._cleanup(step_name)
+        else:
+            original(step_name, flow, graph, is_task_ok, retry_count, max_user_code_retries)
+
+    deco.task_finished = task_finished
+
+
+def card_page(components: Sequence[Any], pathspec: str) -> str:
+    """The HTML of a blank card of `components` on task `pathspec`, as `card create` saves the
+    final render of a card. Why: a card type's render is given a client Task, of which
+    BlankCard.render reads only the pathspec (card_modules/basic.py); `card create` then puts
+    the reload token in the page (card_cli.py: update_card, _extract_reload_token: "final" for
+    the final render at the end of a task)."""
+    from metaflow.cards import BlankCard
+    from metaflow.plugins.cards.card_modules.card import MetaflowCard
+
+    class TaskPath:
+        def __init__(self, path: str) -> None:
+            self.pathspec = path
+
+    html: str = BlankCard(components=list(components)).render(TaskPath(pathspec))
+    return html.replace(MetaflowCard.RELOAD_POLICY_TOKEN, "final")
+
+
+def save_card(deco: Any, html: str, pathspec: str, attempt: int) -> None:
+    """Save `html` as the card of @card `deco` on attempt `attempt` of task `pathspec`, where
+    `card create` saves it and with the metadata it registers. Why: card_cli.py create saves
+    through CardDatastore.save_card under the card's uuid, type and id (what `card get`, `card
+    list` and the UI read), into the flow datastore's storage moved to the card root
+    (card_cli.py `card`: CardDatastore.get_storage_root, else the datastore's own root; here a
+    storage of its own, as the task still uses its own), then registers the card's `card-info`
+    metadata once per card (plugins/cards/metadata.py: _save_metadata, asked of @card's
+    MetadataStateManager)."""
+    from metaflow.datastore import FlowDataStore
+    from metaflow.plugins.cards.card_datastore import CardDatastore
+    from metaflow.plugins.cards.metadata import _save_metadata
+
+    storage = deco._flow_datastore._storage_impl
+    root = CardDatastore.get_storage_root(storage.TYPE) or storage.datastore_root
+    cards = FlowDataStore(deco._flow_datastore.flow_name, environment=None,
+                          storage_impl=type(storage), ds_root=root)
+    CardDatastore(cards, pathspec=pathspec).save_card(
+        deco._card_uuid, deco.attributes["type"], html, card_id=deco._user_set_card_id)
+    save, info = deco._metadata_state_manager.register_metadata(deco._card_uuid)
+    if save:
+        _, run_id, step_name, task_id = pathspec.split("/")
+        _save_metadata(deco._metadata, run_id, step_name, task_id, attempt, deco._card_uuid,
+                       info)
+
+
 # -- AWS Batch: the `batch step` trampoline and the Step Functions compiler ------------------------
 
 # How a step's Batch job is built (wrap_batch_create_job): build(create, batch, arguments).
