@@ -26,7 +26,10 @@ setup(
         "Intended Audience :: Science/Research",
         "Operating System :: POSIX :: Linux",
         "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.10",
         "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
         "Topic :: System :: Distributed Computing",
     ],
@@ -34,8 +37,9 @@ setup(
     # mode) maps metaflow_extensions to this folder, where Metaflow looks for extensions;
     # without it Metaflow finds none (docs/troubleshooting.md, "cannot import name").
     packages=find_namespace_packages(include=["metaflow_extensions", "metaflow_extensions.*"]),
-    # torch 2.13 (what CI runs) needs 3.10; CI runs 3.11 (tests/unit/test_packaging.py).
-    python_requires=">=3.10",
+    # What CI runs: the suite on 3.11, the real flows' core on 3.10 (the oldest torch), 3.12
+    # and 3.13 (the newest torch) in .ci/torch_range (tests/unit/test_packaging.py).
+    python_requires=">=3.10,<3.14",
     # No dependency on Metaflow: it comes as `metaflow` or as Outerbounds' `ob-metaflow` (the
     # same `metaflow` module), and pip would install one over the other. The team's own
     # Metaflow is used; versions.py refuses one outside the tested range when a flow starts.
@@ -44,6 +48,8 @@ setup(
         # (the tested range; versions.py refuses to run outside it: keep both in step)
         "metaflow": ["metaflow>=2.19.0,<2.20"],
         # torch is needed in task processes only; install the build that fits your machine.
-        "torch": ["torch>=2.4"],
+        # The tested range (core/supported.py's TESTED_TORCH; .ci/torch_range runs its ends):
+        # an older torch is refused when a flow starts, a newer one runs with a warning.
+        "torch": ["torch>=2.5.0,<2.16"],
     },
 )

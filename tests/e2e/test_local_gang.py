@@ -140,3 +140,24 @@ def test_node_0_fails_a_gang_whose_store_holds_more_keys_than_it_may(flow_runner
     assert res.returncode != 0, res
     assert "the store was flooded: it holds" in res.output, res
     assert "more than the 2 any gang of this size writes" in res.output, res
+
+
+@pytest.mark.parametrize("version, refused", [("2.4.1", True), ("2.99.0", False)])
+def test_the_ranks_torch_is_checked_as_the_run_starts(flow_runner, tmp_path, version, refused):
+    """Where Python finds a torch older than the tested range (here a distribution record put
+    first on the path, as an environment with an old torch has) the run stops before its first
+    step, naming the version and the fix; a newer one runs, warned about once."""
+    record = tmp_path / "fake" / ("torch-%s.dist-info" % version)
+    record.mkdir(parents=True)
+    (record / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: %s\n" % version)
+    res = flow_runner.run("gang_flow.py", env={
+        "TD_NODES": 1, "TD_NPROC": 2, "PYTHONPATH": str(tmp_path / "fake")})
+    said = "torch %s is installed here" % version if refused else \
+        "WARNING: torch %s (installed here) is newer than" % version
+    assert res.output.count(said) == 1, res
+    if refused:
+        assert res.returncode != 0, res
+        assert "pip install 'torch>=2.5.0,<2.16'" in res.output, res
+        assert "Internal error" not in res.output and "start (task-id" not in res.output, res
+    else:
+        assert res.returncode == 0, res

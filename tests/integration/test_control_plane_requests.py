@@ -166,3 +166,21 @@ def test_an_agent_hears_the_abort_at_its_next_poll(gang):
     host.abort()
     with pytest.raises(GangAborted):
         watch.poll_once()
+
+
+@pytest.mark.parametrize("libuv_takes_a_listen_fd", [(2, 8, 0), (99, 0, 0)],
+                         ids=["this-torch's-store", "legacy-store-as-before-torch-2.8"])
+def test_node_0_hosts_the_store_on_its_socket_with_either_of_torchs_stores(
+        monkeypatch, libuv_takes_a_listen_fd):
+    """torch before 2.8 refuses a listening socket in its libuv store; node 0 then hosts the
+    gang's store with the legacy one. Both serve a member, and a torch rendezvous client, on the
+    socket node 0 bound (torch 2.5.1 and 2.15.0 run the whole flow in .ci/torch_range)."""
+    monkeypatch.setattr(C, "LIBUV_LISTEN_FD", libuv_takes_a_listen_fd)
+    host, port = hosted_store("gang-legacy", "s3cret")
+    assert host._store.libuvBackend is (libuv_takes_a_listen_fd == (2, 8, 0))
+    member = C.ControlPlane.connect("127.0.0.1", port, "gang-legacy", "s3cret", timeout=5)
+    member.report_failure(1, Failure(3, 1, "exit", 1.0, 1, message="boom"))
+    assert host.failure(1).message == "boom"
+    rendezvous = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=5))
+    rendezvous.set("k", "v")
+    assert host._store.get("k") == b"v"

@@ -32,11 +32,17 @@ def test_the_version_is_set_in_setup_py_and_named_by_the_changelog():
     assert check_dist.changelog_version() == VERSION
 
 
-def test_python_requires_admits_the_python_ci_runs_and_the_classifiers_name_it():
-    """CI runs the suite with the machine's python3; the classifiers name the versions CI ran."""
-    low = re.search(r'python_requires=">=(\d+)\.(\d+)"', SETUP).groups()
-    assert sys.version_info[:2] >= tuple(map(int, low))
-    assert '"Programming Language :: Python :: %d.%d"' % sys.version_info[:2] in SETUP
+def test_python_requires_is_what_ci_runs_and_the_classifiers_name_it():
+    """CI runs the suite with the machine's python3 and the real flows' core on the other
+    Pythons of the range (.ci/torch_range); python_requires spans exactly those, and the
+    classifiers name each."""
+    low, high = re.search(r'python_requires=">=3\.(\d+),<3\.(\d+)"', SETUP).groups()
+    assert int(low) <= sys.version_info[1] < int(high)
+    ci = (REPO / ".ci" / "torch_range").read_text()
+    for minor in range(int(low), int(high)):
+        assert '"Programming Language :: Python :: 3.%d"' % minor in SETUP
+        assert minor == sys.version_info[1] or "3.%d" % minor in re.findall(
+            r"^run_core_on \S+ (3\.\d+)", ci, re.M), "Python 3.%d: no CI run" % minor
 
 
 def test_the_license_is_apache_2():
@@ -49,7 +55,7 @@ METADATA = """Metadata-Version: 2.4
 Name: metaflow-torch-distributed
 Version: %s
 License-Expression: Apache-2.0
-Requires-Python: >=3.10
+Requires-Python: <3.14,>=3.10
 Project-URL: Documentation, https://example.invalid/docs
 Project-URL: Source, https://example.invalid
 Project-URL: Changelog, https://example.invalid/CHANGELOG.md

@@ -107,3 +107,69 @@ def test_the_docs_and_ci_name_the_tested_range():
     ob = re.search(r'OB_METAFLOW="ob-metaflow==([\d.]+)"', ci).group(1)
     assert metaflow_version_supported(ob)
     assert "oldest=" in ci and "metaflow>=" in ci  # the oldest is read from setup.py's extra
+
+
+@pytest.mark.parametrize("version,verdict", [
+    ("2.4.1", "older"),
+    ("2.4.1+cu124", "older"),
+    ("1.13.1", "older"),
+    ("2.5.0", "tested"),
+    ("2.5.1+cu124", "tested"),
+    ("2.9.1", "tested"),
+    ("2.13.0+cpu", "tested"),
+    ("2.15.0", "tested"),
+    ("2.15.2", "tested"),
+    ("2.16.0", "newer"),
+    ("2.16.0.dev20261101+cpu", "newer"),
+    ("3.0.0", "newer"),
+])
+def test_torch_version_verdict(version, verdict):
+    assert supported.torch_version_verdict(version) == verdict
+
+
+def test_an_older_torch_is_refused_naming_it_and_the_range():
+    with pytest.raises(TorchDistributedEnvironmentError) as info:
+        versions.check_torch_version("train", "2.4.1+cu124", "in the image")
+    message = str(info.value)
+    assert "step *train*" in message
+    assert "torch 2.4.1+cu124 is installed in the image" in message
+    assert "pip install 'torch>=2.5.0,<2.16'" in message
+
+
+def test_a_newer_torch_runs_with_one_warning(capsys):
+    versions.check_torch_version("train", "2.16.0", "here")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("@torch_distributed on step *train*: WARNING: torch 2.16.0 (installed "
+                          "here) is newer than")
+    assert "(torch >=2.5.0,<2.16)" in err
+
+
+@pytest.mark.parametrize("version", ["2.5.0", "2.13.0+cpu", None])
+def test_a_tested_or_absent_torch_passes_silently(capsys, version):
+    versions.check_torch_version("train", version, "here")
+    assert capsys.readouterr().err == ""
+
+
+def test_the_torch_range_is_the_same_in_setup_py_the_docs_and_ci():
+    """setup.py's torch extra, docs/index.md and the releases .ci/torch_range runs (the ends of
+    the range, read from core/supported.py) say one range."""
+    repo = Path(__file__).parents[2]
+    low, high = re.search(r'"torch": \["torch>=([\d.]+),<([\d.]+)"\]',
+                          (repo / "setup.py").read_text()).groups()
+    assert supported.TESTED_TORCH == (supported.parse_version(low),
+                                      supported.parse_version(high))
+    oldest, newest = supported.TESTED_TORCH_RELEASES
+    assert supported.parse_version(oldest) == supported.TESTED_TORCH[0]
+    assert supported.torch_version_verdict(newest) == "tested"
+    major, minor, _ = supported.parse_version(high)
+    assert supported.parse_version(newest)[:2] == (major, minor - 1)  # the range ends with it
+    assert "torch `%s`" % supported.tested_range(supported.TESTED_TORCH) in (
+        repo / "docs" / "index.md").read_text()
+    assert "TESTED_TORCH_RELEASES" in (repo / ".ci" / "torch_range").read_text()
+
+
+def test_the_installed_torch_is_read_without_importing_it():
+    import importlib.metadata
+
+    assert versions.installed_torch() == importlib.metadata.version("torch")

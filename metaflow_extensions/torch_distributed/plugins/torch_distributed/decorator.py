@@ -35,7 +35,7 @@ from .mf import current as current_mod
 from .mf import groupcheck, internals, spinstep
 from .mf.events import GangRecord
 from .mf.usertimer import PausedTimer, WhenAll, disarm
-from .mf.versions import check_metaflow_version
+from .mf.versions import check_metaflow_version, check_torch_version, installed_torch
 from .runtime import interrupt
 
 # Metaflow imports this module before it reads the command line: in a gang member, a spin-step
@@ -163,6 +163,12 @@ class TorchDistributedDecorator(StepDecorator):
         self.gpus_requested = source if source and source.startswith("@") else None
         self.settings = settings.resolve(step_name, self.attributes, _configured_settings())
         groupcheck.check_mode(step_name, os.environ)  # a bad value fails before the run
+        # The ranks' torch: the launcher's for a local step (checked as the run starts), the
+        # image's for a remote one (checked by the task in its container, before any rank).
+        command = schedulers.cli_words()[:1]
+        remote = self.on_batch or self.on_kubernetes
+        if (command in (["run"], ["resume"]) and not remote) or (command == ["step"] and remote):
+            check_torch_version(step_name, installed_torch(), "in the image" if remote else "here")
         if card.wanted(self.settings.card, decorators, self.on_batch or self.on_kubernetes,
                        internals.metadata_type()):
             self.task_card = card.add_to_step(step_name, decorators,

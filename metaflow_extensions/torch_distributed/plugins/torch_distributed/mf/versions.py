@@ -6,8 +6,17 @@ The package does not depend on a Metaflow distribution (setup.py): Metaflow come
 `metaflow` or as Outerbounds' `ob-metaflow` (2.19.39.1 is Metaflow 2.19.39 with Outerbounds'
 changes), and this check, not pip, keeps the version in range (core/supported.py holds it)."""
 
+import importlib.metadata
+import sys
+from typing import Optional
+
 from ..core.errors import TorchDistributedEnvironmentError
-from ..core.supported import metaflow_version_supported, tested_range
+from ..core.supported import (
+    TESTED_TORCH,
+    metaflow_version_supported,
+    tested_range,
+    torch_version_verdict,
+)
 from ..mf import internals
 
 
@@ -29,3 +38,36 @@ def check_metaflow_version(step_name: str) -> None:
             "with Metaflow %s, as metaflow or ob-metaflow (it relies on Metaflow internals "
             "that change between releases). Install a tested version: pip install '%s%s'." % (
                 name, found, tested_range(), name, tested_range()))
+
+
+def installed_torch() -> Optional[str]:
+    """The version of the torch installed here, read from its distribution's metadata (no
+    import: the launcher of a flow need not pay for one); None if none is installed."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_torch_version(step_name: str, found: Optional[str], where: str) -> None:
+    """Refuse a torch older than the tested range (it lacks what the gang relies on: the
+    legacy and libuv stores' shapes, process groups' sequence numbers, ...); name a newer one
+    in a warning, once, and run. `where` says whose torch it is: 'here', 'in the image'."""
+    if found is None:
+        return
+    verdict = torch_version_verdict(found)
+    torch_range = tested_range(TESTED_TORCH)
+    if verdict == "older":
+        raise TorchDistributedEnvironmentError(
+            step_name,
+            "torch %s is installed %s, but metaflow-torch-distributed needs torch %s (the "
+            "releases its real flows are tested on, oldest to newest; older ones lack parts "
+            "of torch.distributed the gang relies on). Install a tested torch, e.g. "
+            "pip install 'torch%s', in the environment the step runs in." % (
+                found, where, torch_range, torch_range))
+    if verdict == "newer":
+        print("@torch_distributed on step *%s*: WARNING: torch %s (installed %s) is newer "
+              "than the releases this version of metaflow-torch-distributed is tested with "
+              "(torch %s). It runs; if the gang misbehaves, pin a tested torch and report "
+              "the difference." % (step_name, found, where, torch_range),
+              file=sys.stderr, flush=True)

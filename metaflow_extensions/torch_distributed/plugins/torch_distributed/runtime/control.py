@@ -21,6 +21,7 @@ from ..core.errors import TorchDistributedEnvironmentError
 from ..core.failures import Failure
 from ..core.gangspec import Attempt
 from ..core.naming import PUBLIC_GANG_KEY, Keys
+from ..core.supported import LIBUV_LISTEN_FD, parse_version
 from ..core.topology import Topology
 from ..runtime.stacks import Report
 
@@ -183,8 +184,12 @@ class ControlPlane:
     def host(cls, listener: socket.socket, gang_id: str, secret: str,
              timeout: float) -> "ControlPlane":
         """Serve the store on `listener` (bound before any member was forked)."""
+        import torch
         from torch.distributed import TCPStore
 
+        # torch before 2.8 refuses a listening socket in its libuv store (NotImplementedError):
+        # its legacy store takes one, speaks the same protocol, and is what it used before 2.4.
+        legacy = parse_version(torch.__version__) < LIBUV_LISTEN_FD
         store = TCPStore(
             listener.getsockname()[0],
             listener.getsockname()[1],
@@ -194,6 +199,7 @@ class ControlPlane:
             wait_for_workers=False,
             # The store adopts (and at the end closes) the fd it is given: give it its own.
             master_listen_fd=os.dup(listener.fileno()),
+            **({"use_libuv": False} if legacy else {}),
         )
         control = cls(store, gang_id, secret)
         control.claim()
