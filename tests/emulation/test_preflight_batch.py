@@ -4,8 +4,11 @@ its fix. The checks read moto in-process; two runs go through Metaflow's CLI end
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight i
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight.cli import \
     batch_findings
 
-from tests.support import isolated_env, metaflow
+from tests.support import REPO, isolated_env, metaflow
 
 FLOWS = Path(__file__).parent / "flows"
 ROOT = "s3://mf-bucket/metaflow"
@@ -103,7 +106,7 @@ def test_a_queue_that_can_run_the_gang_passes_every_check(account):
     found = findings(account)
     assert {c: f.status for c, f in found.items()} == {
         "job queue": "ok", "capacity": "ok", "security group": "ok", "instance types": "ok",
-        "IAM role": "ok", "image": "unknown"}, found
+        "placement": "ok", "IAM role": "ok", "image": "unknown"}, found
 
 
 def test_a_gpu_gang_on_gpu_instances_with_shared_memory_passes(account):
@@ -182,7 +185,7 @@ def test_a_gpu_gang_on_instances_batch_chooses_is_refused(account):
 def test_instance_types_too_small_for_a_node(account):
     found = findings(account, queue="preflight-tiny-types", cpu=4)
     assert found["instance types"].status == "FAILED"
-    assert "too small for one node" in found["instance types"].message
+    assert "is large enough for one node" in found["instance types"].message
 
 
 def test_a_missing_or_disabled_queue(account):
@@ -230,19 +233,71 @@ def test_a_role_that_does_not_exist(account):
     assert found.status == "FAILED" and "does not exist" in found.message
 
 
+def documented_policy():
+    """The IAM policy of docs/aws-batch.md's 'IAM: one policy for the launching identity'."""
+    text = (REPO / "docs" / "aws-batch.md").read_text()
+    section = text.split("## IAM: one policy for the launching identity", 1)[1]
+    return json.loads(re.search(r"```json\n(.*?)```", section.split("\n## ", 1)[0], re.S)[1])
+
+
+def test_the_documented_iam_policy_allows_every_call_the_package_makes(account):
+    """Valid JSON, and it allows what the preflight calls (recorded from its botocore clients
+    on the emulated account, every check that reads the API on) and what Metaflow's AWS Batch
+    client calls to submit and follow a gang's job (run --with batch, --smoke)."""
+    import boto3
+    from metaflow.plugins.aws.batch import batch_client
+
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight import \
+        batch as pb
+
+    policy = documented_policy()
+    called = set()
+
+    def record(model, **_):
+        called.add("%s:%s" % (model.service_model.signing_name, model.name))
+
+    def clients(service, region=None):
+        client = account.aws.client(service)
+        client.meta.events.register("before-call.*.*", record)
+        return client
+
+    needs = preflight.GangNeeds(
+        "train", "batch", 2, 1, 2, 1024, 0, image="123456789012.dkr.ecr.us-east-1.amazonaws.com"
+        "/team/torch:1", options={"queue": "preflight-tiny-types", "iam_role": account.role})
+    batch_findings(needs, ROOT, clients)
+    assert {"batch:DescribeJobQueues", "batch:DescribeComputeEnvironments",
+            "ec2:DescribeSecurityGroups", "ec2:DescribeInstanceTypes", "ecr:DescribeImages",
+            "iam:GetRole", "iam:ListAttachedRolePolicies", "iam:ListRolePolicies",
+            "iam:GetRolePolicy"} <= called, called
+    methods = boto3.client("batch", region_name="us-east-1").meta.method_to_api_mapping
+    source = inspect.getsource(batch_client)
+    used = set(re.findall(r"_client\.([a-z_]+)\(", source)) | set(
+        re.findall(r'get_paginator\(\s*"([a-z_]+)"', source))
+    metaflows = {"batch:" + methods[m] for m in used if m in methods}
+    assert {"batch:SubmitJob", "batch:DescribeJobs", "batch:TerminateJob"} <= metaflows, used
+    missing = sorted(a for a in called | metaflows if not pb._allowed([policy], a, "*"))
+    assert not missing, "docs/aws-batch.md's policy does not allow %s" % missing
+    # and it names the job role it passes and the datastore, which only their ARNs should get
+    assert pb._allowed([policy], "iam:PassRole", "arn:aws:iam::ACCOUNT_ID:role/JOB_ROLE")
+    assert pb._allowed([policy], "s3:PutObject", "arn:aws:s3:::BUCKET/metaflow/x")
+    assert not pb._allowed([policy], "iam:PassRole", "arn:aws:iam::ACCOUNT_ID:role/admin")
+
+
 # -- through Metaflow's CLI ----------------------------------------------------------------
 
-def preflight_cli(aws, tmp_path, queue, role, **td):
+def preflight_cli(aws, tmp_path, queue, role, *extra, config=None, **td):
     workdir = tmp_path / "flow"
     workdir.mkdir()
     shutil.copy(FLOWS / "preflight_flow.py", workdir)
     home = tmp_path / "home"
     home.mkdir()
+    if config:  # Metaflow's config file, as `metaflow configure aws` writes it
+        (home / "config.json").write_text(json.dumps(config))
     env = isolated_env(aws.env, {"METAFLOW_BATCH_JOB_QUEUE": queue,
                                  "METAFLOW_ECS_S3_ACCESS_IAM_ROLE": role},
                        {k: str(v) for k, v in td.items()}, home=home)
-    res = metaflow("preflight_flow.py", ["--with", "batch", "torch-distributed", "preflight"],
-                   workdir, env, timeout_s=120)
+    res = metaflow("preflight_flow.py", ["--with", "batch", "torch-distributed", "preflight",
+                                         *extra], workdir, env, timeout_s=120)
     res.output = res.stdout + res.stderr
     return res
 
@@ -253,6 +308,94 @@ def test_the_command_fails_naming_each_fix(account, tmp_path):
     assert "@torch_distributed preflight failed" in res.output, res
     assert "fix: aws batch update-compute-environment" in res.output, res
     assert "fix: aws iam put-role-policy" in res.output, res
+
+
+def test_the_command_says_every_value_it_checks_and_where_it_came_from(account, tmp_path):
+    res = preflight_cli(account.aws, tmp_path, account.ok_queue, account.role,
+                        config={"METAFLOW_BATCH_CONTAINER_IMAGE": "team/torch:2.13"})
+    assert res.returncode == 0, res.output
+    out = res.output
+    # Metaflow's own configuration first, then the step's values, then its checks
+    assert out.index("Metaflow's AWS configuration:") < out.index("checking step train") \
+        < out.index("step train:"), out
+    for line in (
+            "[ok] datastore: S3 (the environment variable METAFLOW_DEFAULT_DATASTORE)",
+            "[ok] datastore root: s3://mf-bucket/metaflow (the environment variable "
+            "METAFLOW_DATASTORE_SYSROOT_S3)",
+            "[ok] job queue: preflight-ok (the environment variable METAFLOW_BATCH_JOB_QUEUE)",
+            "[ok] AWS credentials: found (env)",
+            "  job queue: preflight-ok (the environment variable METAFLOW_BATCH_JOB_QUEUE)",
+            "  image: team/torch:2.13 (Metaflow's config ",
+            "METAFLOW_BATCH_CONTAINER_IMAGE)",
+            "  per node cpu: 2 vCPUs (@resources(cpu=2))",
+            "  processes per node: 1 (@torch_distributed(nproc_per_node=1))",
+            "[ok] placement: each node on an instance AWS Batch chooses (optimal"):
+        assert line in out, (line, out)
+    assert "[??] image: image team/torch:2.13" in out, out
+
+
+def test_the_default_image_is_named_with_its_source(account, tmp_path):
+    res = preflight_cli(account.aws, tmp_path, account.ok_queue, account.role)
+    assert "  image: python:%d.%d (Metaflow's default for @batch: python:%d.%d, the version " \
+        "of the Python that launches the flow" % (sys.version_info[:2] * 2) in res.output, \
+        res.output
+
+
+def test_a_node_the_queue_cannot_place_is_said_before_anything_is_submitted(account, tmp_path):
+    # t3.micro: 2 vCPUs and 1 GiB, a node of 4 vCPUs does not fit: no smoke job is submitted
+    res = preflight_cli(account.aws, tmp_path, "preflight-tiny-types", account.role,
+                        "--smoke", "--yes", TD_CPU=4)
+    assert res.returncode != 0, res.output
+    assert "[FAILED] instance types: no instance type of queue preflight-tiny-types " \
+        "(t3.micro) is large enough for one node (4 CPU, 1024 MiB)" in res.output, res.output
+    assert "smoke: not run for step train: fix the failed checks first" in res.output
+    assert "smoke: this RUNS" not in res.output and "Workflow starting" not in res.output
+
+
+def test_the_smoke_job_is_said_and_asked_for_before_it_is_submitted(account, tmp_path):
+    # no --yes, and no terminal to answer on: nothing is submitted
+    res = preflight_cli(account.aws, tmp_path, account.ok_queue, account.role, "--smoke")
+    assert res.returncode == 0, res.output
+    said = res.output.index("smoke: it starts 2 instances (each node on an instance AWS Batch "
+                            "chooses (optimal: C, M or R families) for 2 CPU, 1024 MiB); expect "
+                            "about 5 to 15 minutes")
+    assert said < res.output.index("smoke: submit it?"), res.output
+    assert "[??] smoke: not run: the job was not confirmed" in res.output, res.output
+    assert "Workflow starting" not in res.output
+
+
+def test_on_a_machine_without_metaflows_aws_configuration_it_says_what_metaflow_needs(
+        tmp_path):
+    """No `metaflow configure aws`, no AWS credentials: Metaflow itself would stop at `The
+    @batch decorator requires --datastore=s3.` (or, with --datastore=s3, at `Could not find
+    the location of the datastore`) before any check; the preflight says what Metaflow needs
+    and how to get it, then what it can check without an account."""
+    workdir = tmp_path / "flow"
+    workdir.mkdir()
+    shutil.copy(FLOWS / "preflight_flow.py", workdir)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = isolated_env({"HOME": str(home)}, home=home)
+    for top in ([], ["--datastore=s3"]):
+        res = metaflow("preflight_flow.py", [*top, "--with", "batch", "torch-distributed",
+                                             "preflight"], workdir, env, timeout_s=120)
+        out = res.stdout + res.stderr
+        assert res.returncode != 0, out
+        assert "requires --datastore=s3" not in out.split("Metaflow's AWS configuration:")[0]
+        assert "Could not find the location of the datastore" not in out, out
+        assert out.index("Metaflow's AWS configuration:") < out.index("checking step train")
+        for fragment in ("[FAILED] datastore root: no S3 datastore root "
+                         "(METAFLOW_DATASTORE_SYSROOT_S3 is not set)",
+                         "[FAILED] job queue: none",
+                         "[FAILED] IAM role: none",
+                         "[FAILED] AWS credentials: boto3 found none",
+                         "fix: metaflow configure aws",
+                         "export METAFLOW_DATASTORE_SYSROOT_S3=s3://<bucket>/metaflow",
+                         "  image: python:",
+                         "[??] account: not checked: no AWS credentials",
+                         "@torch_distributed preflight failed", "Internal error"):
+            assert (fragment in out) == (fragment != "Internal error"), (fragment, out)
+        assert ("[FAILED] datastore: Metaflow's datastore here is local" in out) == (not top)
 
 
 # -- --smoke: one real 2-node job on the emulated AWS Batch -------------------------------------
@@ -270,7 +413,7 @@ def test_the_checks_pass_then_the_smoke_job_forms_a_gang_across_two_nodes(accoun
                        {"METAFLOW_BATCH_JOB_QUEUE": account.ok_queue,
                         "METAFLOW_ECS_S3_ACCESS_IAM_ROLE": account.role}, home=home)
     res = metaflow("preflight_flow.py", ["--with", "batch", "torch-distributed", "preflight",
-                                         "--smoke", "--smoke-timeout", "240"],
+                                         "--smoke", "--yes", "--smoke-timeout", "240"],
                    workdir, env, timeout_s=300)
     output = res.stdout + res.stderr
     assert res.returncode == 0, output[-6000:]

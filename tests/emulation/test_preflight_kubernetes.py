@@ -177,7 +177,7 @@ def test_the_checks_pass_then_the_smoke_job_forms_a_gang_across_two_pods(aws, ku
     """The whole command on a cluster that can run the gang: every check passes, then it says
     it runs a job, runs it (a JobSet of 2 pods on the emulated controller) and reports every
     node."""
-    res = preflight_cli(aws, kubernetes, tmp_path, "--smoke", "--smoke-timeout", "240",
+    res = preflight_cli(aws, kubernetes, tmp_path, "--smoke", "--yes", "--smoke-timeout", "240",
                         timeout_s=300)
     output = res.output
     assert res.returncode == 0, output[-6000:]

@@ -1802,6 +1802,69 @@ def test_where_ob_metaflow_differs_kubernetes_and_argo_need_the_outerbounds_plat
                     "configuration; got %s %s" % (type(refusal).__name__, refusal))
 
 
+def test_metaflow_config_sources(monkeypatch):
+    """metaflow_setting: from_conf reads a setting from the environment, else from the config
+    files it keeps in metaflow_config_funcs.METAFLOW_LOCAL_CONFIG and METAFLOW_CONFIG."""
+    from metaflow import metaflow_config, metaflow_config_funcs
+
+    for name in ("METAFLOW_CONFIG", "METAFLOW_LOCAL_CONFIG"):
+        require(hasattr(metaflow_config_funcs, name), "metaflow_config_funcs.%s" % name,
+                "the config file from_conf read, as a dict")
+    require(hasattr(metaflow_config, "BATCH_JOB_QUEUE"), "metaflow_config.BATCH_JOB_QUEUE",
+            "the job queue setting")
+    monkeypatch.setattr(metaflow_config_funcs, "METAFLOW_CONFIG",
+                        {"METAFLOW_BATCH_JOB_QUEUE": "from-file"})
+    monkeypatch.setattr(metaflow_config_funcs, "METAFLOW_LOCAL_CONFIG", {})
+    monkeypatch.delenv("METAFLOW_BATCH_JOB_QUEUE", raising=False)
+    require(metaflow_config_funcs.from_conf("BATCH_JOB_QUEUE") == "from-file",
+            "metaflow_config_funcs.from_conf", "it reads METAFLOW_CONFIG when the environment "
+            "has no value")
+    assert internals.metaflow_setting("BATCH_JOB_QUEUE")[1].startswith("Metaflow's config ")
+    monkeypatch.setenv("METAFLOW_BATCH_JOB_QUEUE", "from-env")
+    require(metaflow_config_funcs.from_conf("BATCH_JOB_QUEUE") == "from-env",
+            "metaflow_config_funcs.from_conf", "the environment comes first")
+    assert internals.metaflow_setting("BATCH_JOB_QUEUE")[1] == \
+        "the environment variable METAFLOW_BATCH_JOB_QUEUE"
+
+
+def test_step_decorator_user_defined_attributes():
+    """user_attributes: a step decorator keeps the attributes it was given, apart from its
+    defaults, in _user_defined_attributes."""
+    from metaflow.plugins.aws.batch.batch_decorator import BatchDecorator
+
+    deco = BatchDecorator(attributes={"queue": "q"}, statically_defined=True)
+    require(internals.user_attributes(deco) == {"queue"},
+            "StepDecorator._user_defined_attributes", "the names of the attributes given, "
+            "not the defaults (got %r)" % internals.user_attributes(deco))
+
+
+def test_batch_step_init_and_the_s3_root_refusals_the_preflight_lets_through(monkeypatch):
+    """preflight_without_s3: @batch's step_init refuses a datastore whose TYPE is not s3, and
+    the S3 storage's root comes from get_datastore_root_from_config (None when unset), which
+    cli.py's start refuses; the preflight's wrappers let both through and note them."""
+    from metaflow.plugins.aws.batch.batch_decorator import BatchDecorator, BatchException
+    from metaflow.plugins.datastores import s3_storage
+    from metaflow.plugins.datastores.s3_storage import S3Storage
+
+    monkeypatch.setattr(BatchDecorator, "step_init", BatchDecorator.step_init)
+    monkeypatch.setattr(S3Storage, "get_datastore_root_from_config",
+                        S3Storage.__dict__["get_datastore_root_from_config"])
+    monkeypatch.setattr(s3_storage, "DATASTORE_SYSROOT_S3", None)
+    local = types.SimpleNamespace(TYPE="local")
+    deco = BatchDecorator(attributes={}, statically_defined=True)
+    with pytest.raises(BatchException, match="requires --datastore=s3"):
+        deco.step_init(None, None, "train", [deco], None, local, None)
+    require(S3Storage.get_datastore_root_from_config(print) is None,
+            "S3Storage.get_datastore_root_from_config", "None without DATASTORE_SYSROOT_S3")
+    noted = []
+    internals.preflight_without_s3(noted.append)
+    deco.step_init(None, None, "train", [deco], None, local, None)
+    require(deco.flow_datastore.TYPE == "s3", "BatchDecorator.step_init",
+            "it keeps the datastore it was given as flow_datastore")
+    assert S3Storage.get_datastore_root_from_config(print) == ""
+    assert noted == ["datastore local", "no S3 root"]
+
+
 def test_every_internal_has_a_contract_test():
     """A function added to internals.py comes with its test here (named in CONTRACTS)."""
     functions = {name for name, f in vars(internals).items()
@@ -1874,6 +1937,10 @@ CONTRACTS = {
     "cli_click": "test_plugin_cli_groups_of_the_vendored_click",
     "cli_flow_steps": "test_cli_object_graph_and_datastore",
     "aws_client": "test_get_aws_client",
+    "metaflow_setting": "test_metaflow_config_sources",
+    "user_attributes": "test_step_decorator_user_defined_attributes",
+    "preflight_without_s3":
+        "test_batch_step_init_and_the_s3_root_refusals_the_preflight_lets_through",
     "kubernetes_client": "test_kubernetes_client_get",
     "metaflow_distributions": "test_metaflow_distributions_name_what_installed_the_module",
     "wrap_argo_workflow": "test_argo_workflows_compile_workflow_template",

@@ -61,7 +61,11 @@ def test_no_queue_configured_names_the_setting():
     (2, 4, [env("a", max_vcpus=4), env("b", max_vcpus=16)], [("capacity", "ok")]),
     (2, 1, [env(kind="FARGATE")], [("compute environment", "FAILED")]),
     (1, 1, [env(kind="FARGATE_SPOT")], [("capacity", "ok")]),  # one node: Fargate may run it
-    (2, 1, [env(kind="SPOT")], [("capacity", "ok")]),
+    # AWS Batch runs no multi-node parallel job on Spot (issue 42): one node may use it
+    (2, 1, [env(kind="SPOT")], [("compute environment", "FAILED")]),
+    (1, 1, [env(kind="SPOT")], [("capacity", "ok")]),
+    (2, 1, [env("a", kind="SPOT"), env("b")], [("compute environment", "warning"),
+                                              ("capacity", "ok")]),
     (2, 1, [env(state="DISABLED")], [("compute environment", "FAILED"), ("capacity", "ok")]),
     (2, 1, [{"computeEnvironmentName": "u", "state": "ENABLED", "status": "VALID"}],
      [("capacity", "unknown")]),
@@ -119,8 +123,8 @@ def itype(name, vcpus, mib, gpus=0):
     (["optimal"], None, 4, 0, "ok", "Batch chooses"),
     (["optimal"], None, 4, 1, "FAILED", "never have GPUs"),
     (["g5"], [itype("g5.xlarge", 4, 16384, 1)], 4, 1, "ok", "g5.xlarge holds one node"),
-    (["m5"], [itype("m5.large", 2, 8192)], 4, 0, "FAILED", "too small for one node"),
-    (["m5"], [itype("m5.xlarge", 4, 16384)], 4, 1, "FAILED", "has no GPUs"),
+    (["m5"], [itype("m5.large", 2, 8192)], 4, 0, "FAILED", "is large enough for one node"),
+    (["m5"], [itype("m5.xlarge", 4, 16384)], 4, 1, "FAILED", "has GPUs, and the step asks"),
     (["g5"], None, 4, 1, "unknown", "could not be read"),
 ])
 def test_instance_types(types, known, cpu, gpu, expected, says):
@@ -408,7 +412,7 @@ def test_run_preflight_smokes_only_steps_whose_checks_passed():
             return [preflight.failed(n.step, "capacity", "too small", "fix")]
         return [preflight.passed(n.step, "capacity", "fine")]
 
-    def smoke(n):
+    def smoke(n, placement):
         smoked.append(n.step)
         return [preflight.failed(n.step, "smoke", "no torch", "install it")]
 

@@ -36,11 +36,14 @@ from .mf import groupcheck, internals, spinstep
 from .mf.events import GangRecord
 from .mf.usertimer import PausedTimer, WhenAll, disarm
 from .mf.versions import check_metaflow_version, check_torch_version, installed_torch
+from .preflight import early as preflight_early
 from .runtime import interrupt
 
 # Metaflow imports this module before it reads the command line: in a gang member, a spin-step
 # of the task, its warnings that the flow's other decorators are skipped go before they start.
 spinstep.quiet_if_member(os.environ)
+# and the preflight runs where Metaflow has no S3 datastore yet, to say so (preflight/early.py)
+preflight_early.install(sys.argv)
 
 
 class TorchDistributedDecorator(StepDecorator):

@@ -876,6 +876,84 @@ def aws_client(service: str, region: Optional[str] = None) -> Any:
     return get_aws_client(service, client_params={"region_name": region} if region else None)
 
 
+def metaflow_setting(name: str) -> Tuple[Any, str]:
+    """(value, where it came from) of Metaflow's setting `name` (METAFLOW_<name>) as
+    metaflow_config read it: an environment variable, the project's local config, Metaflow's
+    config file (`metaflow configure aws` writes it), or Metaflow's default. Why: from_conf
+    keeps the config files it read only in the module globals of metaflow_config_funcs
+    (METAFLOW_CONFIG, METAFLOW_LOCAL_CONFIG)."""
+    from metaflow import metaflow_config
+    from metaflow import metaflow_config_funcs as funcs
+
+    env_name = "METAFLOW_" + name
+    value = getattr(metaflow_config, name, None)
+    if env_name in os.environ:
+        return value, "the environment variable %s" % env_name
+    if env_name in (funcs.METAFLOW_LOCAL_CONFIG or {}):
+        return value, "the project's Metaflow config (.metaflow), %s" % env_name
+    if env_name in (funcs.METAFLOW_CONFIG or {}):
+        home = os.environ.get("METAFLOW_HOME", "~/.metaflowconfig")
+        profile = os.environ.get("METAFLOW_PROFILE")
+        path = os.path.join(home, "config_%s.json" % profile if profile else "config.json")
+        return value, "Metaflow's config %s, %s" % (path, env_name)
+    if value is None:
+        return value, "%s is not set" % env_name
+    return value, "Metaflow's default, as %s is not set" % env_name
+
+
+def user_attributes(deco: Any) -> Set[str]:
+    """The attributes given to a step decorator in the flow or with --with, not its defaults
+    nor what step_init merged in (@batch takes @resources' cpu, and its image from the
+    config). Why: only StepDecorator._user_defined_attributes keeps that."""
+    return set(getattr(deco, "_user_defined_attributes", None) or ())
+
+
+class _SaysS3:
+    """A flow datastore that says it is S3 (the preflight's, see preflight_without_s3)."""
+
+    TYPE = "s3"
+
+    def __init__(self, datastore: Any) -> None:
+        self._datastore = datastore
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._datastore, name)
+
+
+def preflight_without_s3(noted: Callable[[str], None]) -> None:
+    """In this process, let the preflight run where Metaflow has no S3 datastore: @batch's
+    step_init, which refuses any other datastore, is given one that says it is S3, and the CLI,
+    which refuses an S3 datastore without a root, gets an empty root; `noted(what)` is told
+    each ("datastore TYPE", "no S3 root"). Why: both refusals are Metaflow's, in its CLI
+    before any command of ours runs (BatchDecorator.step_init; cli.py start, from
+    S3Storage.get_datastore_root_from_config), and the preflight is run to say what is
+    missing."""
+    from metaflow.plugins.aws.batch.batch_decorator import BatchDecorator
+    from metaflow.plugins.datastores.s3_storage import S3Storage
+
+    def step_init(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, flow: Any, graph: Any, step: str, decos: Any,
+                    environment: Any, flow_datastore: Any, logger: Any) -> Any:
+            if flow_datastore.TYPE != "s3":
+                noted("datastore %s" % flow_datastore.TYPE)
+                flow_datastore = _SaysS3(flow_datastore)
+            return original(self, flow, graph, step, decos, environment, flow_datastore,
+                            logger)
+        return wrapper
+
+    def root(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(cls: Any, echo: Any, create_on_absent: bool = True) -> Any:
+            found = original(echo, create_on_absent)
+            if found is None:
+                noted("no S3 root")
+            return "" if found is None else found
+        setattr(wrapper, _WRAPPED, True)  # what getattr finds through the classmethod
+        return classmethod(wrapper)  # type: ignore[return-value]
+
+    _wrap_once(BatchDecorator, "step_init", step_init)
+    _wrap_once(S3Storage, "get_datastore_root_from_config", root)
+
+
 def kubernetes_client() -> Any:
     """The `kubernetes.client` module, configured the way Metaflow's own Kubernetes calls are
     (KUBECONFIG, in-cluster, or ~/.kube/config). Why: only Metaflow's KubernetesClient

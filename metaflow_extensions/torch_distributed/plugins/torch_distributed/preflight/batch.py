@@ -26,6 +26,8 @@ _T = TypeVar("_T")
 Ask = Callable[[str, Callable[[], _T]], Optional[_T]]
 
 FARGATE = ("FARGATE", "FARGATE_SPOT")
+# Where AWS says that multi-node parallel jobs do not run on Spot compute environments.
+SPOT_SOURCE = "docs.aws.amazon.com/batch/latest/userguide/mnp-ce.html"
 # instanceTypes keywords that let Batch choose: C, M and R families, none with a GPU.
 CHOSEN_BY_BATCH = ("optimal", "default_x86_64", "default_arm64")
 ECS_TASKS = "ecs-tasks.amazonaws.com"
@@ -73,6 +75,7 @@ def check(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
         findings += check_security_groups(needs, facts)
         findings += check_open_ingress(needs, facts)
         findings += check_instance_types(needs, facts)
+        findings += check_placement(needs, facts)
     findings += check_role(needs, facts)
     findings += check_shared_memory(needs, "batch")
     findings += check_ecr_image(needs, facts)
@@ -165,9 +168,27 @@ def check_environments(needs: GangNeeds, environments: Sequence[Mapping[str, Any
             "the gang needs %d nodes, and AWS Batch runs multi-node jobs on EC2 only; compute "
             "environment %s of queue %s is Fargate" % (needs.nodes, ", ".join(fargate),
                                                        needs.options.get("queue")),
-            "use a job queue on an EC2 (or SPOT) compute environment: @batch(queue=...) or "
+            "use a job queue on an EC2 (On-Demand) compute environment: @batch(queue=...) or "
             "METAFLOW_BATCH_JOB_QUEUE; `aws batch create-compute-environment "
             "--compute-resources type=EC2,...` makes one")]
+    spot = [e["computeEnvironmentName"] for e in environments
+            if _resources(e).get("type") == "SPOT"]
+    if needs.nodes > 1 and spot:
+        said = ("the gang needs %d nodes, and AWS Batch does not run multi-node parallel jobs "
+                "on compute environments that use Spot Instances (%s); compute environment%s "
+                "%s of queue %s %s SPOT" % (needs.nodes, SPOT_SOURCE, "s" if len(spot) > 1
+                                            else "", ", ".join(spot),
+                                            needs.options.get("queue"),
+                                            "are" if len(spot) > 1 else "is"))
+        fix = ("a job queue on an On-Demand EC2 compute environment (type=EC2): "
+               "@batch(queue=...) or METAFLOW_BATCH_JOB_QUEUE; or nodes=1, which Spot can run "
+               "(docs/aws-batch.md, 'Spot Instances and multi-node jobs')")
+        if len(spot) == len([e for e in environments if _resources(e)]):
+            return findings + [failed(needs.step, "compute environment",
+                                      said + ": the job would not start", fix)]
+        findings.append(warned(needs.step, "compute environment",
+                               said + ": only its other compute environments can run the gang",
+                               fix))
     managed = [e for e in environments if _resources(e)]
     if not managed:
         return findings + [unknown(
@@ -234,9 +255,9 @@ def check_instance_types(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
         return [passed(needs.step, "instance types", "%s holds one node (%s)"
                        % (fits[0]["InstanceType"], needs.per_node()))]
     if needs.gpu and not any(_gpus(t) for t in facts.instance_types):
-        what = "has no GPUs, and the step asks for %d per node" % needs.gpu
+        what = "has GPUs, and the step asks for %d per node" % needs.gpu
     else:
-        what = "is too small for one node (%s)" % needs.per_node()
+        what = "is large enough for one node (%s)" % needs.per_node()
     return [failed(needs.step, "instance types",
                    "no instance type of queue %s (%s) %s" % (needs.options.get("queue"),
                                                              ", ".join(explicit), what),
@@ -244,6 +265,27 @@ def check_instance_types(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
                    "(`aws batch update-compute-environment --compute-environment %s "
                    "--compute-resources instanceTypes=...`), or lower @batch/@resources"
                    % _environment_with(facts.environments, explicit))]
+
+
+def check_placement(needs: GangNeeds, facts: BatchFacts) -> List[Finding]:
+    """What each node of the gang would run on: the smallest instance type of the queue that
+    holds one node, or the instances AWS Batch chooses (the smoke job says it before it
+    starts). Said only where the instance types were checked and fit."""
+    requested = requested_types(facts.environments)
+    explicit = [t for t in requested if t not in CHOSEN_BY_BATCH]
+    if requested and not explicit and not needs.gpu:
+        return [passed(needs.step, "placement", "each node on an instance AWS Batch chooses "
+                       "(%s: C, M or R families) for %s" % (", ".join(requested),
+                                                            needs.per_node()))]
+    fits = sorted((_vcpus(t), t.get("MemoryInfo", {}).get("SizeInMiB", 0), t["InstanceType"], t)
+                  for t in facts.instance_types or [] if _holds(t, needs))
+    if not explicit or not fits:
+        return []
+    vcpus, memory, name, chosen = fits[0]
+    return [passed(needs.step, "placement", "each node on a %s (%d vCPUs, %d MiB, %d GPUs), the "
+                   "smallest instance type of queue %s that holds %s" % (
+                       name, vcpus, memory, _gpus(chosen), needs.options.get("queue"),
+                       needs.per_node()))]
 
 
 def _pattern(instance_type: str) -> str:

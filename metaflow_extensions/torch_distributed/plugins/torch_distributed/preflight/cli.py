@@ -14,6 +14,8 @@ from ..mf import internals
 from ..preflight import (
     common as preflight,
     batch as preflight_batch,
+    config as preflight_config,
+    early,
     kubernetes as preflight_kubernetes,
     smoke as preflight_smoke,
 )
@@ -21,6 +23,7 @@ from ..core.errors import TorchDistributedPreflightFailed
 from ..core.topology import Topology
 
 click = internals.cli_click()
+
 
 # A backend's findings for a gang step: (its needs, the datastore's root) -> findings.
 BackendFindings = Callable[[preflight.GangNeeds, str], List[preflight.Finding]]
@@ -81,13 +84,24 @@ BACKENDS: Dict[str, BackendFindings] = {"batch": batch_findings,
                                         "kubernetes": kubernetes_findings}
 
 
+# The values a step's checks read, each with its source: (needs, decorators) -> lines.
+ValueLines = Callable[[preflight.GangNeeds, Sequence[Any]], List[str]]
+# Runs the smoke job of a step: (needs, where its nodes would run) -> findings.
+Smoke = Callable[[preflight.GangNeeds, str], List[preflight.Finding]]
+
+
 def run_preflight(steps: Iterable[Tuple[str, Sequence[Any]]], datastore_root: str,
                   echo: Callable[[str], object],
                   backends: Optional[Mapping[str, BackendFindings]] = None,
-                  smoke: Optional[Callable[[preflight.GangNeeds], List[preflight.Finding]]] = None
-                  ) -> List[preflight.Finding]:
+                  smoke: Optional[Smoke] = None,
+                  first: Sequence[preflight.Finding] = (),
+                  values: Optional[ValueLines] = None,
+                  offline: Sequence[str] = ()) -> List[preflight.Finding]:
     """Every finding of the flow's gang steps, echoed as a report; raises when one failed.
-    `smoke(needs)`, when given, runs the smoke job of each gang step whose checks all passed
+    `first` (what Metaflow itself lacks) is said before any step; `values` gives the lines
+    that say what each step's checks read and where it came from; the steps of a backend in
+    `offline` (no credentials) get only the checks that need no API. `smoke(needs,
+    placement)`, when given, runs the smoke job of each gang step whose checks all passed
     and returns its findings."""
     backends = BACKENDS if backends is None else backends
     gangs = gang_steps(steps)
@@ -95,30 +109,49 @@ def run_preflight(steps: Iterable[Tuple[str, Sequence[Any]]], datastore_root: st
         raise TorchDistributedPreflightFailed(
             [], "the flow has no step decorated with @torch_distributed, so there is nothing "
             "to check. Decorate the step that trains, or run the preflight of another flow.")
-    findings: List[preflight.Finding] = []
+    findings: List[preflight.Finding] = list(first)
+    for line in preflight.report_lines(first):
+        echo(line)
+    said = {f.check for f in first if f.status == preflight.FAILED}
     checked: List[preflight.GangNeeds] = []
     for name, topology, decorators in gangs:
         needs = preflight.step_needs(name, topology, decorators)
         echo("checking step %s: a gang of %s on %s" % (
             name, needs.describe(), BACKEND_NAMES.get(needs.backend, "this machine")))
-        findings += preflight.check_backend(needs)
-        if needs.backend:
-            findings += backends[needs.backend](needs, datastore_root)
+        for line in values(needs, decorators) if values is not None and needs.backend else ():
+            echo("  %s" % line)
+        found = preflight.check_backend(needs) + preflight_config.check_node_size(needs)
+        if needs.backend in offline:
+            found += _offline(needs)
+        elif needs.backend:
+            try:
+                found += backends[needs.backend](needs, datastore_root)
+            except TorchDistributedPreflightFailed as ex:  # the API could not be reached
+                found.append(preflight.failed(needs.step, "API", ex.message.split(": ", 1)[-1],
+                                              "see above"))
             checked.append(needs)
-    for line in preflight.report_lines(findings):
-        echo(line)
+        # what Metaflow's own configuration lacks is said once, above
+        found = [f for f in found if not (f.check in said and f.status == preflight.FAILED
+                                          and f.message.startswith("no "))]
+        for line in preflight.report_lines(found):
+            echo(line)
+        findings += found
     if smoke is not None:
         for needs in checked:
-            if preflight.failures([f for f in findings if f.step == needs.step]):
+            mine = [f for f in findings if f.step == needs.step]
+            if preflight.failures(mine) or preflight.failures(first):
                 echo("smoke: not run for step %s: fix the failed checks first" % needs.step)
                 continue
-            ran = smoke(needs)
+            placement = next((f.message for f in mine if f.check == "placement"), "")
+            ran = smoke(needs, placement)
             for line in preflight.report_lines(ran):
                 echo(line)
             findings += ran
     failing = preflight.failures(findings)
     if failing:
-        raise TorchDistributedPreflightFailed(sorted({f.step for f in failing}), "%d check%s "
+        names = {name for name, _, _ in gangs}
+        raise TorchDistributedPreflightFailed(sorted({f.step for f in failing} & names)
+                                              or sorted(names), "%d check%s "
                                               "failed: %s. Each failure above says its fix."
                                               % (len(failing), "" if len(failing) == 1 else "s",
                                                  ", ".join("%s (%s)" % (f.check, f.step)
@@ -144,13 +177,64 @@ def torch_distributed() -> None:
                    "image): torch, CUDA, NCCL and /dev/shm on every node, one all-reduce.")
 @click.option("--smoke-timeout", default=preflight_smoke.DEFAULT_TIMEOUT_S, show_default=True,
               type=int, help="Seconds the smoke job may take, waiting for instances included.")
+@click.option("--yes", is_flag=True, default=False,
+              help="With --smoke, submit the smoke job without asking first.")
 @click.pass_obj
-def preflight_command(obj: Any, smoke: bool, smoke_timeout: int) -> None:
-    steps, _, root = internals.cli_flow_steps(obj)
+def preflight_command(obj: Any, smoke: bool, smoke_timeout: int, yes: bool) -> None:
+    steps, kind, root = internals.cli_flow_steps(obj)
 
     def echo(line: str) -> None:
         click.echo(line)
 
+    def confirm(question: str) -> bool:
+        try:
+            return bool(click.confirm(question, default=False))
+        except click.exceptions.Abort:  # no terminal to answer on
+            click.echo("")
+            return False
+
+    gangs = gang_steps(steps)
+    on_batch = [d for _, _, decorators in gangs for d in decorators if d.name == "batch"]
+    first: List[preflight.Finding] = []
+    offline: List[str] = []
+    if on_batch:
+        credentials, region = aws_session()
+        first = preflight_config.metaflow_findings(
+            internals.metaflow_setting, kind, early.NOTED,
+            {attribute: all(d.attributes.get(attribute) for d in on_batch)
+             for attribute in ("queue", "iam_role")}, credentials, region)
+        if credentials is None:
+            offline.append("batch")
+
+    def values(needs: preflight.GangNeeds, decorators: Sequence[Any]) -> List[str]:
+        if needs.backend != "batch":
+            return []
+        return preflight_config.value_lines(needs, decorators, internals.user_attributes,
+                                            internals.metaflow_setting,
+                                            root if kind == "s3" else "")
+
     run_preflight(steps, root, echo, smoke=(
-        lambda needs: preflight_smoke.smoke(needs, echo, smoke_timeout)) if smoke else None)
+        lambda needs, placement: preflight_smoke.smoke(
+            needs, echo, smoke_timeout, placement=placement,
+            confirm=None if yes else confirm)) if smoke else None,
+        first=first, values=values, offline=offline)
+
+
+def aws_session() -> Tuple[Optional[str], Optional[str]]:
+    """(how boto3 finds credentials, e.g. "env" or "shared-credentials-file", or None; the
+    region, or None), as Metaflow's AWS calls would find them."""
+    import boto3  # type: ignore[import-untyped]
+
+    session = boto3.session.Session()
+    credentials = session.get_credentials()
+    return (getattr(credentials, "method", "found") if credentials is not None else None,
+            session.region_name)
+
+
+def _offline(needs: preflight.GangNeeds) -> List[preflight.Finding]:
+    """A step's checks that need no AWS API, when there are no credentials to ask with."""
+    return [preflight.unknown(needs.step, "account", "not checked: no AWS credentials (see "
+                              "Metaflow's AWS configuration above)",
+                              "give this shell credentials, then run the preflight again")] + \
+        preflight.check_shared_memory(needs, "batch") + preflight.check_image(needs, "batch")
 

@@ -145,8 +145,8 @@ def report_lines(findings: Iterable[Finding]) -> List[str]:
     step: Optional[str] = None
     for finding in findings:
         if finding.step != step:
-            step = finding.step
-            lines.append("step %s:" % step)
+            step = finding.step  # a step's name, or a section's ("Metaflow's AWS ...")
+            lines.append(("%s:" if " " in step else "step %s:") % step)
         lines.append("  [%s] %s: %s" % (MARKS[finding.status], finding.check, finding.message))
         if finding.fix:
             lines.append("       %s %s" % ("check:" if finding.status == UNKNOWN else "fix:",

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..preflight.common import FAILED, Finding, GangNeeds, failed, passed
+from ..preflight.common import FAILED, Finding, GangNeeds, failed, passed, unknown
 from ..backends.kubernetes import MIN_SHARED_MEMORY_MIB
 
 NODES = 2
@@ -108,15 +108,23 @@ def flow_source(needs: GangNeeds, timeout_s: int) -> str:
                     "rendezvous": max(60, timeout_s // 2), "mark": REPORT_MARK}
 
 
-def announcement(needs: GangNeeds, timeout_s: int) -> str:
+def announcement(needs: GangNeeds, timeout_s: int, placement: str = "") -> str:
+    """What the smoke job starts, on what, and for how long, said before it is submitted."""
     where = ("AWS Batch queue %s" % needs.options.get("queue") if needs.backend == "batch"
              else "Kubernetes namespace %s" % (needs.options.get("namespace") or "default"))
     nodes = smoke_nodes(needs)
     return ("smoke: this RUNS one job: a gang of %d node%s x (%s) on %s with image %s, for up "
-            "to %d s (Ctrl-C stops it and its job)" % (nodes, "s" if nodes > 1 else "",
-                                                       needs.per_node(), where,
-                                                    needs.image or "(Metaflow's default)",
-                                                    timeout_s))
+            "to %d s (Ctrl-C stops it and its job)\n"
+            "smoke: it starts %d instance%s (%s); expect %s"
+            % (nodes, "s" if nodes > 1 else "", needs.per_node(), where,
+               needs.image or "(Metaflow's default)", timeout_s, nodes,
+               "s" if nodes > 1 else "", placement or "of the size above", EXPECTED))
+
+
+# How long a smoke job takes, said before it starts: the instances (from the compute
+# environment's minimum, often 0) and the image pull dominate; the work is a minute.
+EXPECTED = ("about 5 to 15 minutes: instances to start, the image to pull on each, then about a "
+            "minute of work; billed for that time")
 
 
 # -- the verdict (pure) ------------------------------------------------------------------------
@@ -229,9 +237,14 @@ def run_bounded(argv: Sequence[str], cwd: str, env: Mapping[str, str], timeout_s
 
 def smoke(needs: GangNeeds, echo: Callable[[str], object], timeout_s: int = DEFAULT_TIMEOUT_S,
           runner: Runner = run_bounded,
-          environ: Optional[Mapping[str, str]] = None) -> List[Finding]:
-    """Run the smoke job of a gang step and return its findings."""
-    echo(announcement(needs, timeout_s))
+          environ: Optional[Mapping[str, str]] = None, placement: str = "",
+          confirm: Optional[Callable[[str], bool]] = None) -> List[Finding]:
+    """Run the smoke job of a gang step and return its findings; said first, and only once
+    `confirm(question)` agrees (None: --yes)."""
+    echo(announcement(needs, timeout_s, placement))
+    if confirm is not None and not confirm("smoke: submit it?"):
+        return [unknown(needs.step, "smoke", "not run: the job was not confirmed",
+                        "answer y, or pass --yes to run it without asking")]
     folder = tempfile.mkdtemp(prefix="torch-distributed-smoke-")
     started = time.monotonic()
     flow = os.path.join(folder, "smoke_flow.py")
