@@ -71,10 +71,21 @@ def fill(text: str, workflow_name: str, parameters: dict[str, str]) -> str:
     return _TAG.sub(replace, text)
 
 
+def manifest(wf: dict, name: str, workflow_name: str, parameters: dict[str, str]) -> dict:
+    """What the resource template `name` creates, filled in."""
+    resource = template(wf, name)["resource"]
+    return json.loads(fill(resource["manifest"], workflow_name, parameters))
+
+
 def jobset(wf: dict, step: str, workflow_name: str, parameters: dict[str, str]) -> dict:
     """The JobSet the step's resource template creates, filled in."""
-    resource = template(wf, step)["resource"]
-    return json.loads(fill(resource["manifest"], workflow_name, parameters))
+    return manifest(wf, step, workflow_name, parameters)
+
+
+def network_policy(wf: dict, step: str, workflow_name: str, parameters: dict[str, str]) -> dict:
+    """The NetworkPolicy the template beside the gang step's creates, filled in (Argo adds
+    the Workflow as its owner when it creates it: setOwnerReference)."""
+    return manifest(wf, step + "-gang-policy", workflow_name, parameters)
 
 
 @functools.lru_cache(maxsize=1)

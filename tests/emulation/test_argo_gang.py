@@ -2,9 +2,11 @@
 gang step's JobSet is taken from the compiled workflow (`--only-json`), the values Argo fills in
 (workflow name, the step's input paths and attempt, our compiler's expressions) are filled in
 (tests/emulation/argo.py), and the JobSet is created on the loopback Kubernetes API, whose
-controller runs its pods (k8s_api.py). The steps around it run with Metaflow's `step` command,
-with the task ids Argo hands on: `start` before, `end` after, reading the gang's task id from the
-JobSet's label as the template's output does."""
+controller runs its pods (k8s_api.py), after the gang's NetworkPolicy (the DAG task before the
+gang's; the emulation enforces no policy on traffic: the tests check which pods it selects).
+The steps around it run with Metaflow's `step` command, with the task ids Argo hands on: `start`
+before, `end` after, reading the gang's task id from the JobSet's label as the template's
+output does."""
 
 from __future__ import annotations
 
@@ -45,14 +47,29 @@ def compile_flow(aws, kubernetes, tmp_path, flow, top_level=(), **td):
     return argo.workflow(res.stdout), env, workdir
 
 
-def create(kubernetes, jobset):
-    """POST the JobSet to the emulated API, as Argo's resource step does (`kubectl create`)."""
+JOBSETS = "apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets"
+POLICIES = "apis/networking.k8s.io/v1/namespaces/default/networkpolicies"
+
+
+def create(kubernetes, obj, collection=JOBSETS):
+    """POST the object (a JobSet unless told) to the emulated API, as Argo's resource step does
+    (`kubectl create`); the API validates it as the API server would."""
     request = urllib.request.Request(
-        "%s/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets" % kubernetes.endpoint_url,
-        data=json.dumps(jobset).encode(), method="POST",
+        "%s/%s" % (kubernetes.endpoint_url, collection),
+        data=json.dumps(obj).encode(), method="POST",
         headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 201
+
+
+def selected(kubernetes, policy):
+    """(the pods the policy selects, the pods it admits traffic from), by name."""
+    spec = policy["spec"]
+    [rule] = spec["ingress"]
+    [source] = rule["from"]
+    return tuple(sorted(p["metadata"]["name"] for p in kubernetes.controller.pods(
+        "default", selector["matchLabels"])) for selector in (spec["podSelector"],
+                                                               source["podSelector"]))
 
 
 def wait_terminal(kubernetes, name, timeout_s=120):
@@ -83,6 +100,7 @@ class ArgoRun:
         self.run_id = "argo-" + workflow
         self.wf, self.env, self.workdir = compile_flow(aws, kubernetes, tmp_path, flow,
                                                        top_level, **td)
+        self.policies = {}  # the gang's task (its inputs) -> its NetworkPolicy
 
     def step(self, *args):
         res = metaflow(self.flow, ["--datastore=s3", *args], self.workdir, self.env)
@@ -98,10 +116,14 @@ class ArgoRun:
 
     def train(self, input_paths, attempt, **more):
         """(JobSet, its final status, {replicated job: pod}) of one attempt of the gang."""
+        inputs = dict(more, **{"input-paths": input_paths})
         jobset = argo.jobset(self.wf, "train", self.workflow,
-                             dict(more, **{"input-paths": input_paths,
-                                           "retryCount": str(attempt)}))
+                             dict(inputs, retryCount=str(attempt)))
         validate_jobset(jobset)
+        task = json.dumps(inputs, sort_keys=True)
+        if task not in self.policies:  # the DAG task before the gang's, once for its attempts
+            self.policies[task] = argo.network_policy(self.wf, "train", self.workflow, inputs)
+            create(self.kubernetes, self.policies[task], POLICIES)
         INPUT_PATHS_FILE.unlink(missing_ok=True)
         try:
             create(self.kubernetes, jobset)
@@ -136,6 +158,13 @@ def test_the_compiled_jobset_of_a_two_node_gang_runs_and_hands_its_task_to_the_n
     for rank in range(4):
         assert "rank %d says hello from pod" % rank in control_log, control_log[-4000:]
     assert "[node 1 agent] joined the gang of node 0" in worker_log, worker_log[-4000:]
+
+    # the gang's NetworkPolicy (created before its JobSet, accepted by the API as valid)
+    # selects exactly the gang's two pods and admits traffic from them alone
+    [policy] = kubernetes.network_policies.created
+    gang = sorted(p.name for p in kubernetes.pods(jobset["metadata"]["name"]))
+    assert len(gang) == 2 and selected(kubernetes, policy) == (gang, gang)
+    assert list(kubernetes.network_policies.policies) == [("default", policy["metadata"]["name"])]
 
     # the template's output: the task id on the JobSet's label, which the next step reads
     task_id = jobset["metadata"]["labels"]["torch_distributed_task_id"]
@@ -180,6 +209,11 @@ def test_a_failed_attempt_is_retried_as_a_new_jobset_on_a_new_port(aws, kubernet
     # Argo's retry: the same template with the next attempt, a new JobSet
     second, status, pods = run.train(input_paths, 1)
     assert status["terminalState"] == "Completed", run.log(pods["control"])[-4000:]
+    # one NetworkPolicy for the task, created once: it covers both attempts' pods
+    [policy] = kubernetes.network_policies.created
+    both = sorted(p.name for js in (first, second)
+                  for p in kubernetes.pods(js["metadata"]["name"]))
+    assert len(both) == 4 and selected(kubernetes, policy) == (both, both)
     task_id = first["metadata"]["labels"]["torch_distributed_task_id"]
     assert second["metadata"]["labels"]["torch_distributed_task_id"] == task_id  # same task
     assert (first["metadata"]["name"], second["metadata"]["name"]) == (
@@ -253,6 +287,12 @@ def test_a_foreach_of_two_gangs_is_two_jobsets_each_with_its_own_input(aws, kube
         gangs.append(jobset)
     task_ids = [js["metadata"]["labels"]["torch_distributed_task_id"] for js in gangs]
     assert len(set(task_ids)) == 2  # one task, and one JobSet, per item
+    # one NetworkPolicy per gang, each selecting its own gang's pods and none of the other's
+    policies = kubernetes.network_policies.created
+    assert len(policies) == 2
+    for policy, jobset in zip(policies, gangs):
+        own = sorted(p.name for p in kubernetes.pods(jobset["metadata"]["name"]))
+        assert len(own) == 2 and selected(kubernetes, policy) == (own, own)
     # the step after each gang reads it through the template's output; the join finds those
     # steps' tasks by Metaflow's formula (generate_input_paths, as the join's container does)
     join_inputs = generate_input_paths("collect", "2026-12-01T00:00:00Z", input_paths, 2)

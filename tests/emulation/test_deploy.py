@@ -21,6 +21,7 @@ import pytest
 from . import argo, sfn
 from .aws import validate_request
 from .jobset_controller import validate_jobset
+from .k8s_policies import validate_object
 from tests.support import isolated_env, metaflow
 
 FLOWS = Path(__file__).parent / "flows"
@@ -248,6 +249,19 @@ def test_a_gang_compiles_to_one_jobset_on_argo_workflows(aws, deploy, nodes, flo
     retry = {p["name"]: p["value"] for p in task["arguments"]["parameters"]}["retryCount"]
     assert retry == ("{{retries}}" if foreach else "0")
     assert ("retryStrategy" in train) == foreach
+    # the gang's NetworkPolicy, created by the task before the gang's: valid for the API
+    # server, and it selects (and admits) every pod of the JobSet by labels they carry
+    [before] = [t for tpl in wf["spec"]["templates"] for t in (tpl.get("dag") or {}).get(
+        "tasks", []) if t.get("template") == "train-gang-policy"]
+    assert "train-gang-policy.Succeeded" in task["depends"]
+    assert before["continueOn"] == {"failed": True}
+    policy = argo.network_policy(wf, "train", "w", parameters)
+    validate_object(policy, "V1NetworkPolicy")
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": selector}}]}]
+    for job in jobset["spec"]["replicatedJobs"]:
+        assert job["template"]["spec"]["template"]["metadata"]["labels"].items() >= \
+            selector.items()
 
 
 def test_a_gang_on_the_last_step_of_a_foreach_is_refused_on_argo_workflows(deploy):

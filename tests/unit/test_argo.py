@@ -114,8 +114,9 @@ def container_template(foreach=False, retries=True):
 def workflow(template):
     dag = {"name": "Flow", "dag": {"tasks": [
         {"name": "start", "template": "start"},
-        {"name": "train", "template": "train", "arguments": {"parameters": [
-            {"name": "input-paths", "value": "argo-{{workflow.name}}/start/x"}]}}]}}
+        {"name": "train", "template": "train", "depends": "start.Succeeded",
+         "arguments": {"parameters": [
+             {"name": "input-paths", "value": "argo-{{workflow.name}}/start/x"}]}}]}}
     return {"spec": {"templates": [dag, template],
                      "podMetadata": {"labels": {"app.kubernetes.io/part-of": "metaflow"}}}}
 
@@ -212,6 +213,88 @@ def test_a_gang_in_a_foreach_takes_its_split_index():
     assert env_of(jobs["worker"])[argo.SPLIT_INDEX_ENV] == "{{inputs.parameters.split-index}}"
     assert "inputs.parameters['split-index']" in manifest["metadata"]["labels"][
         "torch_distributed_task_id"]
+
+
+def test_the_gang_task_waits_for_a_task_that_creates_its_network_policy():
+    wf = compiled()
+    start, policy, train = wf["spec"]["templates"][0]["dag"]["tasks"]
+    # the policy's task: the gang's inputs (not the attempt: one policy for every attempt),
+    # after what the gang waited for; a refused policy does not fail the workflow
+    assert policy == {"name": "train-gang-policy", "template": "train-gang-policy",
+                      "arguments": {"parameters": [
+                          {"name": "input-paths", "value": "argo-{{workflow.name}}/start/x"}]},
+                      "continueOn": {"failed": True}, "depends": "start.Succeeded"}
+    # the gang starts once the policy exists, or once its creation failed
+    assert train["depends"] == ("(start.Succeeded) && (train-gang-policy.Succeeded || "
+                                "train-gang-policy.Failed)")
+    # its template creates the policy, owned by the Workflow (removed with it)
+    [template] = [t for t in wf["spec"]["templates"] if t["name"] == "train-gang-policy"]
+    assert template["inputs"] == {"parameters": [{"name": "input-paths"}]}
+    assert template["resource"]["action"] == "create"
+    assert template["resource"]["setOwnerReference"] is True
+    assert set(template["resource"]) == {"action", "setOwnerReference", "manifest"}
+
+
+def _filled(text, parameters, workflow_name="w"):
+    from tests.emulation.argo import fill
+
+    return json.loads(fill(text, workflow_name, parameters))
+
+
+def _pod_labels(jobset):
+    return [job["template"]["spec"]["template"]["metadata"]["labels"]
+            for job in jobset["spec"]["replicatedJobs"]]
+
+
+def _selects(selector, labels):
+    """Kubernetes' matchLabels: every label of the selector, with its value."""
+    return labels.items() >= selector["matchLabels"].items()
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_the_policy_selects_every_pod_of_the_gang_and_admits_only_them(foreach):
+    from tests.emulation.k8s_policies import validate_object
+
+    wf = compiled(foreach=foreach)
+    gang = wf["spec"]["templates"][1]["resource"]["manifest"]
+    [template] = [t for t in wf["spec"]["templates"] if t["name"] == "train-gang-policy"]
+    parameters = {"input-paths": "argo-w/start/t-1", "retryCount": "1"}
+    if foreach:
+        parameters["split-index"] = "0"
+    policy = _filled(template["resource"]["manifest"], parameters)
+    validate_object(policy, "V1NetworkPolicy")  # the published API, as the API server would
+    jobset = _filled(gang, parameters)
+    task_id = jobset["metadata"]["labels"]["torch_distributed_task_id"]
+    own = {"torch_distributed_task_id": task_id, "torch_distributed_workflow": "w"}
+    assert policy["metadata"]["name"] == "td-%s-gang-policy" % task_id[2:]
+    assert policy["spec"] == {"podSelector": {"matchLabels": own}, "policyTypes": ["Ingress"],
+                              "ingress": [{"from": [{"podSelector": {"matchLabels": own}}]}]}
+    assert "namespace" not in policy["metadata"]  # the workflow's, where Argo creates it
+    # every pod of the gang carries both labels, beside the user's own
+    assert _pod_labels(jobset) == [dict(own, **{"kueue.x-k8s.io/queue-name": "gpus",
+                                                "app.kubernetes.io/part-of": "metaflow"})] * 2
+    # the policy selects, and admits, the pods of every attempt of the gang's task...
+    selector = policy["spec"]["podSelector"]
+    assert selector == policy["spec"]["ingress"][0]["from"][0]["podSelector"]
+    for attempt in ("0", "1", "2"):
+        labels = _pod_labels(_filled(gang, dict(parameters, retryCount=attempt)))
+        assert all(_selects(selector, pod) for pod in labels)
+    # ...and no pod of another task of the run (another item, another input) or of another
+    # run (another workflow)
+    other_task = dict(parameters, **({"split-index": "1"} if foreach else
+                                     {"input-paths": "argo-w/start/t-2"}))
+    other_run = dict(parameters, **{"input-paths": "argo-v/start/t-1"})
+    for others, workflow_name in ((other_task, "w"), (other_run, "v"), (parameters, "v")):
+        labels = _pod_labels(_filled(gang, others, workflow_name))
+        assert not any(_selects(selector, pod) for pod in labels), (others, workflow_name)
+
+
+def test_a_step_named_like_the_policy_task_is_refused():
+    wf = workflow(container_template())
+    wf["spec"]["templates"].append({"name": "train-gang-policy", "container": {}})
+    with pytest.raises(TorchDistributedConfigError, match="train-gang-policy"):
+        argo.compile_gang(wf, "train", 3, lambda command: ["bash", "-c", command],
+                          ["bash", "-c", "agent"], {}, preempt_grace_s=12.5)
 
 
 class _Sprig:

@@ -18,7 +18,13 @@ creates one JobSet (internals.wrap_argo_workflow):
   `{{retries}}` in, where the JobSet's name, the task's `--retry-count` and the agents' read it,
   so each attempt is a new JobSet and a new gang (its port derived from the task and attempt
   on every node; its store's secret drawn by node 0 and read by the workers from the run's
-  datastore, never compiled into the template: attempt_secret.py).
+  datastore, never compiled into the template: attempt_secret.py);
+* the gang's pods carry its task id and the workflow's name as labels, and a DAG task of its
+  own, which the gang's waits for, creates a NetworkPolicy owned by the Workflow that admits
+  traffic to them only from pods with the same two labels (isolation.own_pods_only): every
+  attempt of the gang is isolated, and Kubernetes' garbage collector removes the policy with
+  the Workflow. A refused policy (the workflow's service account may not create
+  NetworkPolicies) fails that task only (continueOn), and the gang runs unisolated.
 
 What a template cannot know before the run (workflow name, input paths, split index, attempt)
 is left to Argo's substitution; the pure parts below build the template from plain data, and
@@ -36,11 +42,15 @@ from ..mf import internals
 from ..mf.spinstep import Shell, SpinOptions, spin_env_additions
 from ..core.supported import compile_error
 from ..runtime import preempt
-from . import kubernetes, trampoline
+from . import isolation, kubernetes, trampoline
 from .base import Backend, GangStep
 
-# The JobSet's label that carries the gang's task id: the template's `task-id` output.
+# The JobSet's label that carries the gang's task id: the template's `task-id` output. Its
+# pods carry it too, with the workflow's name: the gang's NetworkPolicy selects them by both.
 TASK_ID_LABEL = "torch_distributed_task_id"
+WORKFLOW_LABEL = "torch_distributed_workflow"
+# The template and DAG task that create the gang's NetworkPolicy: the step's name and this.
+POLICY_SUFFIX = "-gang-policy"
 # In every pod's environment: the gang's task id; in the workers': the task's input paths and
 # split index (Argo fills them in; the agent's command reads them, quoted by the shell).
 TASK_ID_ENV = "METAFLOW_TORCH_DISTRIBUTED_ARGO_TASK_ID"
@@ -126,6 +136,55 @@ def jobset_name(task_id: str) -> str:
     return "td-%s-%s" % (task_id[len("t-"):], ATTEMPT)
 
 
+def gang_labels(task_id: str) -> Dict[str, str]:
+    """The labels of every pod of the gang's task (each attempt's): what its NetworkPolicy
+    selects and admits."""
+    return {TASK_ID_LABEL: task_id, WORKFLOW_LABEL: "{{workflow.name}}"}
+
+
+def policy_manifest(step_name: str, foreach: bool) -> Dict[str, Any]:
+    """The gang's NetworkPolicy, as the template that creates it writes it (Argo fills in the
+    task id and the workflow's name; the policy lands in the workflow's namespace)."""
+    task_id = task_id_expression(step_name, foreach)
+    return isolation.own_pods_only("td-%s%s" % (task_id[len("t-"):], POLICY_SUFFIX),
+                                   gang_labels(task_id))
+
+
+def policy_template(template: Mapping[str, Any], name: str, step_name: str,
+                    foreach: bool) -> Dict[str, Any]:
+    """The resource template `name` that creates the gang's NetworkPolicy, owned by the
+    Workflow: it takes the inputs the task id is computed from, as the gang's template."""
+    inputs = [{"name": p["name"]} for p in template["inputs"]["parameters"]]
+    return {"name": name, "inputs": {"parameters": inputs},
+            "resource": {"action": "create", "setOwnerReference": True,
+                         "manifest": json.dumps(policy_manifest(step_name, foreach), indent=1,
+                                                sort_keys=True)}}
+
+
+def isolate_tasks(templates: Sequence[Dict[str, Any]], template_name: str,
+                  policy_name: str) -> None:
+    """Beside every DAG task that runs `template_name`, a task that runs `policy_name` with the
+    same inputs and dependencies, which the gang's task then waits for, whether it succeeded
+    or failed (continueOn: a refused policy leaves the gang unisolated, not undone)."""
+    for template in templates:
+        tasks = (template.get("dag") or {}).get("tasks") or []
+        for task in list(tasks):
+            if task.get("template") != template_name:
+                continue
+            name = task["name"] + POLICY_SUFFIX
+            arguments = [p for p in (task.get("arguments") or {}).get("parameters") or []
+                         if p["name"] != RETRY_PARAM]
+            policy = {"name": name, "template": policy_name,
+                      "arguments": {"parameters": copy.deepcopy(arguments)},
+                      "continueOn": {"failed": True}}
+            after = "(%s.Succeeded || %s.Failed)" % (name, name)
+            if task.get("depends"):
+                policy["depends"] = task["depends"]
+                after = "(%s) && %s" % (task["depends"], after)
+            task["depends"] = after
+            tasks.insert(tasks.index(task), policy)
+
+
 def control_address(name: str, namespace: str) -> str:
     """The control pod's DNS name under the JobSet's headless service."""
     return "%s-control-0-0.%s.%s.svc.cluster.local" % (name, name, namespace)
@@ -207,6 +266,7 @@ def jobset_manifest(template: Mapping[str, Any], nodes: int, step_name: str,
         worker_values[SPLIT_INDEX_ENV] = "{{inputs.parameters.split-index}}"
     worker = dict(container, command=preempt.forwarding(agent_command),
                   env=_env(container.get("env", []), worker_values, _POD_FIELDS))
+    pod_labels = dict(labels, **gang_labels(task_id))
     patch = json.loads(template["podSpecPatch"]) if template.get("podSpecPatch") else {}
 
     def job(replicated: str, replicas: int, pod_container: Dict[str, Any]) -> Dict[str, Any]:
@@ -227,7 +287,7 @@ def jobset_manifest(template: Mapping[str, Any], nodes: int, step_name: str,
         return {"name": replicated, "replicas": replicas, "template": {"spec": {
             # Metaflow's retries are Argo's; a failed pod fails its Job and the JobSet
             "backoffLimit": 0, "completions": 1, "parallelism": 1,
-            "template": {"metadata": {"labels": labels, "annotations": annotations},
+            "template": {"metadata": {"labels": pod_labels, "annotations": annotations},
                          "spec": pod}}}}
 
     return with_attempt({
@@ -287,6 +347,13 @@ def compile_gang(workflow: Dict[str, Any], step_name: str, nodes: int,
     `agent_command` is the workers' argv."""
     templates = workflow["spec"]["templates"]
     name = internals.argo_template_name(step_name)
+    policy = name + POLICY_SUFFIX
+    taken = {t.get("name") for t in templates} | {
+        task["name"] for t in templates for task in (t.get("dag") or {}).get("tasks") or []}
+    if policy in taken:
+        raise TorchDistributedConfigError(
+            step_name, "the workflow already has a template or task named %r, the name of "
+            "the gang's NetworkPolicy step; rename the step that compiles to it." % policy)
     [at] = [i for i, t in enumerate(templates) if t.get("name") == name and "container" in t]
     template = templates[at]
     check_template(step_name, template)
@@ -303,6 +370,8 @@ def compile_gang(workflow: Dict[str, Any], step_name: str, nodes: int,
     if not pass_attempt(templates, name, bool(template.get("retryStrategy"))):
         raise compile_error(step_name, "no task of the workflow's DAG runs the step's "
                             "template %r" % name)
+    templates.append(policy_template(template, policy, step_name, foreach))
+    isolate_tasks(templates, name, policy)
 
 
 # -- the compiler (through internals.py) -------------------------------------------------------

@@ -12,6 +12,9 @@ NetworkPolicies accepts it and ignores it (docs/security.md).
 
 A caller who may not create NetworkPolicies still gets the gang: the run goes on, with one
 warning that names the permission and what stays open.
+
+A gang deployed to Argo Workflows gets the same kind of policy (own_pods_only), selecting its
+pods by labels of its own and created by the workflow itself (argo.py).
 """
 
 from typing import Any, Callable, Dict, Optional, Type
@@ -34,17 +37,22 @@ def policy_name(jobset_name: str) -> str:
 
 def network_policy(jobset_name: str, namespace: str, jobset_uid: str) -> Dict[str, Any]:
     """The NetworkPolicy that admits traffic to the JobSet's pods only from its own pods."""
-    pods = {"matchLabels": {JOBSET_NAME_LABEL: jobset_name}}
+    policy = own_pods_only(policy_name(jobset_name), {JOBSET_NAME_LABEL: jobset_name})
+    policy["metadata"].update(
+        namespace=namespace,
+        ownerReferences=[{"apiVersion": JOBSET_API, "kind": "JobSet", "name": jobset_name,
+                          "uid": jobset_uid}])
+    return policy
+
+
+def own_pods_only(name: str, labels: Dict[str, str]) -> Dict[str, Any]:
+    """A NetworkPolicy `name` that selects the pods carrying all of `labels` and admits
+    traffic to them, on every port, only from pods carrying all of them (in its namespace)."""
+    pods = {"matchLabels": dict(labels)}
     return {
         "apiVersion": POLICY_API,
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": policy_name(jobset_name),
-            "namespace": namespace,
-            "labels": dict(MANAGED_BY, **{JOBSET_NAME_LABEL: jobset_name}),
-            "ownerReferences": [{"apiVersion": JOBSET_API, "kind": "JobSet",
-                                 "name": jobset_name, "uid": jobset_uid}],
-        },
+        "metadata": {"name": name, "labels": dict(MANAGED_BY, **labels)},
         "spec": {
             "podSelector": pods,
             "policyTypes": ["Ingress"],
