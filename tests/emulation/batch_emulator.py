@@ -34,6 +34,7 @@ import boto3
 from .batch_api import BatchApi, upstream_queue_lookup
 from .batch_jobs import JobBoard, NodeRunner
 from .batch_spec import BatchClientError
+from .hosts import host_address
 
 LOOPBACK = "127.0.0.1"
 UPSTREAM_TIMEOUT_S = 30
@@ -124,6 +125,8 @@ class BatchEmulator:
     stop_grace_s : SIGTERM to SIGKILL delay when nodes are stopped (ECS uses 30 s).
     poll_s : how often the scheduler advances jobs and polls node processes.
     region, account_id : what job and job definition ARNs are made of.
+    loopback_hostname_nodes : node indices whose hostname resolves to 127.0.1.1, as in an
+        image whose /etc/hosts maps it there (Debian's and Ubuntu's default).
     """
 
     def __init__(
@@ -138,6 +141,7 @@ class BatchEmulator:
         poll_s: float = 0.05,
         region: str = "us-east-1",
         account_id: str = "123456789012",
+        loopback_hostname_nodes: Collection[int] = (),
     ) -> None:
         self._upstream = urlsplit(upstream_url)
         self._image_env = dict(image_env or {})
@@ -149,6 +153,7 @@ class BatchEmulator:
         self._poll_s = poll_s
         self._region = region
         self._account_id = account_id
+        self._loopback_hostname_nodes = frozenset(loopback_hostname_nodes)
         self._server: _Server | None = None
         self._endpoint_url = ""
         self._threads: list[threading.Thread] = []
@@ -175,7 +180,9 @@ class BatchEmulator:
         self._server.emulator = self
         host, port = self._server.server_address[:2]
         self._endpoint_url = "http://%s:%d" % (host, port)
-        self._runner = NodeRunner(root=self._root, base_env=self._node_base_env())
+        self._runner = NodeRunner(root=self._root, base_env=self._node_base_env(),
+                                  main_node_address=host_address(),
+                                  loopback_hostname_nodes=self._loopback_hostname_nodes)
         self._board = JobBoard(
             self._runner,
             hold_nodes=self._hold_nodes,

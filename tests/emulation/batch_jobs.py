@@ -14,6 +14,7 @@ that exits on its own changes nothing else.
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -105,14 +106,24 @@ class Job:
         self.entered = time.monotonic()
 
 
+# Put on every node's PYTHONPATH: the node's hostname resolves to its private address.
+HOST_SHIM = Path(__file__).parent / "batch_host"
+# What an image whose /etc/hosts maps the hostname to loopback resolves it to (Debian, Ubuntu).
+DEBIAN_HOSTNAME_ADDRESS = "127.0.1.1"
+
+
 @dataclass(frozen=True)
 class NodeRunner:
-    """How a node's container is started: where it lives and what the host adds to it."""
+    """How a node's container is started: where it lives and what the host adds to it.
+    Every node is a process of this host, whose own non-loopback address stands for each
+    node's private address (tests/emulation/hosts.py); the nodes in
+    `loopback_hostname_nodes` find 127.0.1.1 for their hostname instead."""
 
     root: Path
     base_env: dict[str, str]
     main_node_address: str = "127.0.0.1"
     start: Callable[..., NodeProcess] = NodeProcess.start
+    loopback_hostname_nodes: frozenset[int] = frozenset()
 
     def node_dir(self, job: Job, node: Node) -> Path:
         return self.root / job.job_id / ("node-%d" % node.index)
@@ -135,6 +146,11 @@ class NodeRunner:
         # Precedence as in a container: image env < job env < what AWS Batch injects.
         env = {"HOME": str(workdir), **self.base_env, **node.launch.environment}
         env.update(injected_environment(placement, node.launch))
+        env["BATCH_EMULATOR_HOST_ADDRESS"] = (
+            DEBIAN_HOSTNAME_ADDRESS if node.index in self.loopback_hostname_nodes
+            else self.main_node_address)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(HOST_SHIM)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         return self.start(node.launch.command, workdir, env, self.log_path(job, node))
 
 

@@ -20,8 +20,8 @@ What it keeps from the real controller (kubernetes-sigs/jobset) and the kubelet:
   succeeded completes it (default success policy);
 * status as the controller writes it: replicatedJobsStatus, conditions, terminalState.
 
-What differs (documented in docs/kubernetes.md): every pod runs on this host with IP
-127.0.0.1; cluster DNS is the resolver shim in k8s_dns/ (a pod's FQDN resolves once the pod
+What differs (documented in docs/kubernetes.md): every pod runs on this host with this host's
+own non-loopback address as its IP (hosts.py: node 0 of a remote gang refuses loopback); cluster DNS is the resolver shim in k8s_dns/ (a pod's FQDN resolves once the pod
 runs); emptyDir mounts reach Python's open() only (k8s_api.py); container images, resources,
 other volumes and secrets are not applied.
 """
@@ -40,12 +40,12 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from .hosts import host_address
 from .node_process import NodeProcess
 
 SCHEMA_FILE = Path(__file__).parent / "schemas" / "jobset.x-k8s.io_jobsets.yaml"
 GROUP, VERSION = "jobset.x-k8s.io", "v1alpha2"
 CLUSTER_DOMAIN = "svc.cluster.local"
-POD_IP = "127.0.0.1"
 # Labels and annotations JobSet puts on every Job and pod (jobset/pkg/constants).
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_NAME = "jobset.sigs.k8s.io/replicatedjob-name"
@@ -131,8 +131,8 @@ class Pod:
             "metadata.uid": self.uid,
             "spec.serviceAccountName": self.template["spec"].get("serviceAccountName", "default"),
             "spec.nodeName": "emulated-node",
-            "status.hostIP": POD_IP,
-            "status.podIP": POD_IP,
+            "status.hostIP": host_address(),
+            "status.podIP": host_address(),
         }
         if path in simple:
             return simple[path]
@@ -177,7 +177,7 @@ class Pod:
                          "labels": self.labels, "annotations": self.annotations,
                          "creationTimestamp": self.created_at},
             "spec": {**self.template["spec"], "hostname": self.hostname},
-            "status": {"phase": self.phase, "hostIP": POD_IP, "podIP": POD_IP,
+            "status": {"phase": self.phase, "hostIP": host_address(), "podIP": host_address(),
                        "containerStatuses": [{
                            "name": self.container["name"], "image": self.container["image"],
                            "imageID": "", "ready": self.phase == "Running",

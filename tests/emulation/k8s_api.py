@@ -21,7 +21,8 @@ does not emulate):
 
 Pods see the network a container would: `http_proxy` points here, so the instance metadata
 calls Metaflow's pods make (169.254.169.254) are answered 404 locally, and the cluster DNS
-shim (k8s_dns/) resolves pod names under svc.cluster.local to 127.0.0.1 once they run and
+shim (k8s_dns/) resolves pod names under svc.cluster.local to the pod IP (this host's own
+non-loopback address, hosts.py) once they run and
 stands in for emptyDir mounts (Python's open() under a mount path lands in the pod's directory).
 
     with KubernetesEmulator(image_env=aws.container_env) as k8s:
@@ -43,7 +44,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from .jobset_controller import GROUP, POD_IP, VERSION, InvalidJobSet, JobSetController, Pod
+from .hosts import host_address
+from .jobset_controller import GROUP, VERSION, InvalidJobSet, JobSetController, Pod
 from .k8s_cluster import ClusterApi, forbidden
 from .k8s_policies import NetworkPolicies
 from .node_process import NodeProcess
@@ -220,7 +222,7 @@ class KubernetesEmulator:
                 return
 
     def _publish_dns(self) -> None:
-        records = {pod.fqdn: POD_IP for js in list(self.controller.jobsets.values())
+        records = {pod.fqdn: host_address() for js in list(self.controller.jobsets.values())
                    for pod in js.pods if pod.phase == "Running" and pod.fqdn}
         tmp = self.dns_records.with_suffix(".tmp")
         tmp.write_text(json.dumps(records))

@@ -325,3 +325,35 @@ def _train_job_id(batch):
     names = [s["jobName"] for s in batch.submissions if s["jobName"].split("-")[-3] == "train"]
     return batch.api.job_ids(names[-1])[-1] if names else None
 
+
+
+def test_node_0_whose_hostname_resolves_to_loopback_fails_at_once_naming_it(aws, start_emulator,
+                                                                           tmp_path):
+    """Issue 40, point 3: an image whose /etc/hosts maps node 0's hostname to 127.0.1.1 (the
+    Debian and Ubuntu default). Node 0 used to listen there while node 1 was told the private
+    address, and the step failed after the rendezvous timeout blaming node 1."""
+    batch = start_emulator(loopback_hostname_nodes=[0])
+    gang = BatchRun(aws, batch, tmp_path, "batch_gang_flow.py")
+    res = gang.run(TD_RENDEZVOUS_TIMEOUT=240, timeout_s=400)
+    assert res.returncode != 0
+    assert ("node 0 of this 2-node gang found only the loopback address 127.0.1.1 for itself"
+            in res.output), res.output
+    assert "its hostname" in res.output and "before any rank started" in res.output
+    assert "did not join" not in res.output, res.output
+    assert "world size 4" not in res.output, res.output  # the gang never started
+    # at once, not at the rendezvous timeout: the train task's life in Metaflow's log
+    took = _task_seconds(res.output, "train")
+    assert took < 240, took
+    print("loopback refused %.1f s after the train task started" % took)
+
+
+def _task_seconds(output, step):
+    """Seconds from `step`'s first "Task is starting." to its "Task failed." or "finished" line,
+    by the timestamps of Metaflow's log lines."""
+    import datetime
+
+    stamps = [datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f")
+              for line in output.splitlines() if "/%s/" % step in line and (
+                  "Task is starting." in line or "Task failed." in line
+                  or "Task finished" in line)]
+    return (stamps[-1] - stamps[0]).total_seconds()

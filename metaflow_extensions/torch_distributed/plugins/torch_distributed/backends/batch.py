@@ -17,7 +17,6 @@ run's datastore (sealed.py, attempt_secret.py), never from the job.
 
 import copy
 import os
-import socket
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..core import naming
@@ -26,7 +25,7 @@ from ..core.gangspec import AgentOrder, NodeZero, TaskIdentity
 from ..mf import internals
 from ..mf.spinstep import spin_env_additions
 from ..runtime import preempt
-from . import trampoline
+from . import address, trampoline
 from .base import AgentPlace, Backend, GangStep
 
 # Set by the decorator's launch_env on the trampoline of a gang's step (the step's name).
@@ -107,13 +106,11 @@ def planned_nodes(environ: Mapping[str, str], step_name: str) -> Optional[int]:
     return nodes
 
 
-def main_node_address(environ: Mapping[str, str]) -> str:
+def main_node_address(step_name: str, nodes: int, environ: Mapping[str, str]) -> str:
     """node 0's private IP: the address child nodes are given, found the way Metaflow's
-    @batch finds it on the main node (which AWS does not tell its own address)."""
-    if environ.get("MF_PARALLEL_MAIN_IP"):
-        return environ["MF_PARALLEL_MAIN_IP"]
-    addresses = socket.gethostbyname_ex(socket.gethostname())[-1]
-    return addresses[0] if addresses else "127.0.0.1"
+    @batch finds it on the main node (which AWS does not tell its own address); a loopback
+    address is refused (address.batch_main_address)."""
+    return address.batch_main_address(step_name, nodes, environ)
 
 
 def child_place(step_name: str, environ: Mapping[str, str]) -> AgentPlace:
@@ -150,9 +147,10 @@ class BatchBackend(Backend):
                   identity: TaskIdentity) -> Optional[NodeZero]:
         """The port is derived from the task, as the agents derive it; the attempt's secret
         is drawn here."""
-        if planned_nodes(environ, step.step_name) is None:
+        nodes = planned_nodes(environ, step.step_name)
+        if nodes is None:
             return None
-        return NodeZero(main_node_address(environ), trampoline.attempt_port(step.step_name,
+        return NodeZero(main_node_address(step.step_name, nodes, environ), trampoline.attempt_port(step.step_name,
                                                                             identity),
                         naming.new_secret(), self.name)
 

@@ -27,7 +27,7 @@ from ..core.gangspec import AgentOrder, NodeZero, TaskIdentity
 from ..mf import internals
 from ..mf.spinstep import spin_env_additions
 from ..runtime import preempt
-from . import isolation, trampoline
+from . import address, isolation, trampoline
 from .base import AgentPlace, Backend, GangStep
 
 # Set by the decorator's launch_env on the trampoline of a multi-node step (the step's name).
@@ -88,10 +88,13 @@ class KubernetesBackend(Backend):
                   identity: TaskIdentity) -> Optional[NodeZero]:
         """The port is derived from the task, as the worker pods derive it; the control pod's
         address is its DNS name, resolved; the attempt's secret is drawn here."""
-        if planned_nodes(environ, step.step_name) is None:
+        nodes = planned_nodes(environ, step.step_name)
+        if nodes is None:
             return None
-        master_addr = resolve_master(step.step_name, 0, environ,
-                                     step.blueprint.rendezvous_timeout_s, self.resolve)
+        master_addr = address.check_resolved(
+            step.step_name, nodes, environ.get(MASTER_ADDR, ""),
+            resolve_master(step.step_name, 0, environ, step.blueprint.rendezvous_timeout_s,
+                           self.resolve))
         return NodeZero(master_addr, trampoline.attempt_port(step.step_name, identity),
                         naming.new_secret(), self.name)
 
