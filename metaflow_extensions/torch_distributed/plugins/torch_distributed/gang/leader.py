@@ -56,7 +56,7 @@ from ..runtime.supervisor import POLL_INTERVAL, LeaderWatch, Place, Slot
 from .agent import run_local_agent
 from .common import NODES_STOP_WAIT, ask, quietly, say
 from .rank import HandBack, rank_info
-from .runner import NodeRunner, forget_round, stop_and_release
+from .runner import NodeRunner, forget_round, mark_agent_stops, stop_and_release
 
 # Seconds local node agents have to leave once node 0 said that no round follows.
 AGENTS_LEAVE_WAIT = 10.0
@@ -450,6 +450,9 @@ class Leader:
         attempt = self.attempt
         attempt.recorder.phase("abort")
         quietly(attempt.control.abort)
+        # the local agents' pumps say why node 0 stops them, not that they died without a word
+        quietly(mark_agent_stops, attempt.runner, failure,
+                lambda node: attempt.control.joined(naming.node_join_id(node)))
         # with restarts in place the local nodes' agents stay, for the next round
         attempt.runner.stop(ranks_only=bool(attempt.spec.blueprint.max_restarts))
 

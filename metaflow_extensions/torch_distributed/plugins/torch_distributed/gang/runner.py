@@ -318,6 +318,10 @@ def _orphan_note(label: str, spec: GangSpec, pid: int) -> Callable[[], str]:
     runtime = _local_runtime_pid(spec)
 
     def note() -> str:
+        stopped = read_stop_mark(spec.work_dir, spec.node) if spec.node != 0 else None
+        if stopped is not None:  # node 0 stopped it, and said why: no death of its own
+            return ("%s @torch_distributed on step *%s*: %s (pid %d) was stopped by node 0: %s"
+                    % (label, spec.blueprint.step_name, what, pid, stopped))
         if runtime is not None and interrupt.was_interrupted(runtime):
             return ("%s @torch_distributed on step *%s*: %s (pid %d) was ended by Metaflow: the "
                     "run was interrupted (a SIGINT to its process), and Metaflow kills the tasks "
@@ -329,6 +333,49 @@ def _orphan_note(label: str, spec: GangSpec, pid: int) -> Callable[[], str]:
                 % (label, spec.blueprint.step_name, what, pid))
 
     return note
+
+
+def stop_mark(work_dir: str, node: int) -> str:
+    """Where node 0 says why it stopped the local agent of `node` (the gang's directory)."""
+    return os.path.join(work_dir, "stopped-node-%d" % node)
+
+
+def read_stop_mark(work_dir: str, node: int) -> Optional[str]:
+    try:
+        with open(stop_mark(work_dir, node), encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def mark_agent_stops(runner: NodeRunner, failure: Failure,
+                     joined: Callable[[int], bool]) -> None:
+    """Before node 0 stops the gang: leave, for each agent of a node on this host, why node 0
+    stops it, where the agent's pump reads it if the agent ends without a word (_orphan_note):
+    a member node 0 stopped at the rendezvous deadline did not join in time, it was not killed
+    by SIGKILL or the OOM killer. `joined(node)`: whether that node's agent joined the gang."""
+    blueprint = runner.spec.blueprint
+    cause = failure.describe().splitlines()[0].rstrip(".")
+    for slot in runner.slots:
+        if slot.rank is not None or slot.node == 0:
+            continue
+        if joined(slot.node):
+            why = "the gang failed (%s)" % cause
+        elif failure.kind is FailureKind.MISSING:
+            why = ("it did not join the gang within the rendezvous timeout of %ss, and node 0 "
+                   "stops every member that has not joined at that deadline" %
+                   blueprint.rendezvous_timeout_s)
+        else:
+            why = "it had not joined the gang yet when the gang failed (%s)" % cause
+        if runner.spec.start_method == "exec" and not joined(slot.node):
+            why += ("; an agent joins once its ranks have started, and under start_method exec "
+                    "each rank first imports Metaflow, the flow and torch, which takes seconds "
+                    "on a loaded machine")
+        try:
+            with open(stop_mark(runner.spec.work_dir, slot.node), "w", encoding="utf-8") as f:
+                f.write(why + ". Its ranks were stopped with it.")
+        except OSError:  # the gang's directory is gone: the gang is tearing down
+            pass
 
 
 def _local_runtime_pid(spec: GangSpec) -> Optional[int]:
