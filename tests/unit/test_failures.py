@@ -593,6 +593,14 @@ def test_the_note_names_another_ranks_different_package_error_in_full():
     note = GangOutcome([root, same, other], [], []).others_note()
     assert note.count("Remove devices=4") == 0, note  # the root cause's says it
     assert "Its fix: do this" in note, note
+    # the same error of another rank differs in its numbers only: said in brief
+    ranked = Failure(3, 1, FailureKind.EXCEPTION, 4.0, local_rank=1, message=ours + "rank 3 "
+                     "finished the step without joining the gang's process group. How to fix "
+                     "it: call init_process_group() in the step, before the first collective.")
+    first = Failure(2, 1, FailureKind.EXCEPTION, 1.0, local_rank=0,
+                    message=ranked.message.replace("rank 3", "rank 2"))
+    note = GangOutcome([first, ranked], [], []).others_note()
+    assert "before the first collective" not in note and " ..." in note, note
 
 
 def test_a_ranks_communication_error_is_one_line_unless_debugging(monkeypatch):

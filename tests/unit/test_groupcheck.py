@@ -59,7 +59,8 @@ def test_a_group_of_another_size_names_both_sizes():
 
 def test_a_trainer_subclass_is_named_with_the_variables_it_reads_and_the_fix():
     message = diagnose(0, Topology(2, 3), [], ["lightning"], ["FineTuner"])
-    assert "FineTuner subclasses Trainer, so it reads PL_FINETUNER_*" in message
+    assert "FineTuner subclasses Trainer, so it reads PL_FINETUNER_NUM_NODES and " \
+        "PL_FINETUNER_DEVICES, not the gang's" in message
     assert "PL_TRAINER_NUM_NODES=2 and PL_TRAINER_DEVICES=3" in message
     assert "FineTuner(..., num_nodes=current.torch_distributed.num_nodes, " \
            "devices=current.torch_distributed.local_world_size)" in message

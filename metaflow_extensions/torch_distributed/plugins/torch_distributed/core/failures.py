@@ -67,6 +67,10 @@ BRIEF_CHARS = 100
 _OUR_PREFIX = re.compile(r"^(\w+: )@torch_distributed on step \*?[\w-]+\*?: ")
 
 
+# The same error of two ranks differs in their numbers only ("rank 2 finished ...").
+_DIGITS = re.compile(r"\d+")
+
+
 def _without_our_prefix(message: str) -> str:
     """`message` ("Type: text") without the step prefix this package's own errors carry."""
     return _OUR_PREFIX.sub(r"\1", message, count=1)
@@ -363,10 +367,10 @@ class GangOutcome:
 
     def _said(self, failure: Failure) -> str:
         """How the note names another rank's failure: in brief, but this package's own error
-        in full unless the root cause says the same (its rank printed only its first words,
-        report_exception)."""
+        in full unless the root cause says the same but for its numbers (its rank printed only
+        its first words, report_exception)."""
         if failure.kind is FailureKind.EXCEPTION and _OUR_PREFIX.match(failure.message) and \
-                failure.message != self.root_cause.message:
+                _DIGITS.sub("N", failure.message) != _DIGITS.sub("N", self.root_cause.message):
             return failure.what().rstrip(".")
         return failure.brief()
 

@@ -322,11 +322,13 @@ def _hints(topology: Topology, frameworks: Sequence[str],
     if "lightning" in frameworks:
         for name in trainer_subclasses:
             hints.append(
-                "Lightning: %s subclasses Trainer, so it reads PL_%s_* and not the gang's "
-                "PL_TRAINER_NUM_NODES=%d and PL_TRAINER_DEVICES=%d. Pass them: %s(..., "
+                # no `*` in the text: Metaflow prints the step's error with *...* as bold
+                "Lightning: %s subclasses Trainer, so it reads PL_%s_NUM_NODES and "
+                "PL_%s_DEVICES, not the gang's PL_TRAINER_NUM_NODES=%d and "
+                "PL_TRAINER_DEVICES=%d. Pass them: %s(..., "
                 "num_nodes=current.torch_distributed.num_nodes, "
                 "devices=current.torch_distributed.local_world_size)."
-                % (name, name.upper(), nodes, nproc, name))
+                % (name, name.upper(), name.upper(), nodes, nproc, name))
         if not trainer_subclasses:
             hints.append(
                 "Lightning: the Trainer ended up with one device on one node "
