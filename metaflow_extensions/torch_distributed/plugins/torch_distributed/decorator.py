@@ -260,6 +260,8 @@ class TorchDistributedDecorator(StepDecorator):
                     spec = self._place_remote_agent(backend, order, flow.name)
                 except TorchDistributedException as ex:
                     backend.agent_misplaced(ex)
+                except Exception as ex:  # the datastore refused, say: said as ours
+                    backend.agent_misplaced(presented(self.step_name, ex) or _raise(ex))
             if spec is not None:
                 return _member_step(spec, step_func, self.name, flow)
         if retry_count > max_user_code_retries:
@@ -411,11 +413,15 @@ def _member_step(spec: GangSpec, step_func: Callable[..., Any], decorator_name: 
     topology = Topology(spec.blueprint.nodes, spec.blueprint.nproc_per_node)
 
     def member_step(*args: Any) -> NoReturn:
-        member_spec = checkpoints.install_member(spec)
-        if spec.role is Role.AGENT:
-            code = Agent(member_spec, topology).run(step_func, args, decorator_name)
-        else:
-            code = run_exec_rank(member_spec, topology, step_func, args, flow)
+        try:
+            member_spec = checkpoints.install_member(spec)
+            if spec.role is Role.AGENT:
+                code = Agent(member_spec, topology).run(step_func, args, decorator_name)
+            else:
+                code = run_exec_rank(member_spec, topology, step_func, args, flow)
+        except Exception as ex:  # the gang's machinery in this member, never the body's
+            _present(spec.blueprint.step_name, ex)
+            raise
         sys.stdout.flush()
         sys.stderr.flush()
         # Leave now: a member never persists artifacts or writes task metadata.
@@ -430,6 +436,10 @@ def _attribute(decorators: Sequence[Any], name: str, attribute: str) -> Any:
         if deco.name == name:
             return deco.attributes.get(attribute)
     return None
+
+
+def _raise(ex: BaseException) -> NoReturn:
+    raise ex
 
 
 def _present(step_name: str, ex: BaseException) -> None:

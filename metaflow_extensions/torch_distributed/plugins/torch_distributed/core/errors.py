@@ -133,6 +133,13 @@ def presented(step_name: str, ex: BaseException) -> Optional[TorchDistributedExc
     last frame is this package's, whether the cause was the machine or the package."""
     if isinstance(ex, MetaflowException) or not isinstance(ex, Exception):
         return None
+    if type(ex).__module__.split(".")[0] in ("botocore", "boto3"):  # a permission, a network
+        return TorchDistributedEnvironmentError(step_name, (
+            "AWS refused a call of the gang or could not be reached: %s: %s. This is the "
+            "account's or the network's doing, not your step's code: give the job's role "
+            "(METAFLOW_ECS_S3_ACCESS_IAM_ROLE or @batch(iam_role=...)) the permission named, or "
+            "this machine the credentials and region `run --with batch` uses; `python flow.py "
+            "--with batch torch-distributed preflight` checks both." % (type(ex).__name__, ex)))
     if isinstance(ex, OSError):  # a full disk, a folder it may not write, a limit
         return TorchDistributedEnvironmentError(step_name, (
             "the gang could not be set up on this machine: %s: %s. This is the machine's "
