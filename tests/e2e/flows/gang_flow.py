@@ -19,6 +19,7 @@ TD_RAISES_AS_STOPPED (a rank): that rank ignores SIGTERM (the failing rank waits
 waits until the failing rank failed (its mark) and 0.6 s more (its node has seen the gang's
 abort by then and is stopping it) and raises an error of its own, as ranks meeting the same
 framework check a moment apart do.
+Every rank leaves the mark body-<RANK> in $TD_MARK_DIR as its body starts.
 TD_INTRUDER (the path of tests/intruder.py): rank 0 first starts it, an outside process that
 reached the gang's store with MASTER_ADDR and MASTER_PORT only; it writes to $TD_MARK_DIR."""
 
@@ -154,6 +155,7 @@ class GangFlow(FlowSpec):
 
         # An artifact set before anything can fail: a failed attempt must not show it.
         self.started_attempt = current.retry_count
+        open(os.path.join(os.environ["TD_MARK_DIR"], "body-%s" % os.environ["RANK"]), "w").close()
         if os.environ.get("TD_RANK0_IGNORE_SIGCHLD") and os.environ["RANK"] == "0":
             signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps every child
         before_gather = runpy.run_path(os.environ["TD_INTRUDER"])["intrude_from"](

@@ -92,6 +92,7 @@ class FailureKind(str, Enum):
     CONTROL = "control"  # (an agent's view) node 0's store could no longer be reached
     PREEMPTED = "preempted"  # a SIGTERM to a node preempted the gang (preempt.py)
     TAMPERED = "tampered"  # the gang's store was tampered with (a node's messages deleted)
+    DIFFERS = "differs"  # a node runs with other versions or GPUs than node 0 (nodefacts.py)
 
     def __str__(self) -> str:
         return self.value

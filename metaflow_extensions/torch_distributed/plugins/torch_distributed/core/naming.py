@@ -169,6 +169,16 @@ class Keys:
         """Set when node `node` has shipped its last log chunk."""
         return "%snode/%d/log/end" % (self._prefix, node)
 
+    def facts(self, node: int) -> str:
+        """What node `node` runs with (versions, code package, GPUs), as it reported it at the
+        rendezvous (JSON, see nodefacts.py): node 0's is what every other node must match."""
+        return "%snode/%d/facts" % (self._prefix, node)
+
+    def checked(self, node: int) -> str:
+        """Set by node `node`'s agent once its facts matched node 0's: no rank of the gang
+        runs the step's code before every node's is set (gang/common.py: wait_for_nodes)."""
+        return "%snode/%d/checked" % (self._prefix, node)
+
     def node_events(self, node: int) -> str:
         """Node `node`'s share of the gang's record for its card (JSON, see events.py)."""
         return "%snode/%d/events" % (self._prefix, node)

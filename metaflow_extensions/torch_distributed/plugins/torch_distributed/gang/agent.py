@@ -13,14 +13,15 @@ from types import FrameType
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ..core import naming
-from ..core.failures import root_cause
+from ..core import nodefacts as facts
+from ..core.failures import Failure, FailureKind, root_cause
 from ..core.gangspec import GangSpec
 from ..core.topology import Topology
-from ..mf import checkpoints, events
+from ..mf import checkpoints, events, nodefacts
 from ..runtime import preempt, stacks
 from ..runtime.control import ROUND_RESTART, ControlPlane, GangMismatch
 from ..runtime.supervisor import POLL_INTERVAL, AgentWatch
-from .common import NODES_STOP_WAIT, ask, quietly, say
+from .common import NODES_STOP_WAIT, ask, quietly, say, wait_for_nodes
 from .runner import NodeRunner, forget_round
 
 
@@ -42,6 +43,9 @@ class Agent:
 
     def _run(self, step_func: Callable[..., object], args: Sequence[Any],
              decorator_name: str) -> int:
+        refused = self._same_as_node_0()
+        if refused is not None:
+            return refused
         runner = NodeRunner(self.spec, self.topology, step_func, args, decorator_name)
         runner.start_ranks(range(self.topology.nproc_per_node))
         runner.capture(naming.agent_label(self.spec.node))
@@ -71,6 +75,43 @@ class Agent:
             runner.stop()
             runner.release()
             signal.signal(signal.SIGTERM, old_handler)
+
+    def _same_as_node_0(self) -> Optional[int]:
+        """Before this node starts a rank: compare what it runs with (nodefacts.py) with what
+        node 0 reported. None when it is the same and every other node said so too; else the
+        exit status to leave with, having started no rank: a node that differs tells node 0
+        why it refuses (the step's root cause). Its own connection to node 0's store, closed
+        before any rank is forked."""
+        spec, timeout = self.spec, self.spec.blueprint.rendezvous_timeout_s
+        try:
+            control = ControlPlane.of_attempt(spec.attempt, timeout)
+        except (GangMismatch, RuntimeError) as ex:
+            print("cannot reach node 0 at %s:%d: %s"
+                  % (spec.attempt.master_addr, spec.attempt.master_port, ex), file=sys.stderr)
+            return 2
+        mine = nodefacts.gather(spec.blueprint.step_name, spec.node, os.environ,
+                                spec.cuda_visible_devices)
+        reference = control.facts(0, timeout)
+        if reference is None:
+            print("node 0 reported nothing of what it runs with within %.0f s; leaving the gang"
+                  % timeout, file=sys.stderr, flush=True)
+            return 2
+        found = facts.differences(facts.NodeFacts.from_dict(reference), mine)
+        short = facts.gpu_shortfall(mine, spec.accelerator, self.topology.nproc_per_node)
+        if not found and short is None:
+            control.report_checked(spec.node)
+            # no rank of any node runs the step's code before every node was checked
+            if wait_for_nodes(control, self.topology.nodes, timeout, self.clock, self.sleep):
+                return None
+            print("node 0 stopped the gang before every node was checked; starting no rank",
+                  file=sys.stderr, flush=True)
+            return self._exit_code(3, told_node_0=True)
+        message = facts.refusal(spec.node, found, short, self.topology.describe())
+        print("node %d %s" % (spec.node, message), file=sys.stderr, flush=True)
+        told = ask(control.report_failure, spec.node,
+                   Failure(None, spec.node, FailureKind.DIFFERS, time.time(),
+                           message=message)) is not False
+        return self._exit_code(1, told)
 
     def _watch_round(self, runner: NodeRunner, control: ControlPlane,
                      on_demand: stacks.OnDemand) -> AgentWatch:

@@ -34,7 +34,7 @@ from ..core.failures import (
 )
 from ..core.gangspec import Attempt, Blueprint, GangSpec, Role
 from ..core.topology import Topology
-from ..mf import checkpoints, events
+from ..mf import checkpoints, events, nodefacts
 from ..mf import current as current_mod
 from ..mf import handback as rank0_results
 from ..mf.usertimer import AlarmForwarder
@@ -328,6 +328,9 @@ class Leader:
         """Start node 0's members, the local agents, the store, the log receiver and the
         watch, registering on `running` how each is stopped."""
         spec, runner = attempt.spec, attempt.runner
+        # what every other node checks its own against before it starts a rank (Agent)
+        facts = nodefacts.gather(self.step_name, 0, os.environ, spec.cuda_visible_devices) \
+            if self.topology.nodes > 1 else None
         runner.start_ranks(range(self.topology.nproc_per_node), close_fds=[listener.fileno()])
         running.callback(stop_and_release, runner)
         # Remote nodes start on their own machines; local ones are agents started here.
@@ -337,6 +340,8 @@ class Leader:
         runner.capture("", close_in_pump=[listener.fileno()])
         attempt.store = ControlPlane.host(listener, spec.attempt.gang_id, spec.attempt.secret,
                                             spec.blueprint.rendezvous_timeout_s)
+        if facts is not None:
+            attempt.control.report_facts(0, facts.to_dict())
         if self.remote:  # agents on other machines ask for what node 0's @checkpoint loaded
             attempt.control.publish_checkpoint(spec.attempt.checkpoint)
         if self.remote and self.topology.nodes > 1:

@@ -18,6 +18,7 @@ from ..mf import handback as rank0_results
 from ..runtime import preempt, rendezvous_seal, stacks
 from ..runtime.control import ControlPlane
 from ..runtime.procs import run_member_body
+from .common import NODES_STOP_WAIT, wait_for_nodes
 
 
 def run_rank_body(spec: GangSpec, topology: Topology, local_rank: int,
@@ -32,6 +33,8 @@ def run_rank_body(spec: GangSpec, topology: Topology, local_rank: int,
     # handed back); every other rank ends at once
     preempt.install_rank_handler(spec.work_dir, on_stop=_raise_aborted
                                  if (spec.node, local_rank) == (0, 0) else None)
+    if spec.node == 0 and topology.nodes > 1 and not spec.restart_count:
+        _wait_for_every_node(spec, topology)
     probe = None
     if spec.blueprint.hang_timeout_s:
         probe = stacks.Probe(stacks.probe_file(spec.work_dir, rank),
@@ -48,6 +51,16 @@ def run_rank_body(spec: GangSpec, topology: Topology, local_rank: int,
             stacks.unregister_dump()
         if probe is not None:
             probe.stop()
+
+
+def _wait_for_every_node(spec: GangSpec, topology: Topology) -> None:
+    """(A rank of node 0, the gang's first round.) Until every other node's agent found that
+    it runs with what node 0 does (Agent._same_as_node_0): a node that differs fails the gang
+    before any rank runs the step's code. The gang's stop ends the wait as it ends a body."""
+    control = ControlPlane.of_attempt(spec.attempt, spec.blueprint.rendezvous_timeout_s)
+    if not wait_for_nodes(control, topology.nodes, spec.blueprint.rendezvous_timeout_s
+                          + NODES_STOP_WAIT):
+        raise aborted()
 
 
 def run_handing_back(body: Callable[[], object], handback: "HandBack") -> None:

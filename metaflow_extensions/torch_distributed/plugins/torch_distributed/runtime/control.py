@@ -512,6 +512,29 @@ class ControlPlane:
                 return None
             time.sleep(0.05)
 
+    def report_facts(self, node: int, facts: Mapping[str, Any]) -> None:
+        """What node `node` runs with (nodefacts.NodeFacts.to_dict), for the nodes that
+        compare theirs with it."""
+        self._set(self._keys.facts(node), json.dumps(facts).encode())
+
+    def facts(self, node: int, timeout_s: float) -> Optional[Dict[str, Any]]:
+        """What node `node` reported with report_facts (waits up to `timeout_s` for it; None
+        if nothing that opens came by then)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self._json(self._keys.facts(node), "facts")
+            if found is not None or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.05)
+
+    def report_checked(self, node: int) -> None:
+        """Node `node`'s facts matched node 0's (nodefacts.py)."""
+        self._set(self._keys.checked(node), b"1")
+        self._tell(NODES_NEWS)
+
+    def checked(self, node: int) -> bool:
+        return self._flag(self._keys.checked(node), "checked")
+
     def send_node_events(self, node: int, record: Mapping[str, Any]) -> None:
         self._set(self._keys.node_events(node), json.dumps(record).encode())
 
