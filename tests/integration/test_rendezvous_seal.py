@@ -136,3 +136,70 @@ def test_install_wraps_torchs_own_env_handler_once_per_round():
         assert handlers["env"].torch_distributed_wraps is torchs  # not ours around ours
     finally:
         handlers["env"] = torchs
+
+
+def counting_store(inner):
+    """A store that passes every call to `inner` (node 0's store, reached over TCP), naming
+    each request it makes."""
+    from torch.distributed import Store
+
+    class Counting(Store):
+        def __init__(self):
+            super().__init__()
+            self.requests = []
+
+        def _call(self, name, *args):
+            self.requests.append(name)
+            return getattr(inner, name)(*args)
+
+        def set(self, key, value):
+            return self._call("set", key, value)
+
+        def get(self, key):
+            return self._call("get", key)
+
+        def compare_set(self, key, expected, desired):
+            return self._call("compare_set", key, expected, desired)
+
+        def wait(self, keys, timeout=None):
+            return self._call("wait", keys) if timeout is None else self._call(
+                "wait", keys, timeout)
+
+    return Counting()
+
+
+def test_gloos_wait_then_get_of_a_peers_record_is_one_request(store):
+    # gloo waits for each peer's record and then gets it, one peer after the other (63 times
+    # a rank in a gang of 64): the wait reads the record, and the get uses that read
+    import threading
+
+    from torch.distributed import TCPStore
+
+    client = TCPStore("127.0.0.1", store.port, None, False, timedelta(seconds=5))
+    counting = counting_store(client)
+    ours = rendezvous_seal.sealed_store(counting, "train", SECRET, GANG, 0)
+    peer = rendezvous_seal.sealed_store(  # another rank, with a connection of its own
+        TCPStore("127.0.0.1", store.port, None, False, timedelta(seconds=5)), "train", SECRET,
+        GANG, 0)
+    peer.set("default_pg/0//cpu//0/1", b"rank 1's record")
+    ours.wait(["default_pg/0//cpu//0/1"])
+    assert ours.get("default_pg/0//cpu//0/1") == b"rank 1's record"
+    assert counting.requests == ["compare_set"]  # was: wait, then compare_set
+    # the wait's read serves the get that follows it, and no other call
+    counting.requests.clear()
+    assert ours.get("default_pg/0//cpu//0/1") == b"rank 1's record"
+    assert counting.requests == ["compare_set"]
+    ours.wait(["default_pg/0//cpu//0/1"])
+    ours.set("default_pg/0//cpu//0/1", b"rank 0's own, later")
+    assert ours.get("default_pg/0//cpu//0/1") == b"rank 0's own, later"
+    # a record not there yet: the wait waits for it, the get reads it
+    threading.Timer(0.3, peer.set, ("default_pg/0//cpu//0/2", b"rank 2's record")).start()
+    counting.requests.clear()
+    ours.wait(["default_pg/0//cpu//0/2"])
+    assert ours.get("default_pg/0//cpu//0/2") == b"rank 2's record"
+    assert counting.requests == ["compare_set", "wait", "compare_set"]
+    # a value no member sealed, read by the wait, is not used: the get waits past it
+    store.set(naming.torch_key_prefix(0) + "default_pg/0//cpu//0/3", b"an outsider's record")
+    threading.Timer(0.3, peer.set, ("default_pg/0//cpu//0/3", b"rank 3's record")).start()
+    ours.wait(["default_pg/0//cpu//0/3"])
+    assert ours.get("default_pg/0//cpu//0/3") == b"rank 3's record"

@@ -106,3 +106,41 @@ def test_a_private_value_of_many_blocks_round_trips():
     value = sealed.seal_private(SECRET, CONTEXT, TORCH_KEY, payload)
     assert sealed.open_private(SECRET, CONTEXT, TORCH_KEY, value) == payload
     assert payload[:64] not in value
+
+
+def _reference_private(secret, context, key, nonce, payload):
+    """seal_private's format written out from its description, one HMAC at a time: keys
+    HMAC(secret, "mftd-private/enc"|"mftd-private/mac"), keystream block i HMAC(enc, nonce||i),
+    tag HMAC(mac) over the length-prefixed version, context, key and nonce||ciphertext."""
+    import hashlib
+    import hmac
+
+    def subkey(purpose):
+        return hmac.new(secret.encode(), b"mftd-private/" + purpose, hashlib.sha256).digest()
+
+    stream = b"".join(hmac.new(subkey(b"enc"), nonce + i.to_bytes(8, "big"), hashlib.sha256)
+                      .digest() for i in range(len(payload) // 32 + 1))
+    body = nonce + bytes(p ^ s for p, s in zip(payload, stream))
+    mac = hmac.new(subkey(b"mac"), digestmod=hashlib.sha256)
+    for part in (b"mftdp1", context.encode(), key.encode(), body):
+        mac.update(len(part).to_bytes(8, "big") + part)
+    return b"mftdp1" + mac.digest() + body
+
+
+@pytest.mark.parametrize("size", [0, 1, 31, 32, 33, 700, 4096])
+def test_the_private_format_is_its_description_with_keys_derived_once(size):
+    # PrivateSeal derives the two keys once and copies HMAC states: what it seals and opens
+    # is still the format above, byte for byte, so ranks agree whatever the code's shortcuts
+    payload = bytes(range(256)) * (size // 256 + 1)
+    payload = payload[:size]
+    nonce = bytes(range(16))
+    reference = _reference_private(SECRET, CONTEXT, TORCH_KEY, nonce, payload)
+    one = sealed.PrivateSeal(SECRET)
+    assert one.open(CONTEXT, TORCH_KEY, reference) == payload
+    assert sealed.open_private(SECRET, CONTEXT, TORCH_KEY, reference) == payload
+    mine = one.seal(CONTEXT, TORCH_KEY, payload)
+    nonce_of_mine = mine[len(sealed.PRIVATE_VERSION) + sealed.TAG_SIZE:][:sealed.NONCE_SIZE]
+    assert mine == _reference_private(SECRET, CONTEXT, TORCH_KEY, nonce_of_mine, payload)
+    # one PrivateSeal serves many keys and contexts, each bound to its own
+    assert one.open(CONTEXT, TORCH_KEY + "x", mine) is None
+    assert one.open(GANG + "/round/1", TORCH_KEY, mine) is None

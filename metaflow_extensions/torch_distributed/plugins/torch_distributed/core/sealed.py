@@ -60,49 +60,71 @@ def _subkey(secret: str, purpose: bytes) -> bytes:
     return hmac.new(secret.encode(), b"mftd-private/" + purpose, hashlib.sha256).digest()
 
 
-def _keystream(key: bytes, nonce: bytes, size: int) -> bytes:
-    """HMAC-SHA256 as a pseudorandom function in counter mode (as NIST SP 800-108's KDF in
-    counter mode): block i is HMAC(key, nonce || i)."""
-    blocks = (size + _BLOCK - 1) // _BLOCK
-    return b"".join(hmac.new(key, nonce + i.to_bytes(8, "big"), hashlib.sha256).digest()
-                    for i in range(blocks))[:size]
-
-
 def _xor(data: bytes, stream: bytes) -> bytes:
     return (int.from_bytes(data, "big") ^ int.from_bytes(stream, "big")).to_bytes(len(data), "big")
 
 
-def _private_tag(secret: str, context: str, key: str, body: bytes) -> bytes:
-    mac = hmac.new(_subkey(secret, b"mac"), digestmod=hashlib.sha256)
-    for part in (PRIVATE_VERSION, context.encode(), key.encode(), body):
-        mac.update(len(part).to_bytes(8, "big"))
-        mac.update(part)
-    return mac.digest()
+class PrivateSeal:
+    """seal_private and open_private under one secret, its two keys derived once: a rank's
+    rendezvous store seals and opens every value of its round with one (gloo reads each
+    peer's record through it, 63 reads a rank in a gang of 64)."""
+
+    def __init__(self, secret: str) -> None:
+        self._usable = bool(secret)
+        # HMAC's keyed states, computed once; each block and tag starts from a copy of one
+        self._enc = hmac.new(_subkey(secret, b"enc"), digestmod=hashlib.sha256)
+        self._mac = hmac.new(_subkey(secret, b"mac"), digestmod=hashlib.sha256)
+
+    def _keystream(self, nonce: bytes, size: int) -> bytes:
+        """HMAC-SHA256 as a pseudorandom function in counter mode (as NIST SP 800-108's KDF
+        in counter mode): block i is HMAC(key, nonce || i)."""
+        stream = []
+        for i in range((size + _BLOCK - 1) // _BLOCK):
+            block = self._enc.copy()
+            block.update(nonce + i.to_bytes(8, "big"))
+            stream.append(block.digest())
+        return b"".join(stream)[:size]
+
+    def _tag(self, context: str, key: str, body: bytes) -> bytes:
+        mac = self._mac.copy()
+        # Each field is length-prefixed, so that no two (context, key, body) read the same.
+        mac.update(b"".join(len(part).to_bytes(8, "big") + part
+                            for part in (PRIVATE_VERSION, context.encode(), key.encode(), body)))
+        return mac.digest()
+
+    def seal(self, context: str, key: str, payload: bytes) -> bytes:
+        """`payload` encrypted, then authenticated (encrypt-then-MAC, each with a key of its
+        own derived from the secret) for `key` in `context` (the attempt and its round):
+        PRIVATE_VERSION, tag, nonce, ciphertext. A fresh random nonce each time: sealing one
+        payload twice gives two values."""
+        nonce = secrets.token_bytes(NONCE_SIZE)
+        body = nonce + _xor(payload, self._keystream(nonce, len(payload)))
+        return PRIVATE_VERSION + self._tag(context, key, body) + body
+
+    def open(self, context: str, key: str, value: bytes) -> Optional[bytes]:
+        """The payload `seal` sealed into `value` for `key` in `context`, or None when it was
+        not sealed so under this secret (forged, moved from another key, of another attempt
+        or round, truncated, changed)."""
+        head = len(PRIVATE_VERSION) + TAG_SIZE
+        if (not self._usable or len(value) < head + NONCE_SIZE
+                or not value.startswith(PRIVATE_VERSION)):
+            return None
+        body = value[head:]
+        if not hmac.compare_digest(value[len(PRIVATE_VERSION):head],
+                                   self._tag(context, key, body)):
+            return None
+        nonce, ciphertext = body[:NONCE_SIZE], body[NONCE_SIZE:]
+        return _xor(ciphertext, self._keystream(nonce, len(ciphertext)))
 
 
 def seal_private(secret: str, context: str, key: str, payload: bytes) -> bytes:
-    """`payload` encrypted, then authenticated (encrypt-then-MAC, each with a key of its own
-    derived from the secret) for `key` in `context` (the attempt and its round): PRIVATE_VERSION,
-    tag, nonce, ciphertext. A fresh random nonce each time: sealing one payload twice gives two
-    values."""
-    nonce = secrets.token_bytes(NONCE_SIZE)
-    body = nonce + _xor(payload, _keystream(_subkey(secret, b"enc"), nonce, len(payload)))
-    return PRIVATE_VERSION + _private_tag(secret, context, key, body) + body
+    """PrivateSeal(secret).seal: `payload` encrypted and authenticated for `key` in `context`."""
+    return PrivateSeal(secret).seal(context, key, payload)
 
 
 def open_private(secret: str, context: str, key: str, value: bytes) -> Optional[bytes]:
-    """The payload seal_private sealed into `value` for `key` in `context`, or None when it was
-    not sealed so under this secret (forged, moved from another key, of another attempt or
-    round, truncated, changed)."""
-    head = len(PRIVATE_VERSION) + TAG_SIZE
-    if not secret or len(value) < head + NONCE_SIZE or not value.startswith(PRIVATE_VERSION):
-        return None
-    body = value[head:]
-    if not hmac.compare_digest(value[len(PRIVATE_VERSION):head],
-                               _private_tag(secret, context, key, body)):
-        return None
-    nonce, ciphertext = body[:NONCE_SIZE], body[NONCE_SIZE:]
-    return _xor(ciphertext, _keystream(_subkey(secret, b"enc"), nonce, len(ciphertext)))
+    """PrivateSeal(secret).open: the payload of `value`, or None when it does not open."""
+    return PrivateSeal(secret).open(context, key, value)
 
 
 def shown(text: str, limit: int = 120) -> str:
