@@ -18,6 +18,16 @@ WORLD = int(os.environ.get("BENCH_WORLD", "1"))
 if os.environ.get("BENCH_PRELOAD") and "step" in sys.argv and "train" in sys.argv:
     import torch.distributed  # noqa: F401
 
+# BENCH_UNSEALED=1, for bench/seal_launch.py only: the ranks skip the seal of torch's own
+# rendezvous (runtime/rendezvous_seal.py), so that its cost on a whole flow can be measured
+# against the same code without it. The package itself has no such switch.
+if os.environ.get("BENCH_UNSEALED"):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import (
+        rendezvous_seal,
+    )
+
+    rendezvous_seal.install = lambda *args, **kwargs: None
+
 
 class BenchOurs(FlowSpec):
     @step
