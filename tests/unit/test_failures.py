@@ -223,7 +223,7 @@ def test_failure_kinds_are_an_enum_with_a_stable_wire_form():
     assert Failure.from_json(failure.to_json()).kind is FailureKind.LOST
     assert {k.value for k in FailureKind} == {"exception", "exit", "signal", "missing", "agent",
                                               "lost", "hung", "unfinished", "aborted", "control",
-                                              "preempted", "tampered"}
+                                              "preempted", "tampered", "differs"}
     with pytest.raises(ValueError):
         Failure(0, 0, "exploded", 1.0)
 
