@@ -165,12 +165,15 @@ def counting_store(inner):
             return self._call("wait", keys) if timeout is None else self._call(
                 "wait", keys, timeout)
 
+        def check(self, keys):
+            return self._call("check", keys)
+
     return Counting()
 
 
-def test_gloos_wait_then_get_of_a_peers_record_is_one_request(store):
+def test_gloos_wait_then_get_of_a_peers_record_takes_the_requests_torchs_would(store):
     # gloo waits for each peer's record and then gets it, one peer after the other (63 times
-    # a rank in a gang of 64): the wait reads the record, and the get uses that read
+    # a rank in a gang of 64): a wait, then one read, as torch's own store takes
     import threading
 
     from torch.distributed import TCPStore
@@ -184,22 +187,69 @@ def test_gloos_wait_then_get_of_a_peers_record_is_one_request(store):
     peer.set("default_pg/0//cpu//0/1", b"rank 1's record")
     ours.wait(["default_pg/0//cpu//0/1"])
     assert ours.get("default_pg/0//cpu//0/1") == b"rank 1's record"
-    assert counting.requests == ["compare_set"]  # was: wait, then compare_set
-    # the wait's read serves the get that follows it, and no other call
-    counting.requests.clear()
-    assert ours.get("default_pg/0//cpu//0/1") == b"rank 1's record"
-    assert counting.requests == ["compare_set"]
-    ours.wait(["default_pg/0//cpu//0/1"])
-    ours.set("default_pg/0//cpu//0/1", b"rank 0's own, later")
-    assert ours.get("default_pg/0//cpu//0/1") == b"rank 0's own, later"
+    assert counting.requests == ["wait", "compare_set"]
     # a record not there yet: the wait waits for it, the get reads it
     threading.Timer(0.3, peer.set, ("default_pg/0//cpu//0/2", b"rank 2's record")).start()
     counting.requests.clear()
     ours.wait(["default_pg/0//cpu//0/2"])
     assert ours.get("default_pg/0//cpu//0/2") == b"rank 2's record"
-    assert counting.requests == ["compare_set", "wait", "compare_set"]
-    # a value no member sealed, read by the wait, is not used: the get waits past it
+    assert counting.requests == ["wait", "compare_set"]
+    # a get with no wait before it, of a record not there yet: one read, then a wait, then
+    # a check before the next read (a read of an absent key ends the other ranks' waits)
+    threading.Timer(0.3, peer.set, ("default_pg/0//cpu//0/4", b"rank 4's record")).start()
+    counting.requests.clear()
+    assert ours.get("default_pg/0//cpu//0/4") == b"rank 4's record"
+    assert counting.requests == ["compare_set", "wait", "check", "compare_set"]
+    # a value no member sealed is not used: the get waits past it
     store.set(naming.torch_key_prefix(0) + "default_pg/0//cpu//0/3", b"an outsider's record")
     threading.Timer(0.3, peer.set, ("default_pg/0//cpu//0/3", b"rank 3's record")).start()
     ours.wait(["default_pg/0//cpu//0/3"])
     assert ours.get("default_pg/0//cpu//0/3") == b"rank 3's record"
+
+
+@pytest.mark.parametrize("libuv", [True, False], ids=["libuv", "legacy"])
+def test_ranks_waiting_for_a_late_peer_never_take_each_others_reads_for_its_record(libuv):
+    # Three ranks wait for rank 0's address record, which comes late (rank 0 is slow to
+    # start). On the libuv store, a compare_set of a key ends every wait for that key, present
+    # or not, and a get of an absent key answers b"": a rank's read must not end the others'
+    # waits with an empty value, taken for an outsider's (CI, 2026-12-05: every rank waiting
+    # for a hung rank 0 failed with TorchDistributedStoreTampered, "0 bytes", after 10 s).
+    import threading
+
+    from torch.distributed import TCPStore
+
+    server = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30), wait_for_workers=False,
+                      use_libuv=libuv)
+    key = "default_pg/0//cpu//0/0"
+
+    def member():
+        client = TCPStore("127.0.0.1", server.port, None, False, timedelta(seconds=20),
+                          use_libuv=libuv)
+        return rendezvous_seal.sealed_store(client, "train", SECRET, GANG, 0)
+
+    got, errors = [], []
+
+    def rank():
+        store = member()
+        try:
+            store.wait([key], timedelta(seconds=20))
+            got.append(store.get(key))
+        except Exception as e:  # noqa: BLE001 - the test reports what a rank raised
+            errors.append(e)
+
+    before = sealed.IGNORED.counts()
+    ranks = [threading.Thread(target=rank) for _ in range(3)]
+    for thread in ranks:
+        thread.start()
+    # meanwhile an outsider reads the absent key as a rank's get would
+    outsider = TCPStore("127.0.0.1", server.port, None, False, timedelta(seconds=5),
+                        use_libuv=libuv)
+    for _ in range(5):
+        time.sleep(0.2)
+        outsider.compare_set(naming.torch_key_prefix(0) + key, b"\x00peek", b"\x00peek")
+    member().set(key, b"rank 0's record, late")
+    for thread in ranks:
+        thread.join(timeout=30)
+    assert not errors, errors
+    assert got == [b"rank 0's record, late"] * 3
+    assert sealed.IGNORED.counts() == before  # nothing was taken for an outsider's value

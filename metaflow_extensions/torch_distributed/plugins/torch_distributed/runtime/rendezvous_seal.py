@@ -17,7 +17,6 @@ a rank connect elsewhere or unpickle anything.
 """
 
 import importlib
-import threading
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
@@ -70,8 +69,6 @@ def sealed_store(inner: "Store", step_name: str, secret: str, gang_id: str,
         def __init__(self, store: "Store") -> None:
             super().__init__()
             self._inner = store
-            # What a thread's last wait read, for the get that follows it (wait)
-            self._waited = threading.local()
 
         def _key(self, key: str) -> str:
             return prefix + key
@@ -80,27 +77,15 @@ def sealed_store(inner: "Store", step_name: str, secret: str, gang_id: str,
             data = value.encode() if isinstance(value, str) else bytes(value)
             return seal.seal(context, self._key(key), data)
 
-        def _read_by_wait(self, inner_key: str) -> Optional[bytes]:
-            """The value this thread's last call, a wait for `inner_key` alone, read; None
-            when its last call was anything else. Forgotten once asked for."""
-            waited = getattr(self._waited, "value", None)
-            self._forget_wait()
-            return waited[1] if waited is not None and waited[0] == inner_key else None
-
-        def _forget_wait(self) -> None:
-            self._waited.value = None
-
         def set(self, key: str, value: Any) -> None:
-            self._forget_wait()
             # torch's stub says str; the store takes bytes as well (and keeps them as they are)
             self._inner.set(self._key(key), self._seal(key, value))  # type: ignore[arg-type]
 
         def get(self, key: str) -> bytes:
             inner_key = self._key(key)
             deadline: Optional[float] = None
-            value = self._read_by_wait(inner_key)
             while True:
-                value = self._value(inner_key) if value is None else value
+                value = self._value(inner_key)
                 payload = seal.open(context, inner_key, value)
                 if payload is not None:
                     return payload
@@ -110,42 +95,38 @@ def sealed_store(inner: "Store", step_name: str, secret: str, gang_id: str,
                 if now >= deadline:
                     raise tampered(step_name, key, value)
                 time.sleep(_POLL_S)
-                value = None
 
         def _value(self, inner_key: str) -> bytes:
-            """The value under `inner_key`, waiting for it as torch's get does. torch waits
-            for a key before it reads it, so one request usually answers (control.read_now),
-            where the store's get would wait and get again."""
+            """The value under `inner_key`, waiting for it as torch's get does (within the
+            store's timeout). torch waits for a key before it gets it, so one request usually
+            answers (control.read_now). Where the key is absent, it is waited for and looked
+            for with check: the libuv store (torch >= 2.8 here) ends every wait for a key when
+            anyone reads it with compare_set, present or not, and its get of an absent key
+            answers b"". A read of an absent key here would so end the other ranks' waits for
+            the same peer record, and their reads end this one's, until the peer writes it."""
             value = read_now(self._inner, inner_key)
-            return bytes(self._inner.get(inner_key)) if value is None else value
+            while value is None:
+                self._inner.wait([inner_key])
+                if self._inner.check([inner_key]):
+                    value = read_now(self._inner, inner_key)
+            return value
 
         def add(self, key: str, amount: int) -> int:
-            self._forget_wait()
             return int(self._inner.add(self._key(key), amount))
 
         def check(self, keys: Sequence[str]) -> bool:
-            self._forget_wait()
             return bool(self._inner.check([self._key(k) for k in keys]))
 
         def wait(self, keys: Sequence[str], timeout: Optional[timedelta] = None) -> None:
-            self._forget_wait()
+            # Never a read here (see _value): the wait may end early, where another client
+            # read an absent key; the get that follows waits on (_value).
             inner_keys = [self._key(k) for k in keys]
-            if len(inner_keys) == 1:
-                # gloo waits for each peer's record, then gets it (torch never offers a Python
-                # store's multi_get to gloo): the wait reads it, in the one request the get
-                # would take, and keeps it for that get. Half the requests to node 0's store
-                # at the gang's start (a gang of 64: 4,032 instead of 8,064).
-                value = read_now(self._inner, inner_keys[0])
-                if value is not None:
-                    self._waited.value = (inner_keys[0], value)
-                    return
             if timeout is None:
                 self._inner.wait(inner_keys)
             else:
                 self._inner.wait(inner_keys, timeout)
 
         def delete_key(self, key: str) -> bool:
-            self._forget_wait()
             return bool(self._inner.delete_key(self._key(key)))
 
         def num_keys(self) -> int:
