@@ -66,6 +66,20 @@ def params_of(function):
     return list(inspect.signature(function).parameters)
 
 
+def fresh_card_state(monkeypatch):
+    """@card's class-wide state of the task (its cards, events and creator) as a new task's,
+    and no current.card."""
+    from metaflow import current
+    from metaflow.plugins.cards.card_decorator import CardDecorator
+
+    for name, value in (("total_decos_on_step", {}), ("_called_once", {}), ("step_counter", 0),
+                        ("task_finished_decos", 0), ("card_creator", None),
+                        ("_GLOBAL_CARD_INFO", {}), ("_config_values", None),
+                        ("_config_file_name", None)):
+        monkeypatch.setattr(CardDecorator, name, value, raising=False)
+    without_class_attribute(monkeypatch, type(current), "card")
+
+
 def without_class_attribute(monkeypatch, cls, name):
     """Remove cls.<name> for the test: what was there before (or nothing) is there after it,
     whatever the test set meanwhile."""
@@ -727,13 +741,7 @@ def test_card_decorator_private_attributes(monkeypatch):
     wanted = {"card_uuid", "user_set_card_id", "runtime_card", "decorator_attributes",
               "card_options", "logger", "mode", "final"}
     require(wanted <= names, "CardCreator.create", "it takes %s" % sorted(wanted))
-    # @card's class-wide state of the task (its cards, events and creator), and current.card
-    for name, value in (("total_decos_on_step", {}), ("_called_once", {}), ("step_counter", 0),
-                        ("task_finished_decos", 0), ("card_creator", None),
-                        ("_GLOBAL_CARD_INFO", {}), ("_config_values", None),
-                        ("_config_file_name", None)):
-        monkeypatch.setattr(CardDecorator, name, value, raising=False)
-    without_class_attribute(monkeypatch, type(current), "card")
+    fresh_card_state(monkeypatch)
     deco = CardDecorator(attributes={"type": "blank", "id": "loss", "options": {"x": 1}})
     deco.external_init()
     require(internals.render_failed_card(deco) is False, "CardDecorator._card_uuid",
@@ -775,12 +783,7 @@ def _card_on_a_task(monkeypatch, tmp_path, attributes):
     from metaflow.plugins.cards.card_decorator import CardDecorator
     from metaflow.plugins.datastores.local_storage import LocalStorage
 
-    for name, value in (("total_decos_on_step", {}), ("_called_once", {}), ("step_counter", 0),
-                        ("task_finished_decos", 0), ("card_creator", None),
-                        ("_GLOBAL_CARD_INFO", {}), ("_config_values", None),
-                        ("_config_file_name", None)):
-        monkeypatch.setattr(CardDecorator, name, value, raising=False)
-    without_class_attribute(monkeypatch, type(current), "card")
+    fresh_card_state(monkeypatch)
     for name, value in (("run_id", "5"), ("task_id", "7")):
         monkeypatch.setattr(type(current), name, property(lambda _, v=value: v))
     monkeypatch.chdir(tmp_path)
