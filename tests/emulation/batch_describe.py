@@ -8,6 +8,7 @@ A multinode job is described by its main node (status, reason, times, exit code 
 from __future__ import annotations
 
 from .batch_jobs import Job, Node
+from .hosts import host_address
 
 
 def _compact(fields: dict) -> dict:
@@ -34,7 +35,8 @@ def _runtime(job: Job, node: Node) -> dict:
             "reason": node.container_reason,
             "taskArn": _task_arn(job, node),
             "logStreamName": log_stream_name(job, node),
-            "networkInterfaces": [{"privateIpv4Address": "127.0.0.1"}],
+            # every emulated node stands on this host, at its private address (hosts.py)
+            "networkInterfaces": [{"privateIpv4Address": host_address()}],
         }
     )
 

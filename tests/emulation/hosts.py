@@ -51,4 +51,4 @@ def host_address() -> str:
         "this host has no IPv4 address but loopback, so the emulated node 0 has no private "
         "address the package accepts (it refuses loopback for a remote gang). Give the host "
         "one (e.g. `ip link add td0 type dummy && ip addr add 10.254.0.1/32 dev td0 && ip link "
-        "set td0 up`, as root) or run with TD_EMULATION_HOSTS=1.")
+        "set td0 up`, as root).")
