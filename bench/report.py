@@ -35,8 +35,12 @@ EXEC_END = "<!-- end of the exec rank 0 section -->"
 # bench/rendezvous_seal.py's bench/results/seal-*.json.
 SEAL_START = "<!-- seal section: from a bench/rendezvous_seal.py run (issue 37) -->"
 SEAL_END = "<!-- end of the seal section -->"
+# The gang's card drawn by the task instead of a `card create` process (issue 41, point 4),
+# from bench/card_draw.py's bench/results/card-*.json and bench/ab_launch.py's ab-*.json.
+CARD_START = "<!-- card section: from bench/card_draw.py and bench/ab_launch.py runs (issue 41) -->"
+CARD_END = "<!-- end of the card section -->"
 KEPT = ((SECTION_START, SECTION_END), (SCALE_START, SCALE_END), (EXEC_START, EXEC_END),
-        (SEAL_START, SEAL_END))
+        (SEAL_START, SEAL_END), (CARD_START, CARD_END))
 PHASES = [("proc", "rank 0 process started"), ("body", "work starts"),
           ("import", "torch imported"), ("init", "group formed"),
           ("collective", "all-reduce done")]
