@@ -17,7 +17,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
-from ..core import naming, rounds
+from ..core import naming, rounds, stragglers
 from ..core.envcontract import foreign_launcher_vars
 from ..core.errors import (
     TorchDistributedGangFailed,
@@ -395,7 +395,16 @@ class Leader:
             hang_timeout=spec.blueprint.hang_timeout_s,
             on_preempt=self._preempt_gang,
             agents_stay=bool(spec.blueprint.max_restarts),
-            flood=FloodWatch(attempt.control.num_keys, self.topology.world_size)).start()
+            flood=FloodWatch(attempt.control.num_keys, self.topology.world_size),
+            stragglers=stragglers.Window(spec.blueprint.straggler_window_s)
+            if spec.blueprint.straggler_window_s else None,
+            on_straggler=self._name_straggler).start()
+
+    def _name_straggler(self, found: stragglers.Finding) -> None:
+        """(From the watch's thread.) The straggler changed: one line in the run's output."""
+        nodes = {rank: self.topology.locate(rank)[0] for rank in found.shares}
+        say("@torch_distributed on step *%s*: %s" % (self.step_name,
+                                                     stragglers.line(found, nodes)))
 
     def _settle(self, attempt: _Attempt) -> None:
         """Once every process of the gang has stopped: what happened, and the card's record."""
