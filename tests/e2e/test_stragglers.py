@@ -10,7 +10,7 @@ from datetime import datetime
 
 import pytest
 
-from tests.support import FlowRunner
+from tests.support import FlowRunner, card_json
 
 GANG = {"TD_NODES": 2, "TD_NPROC": 2, "TD_SLOW_S": 0.5, "TD_SLOW_STEPS": 170}  # 85 s of steps
 NAMED_WITHIN = 120.0
@@ -56,10 +56,30 @@ def test_the_rank_that_sleeps_before_each_step_is_named_within_two_minutes(gangs
     took = named_at - started
     print("straggler named %.1f s after the ranks started: %s" % (took, text))
     assert 0 < took < NAMED_WITHIN, (took, text)
+    # the card: each rank's waiting share and the straggler, per rank and per node
+    data = _card(runner, output)
+    assert "### Waiting in collectives" in data, data[:3000]
+    assert "**Rank 3 (node 1) was the straggler**" in data
+    assert '"straggler"' in data
+
+
+def _card(runner, output):
+    """The JSON data of the gang's card of the run whose `output` is given."""
+    run_id = re.search(r"run-id (\d+)", output).group(1)
+    task = re.search(r"%s/train/(\d+)" % run_id, output).group(1)
+    pathspec = "%s/train/%s" % (run_id, task)
+    listed = runner.cli("gang_flow.py", "card", "list", pathspec, "--id", "torch_distributed")
+    card_hash = re.findall(r"Card Hash: (\w+)", listed.output)[0]
+    target = runner.root / "card.html"
+    got = runner.cli("gang_flow.py", "card", "get", pathspec, "--hash", card_hash, str(target))
+    assert got.returncode == 0, got.output
+    return card_json(target.read_text())
 
 
 def test_a_gang_slow_by_turns_names_no_straggler(gangs):
-    code, output, _ = gangs["turns"]
+    code, output, runner = gangs["turns"]
     assert code == 0, output[-6000:]
     assert "is the straggler" not in output, output[-6000:]
     assert "straggler any more" not in output
+    data = _card(runner, output)
+    assert "### Waiting in collectives" in data and "No rank was the straggler." in data

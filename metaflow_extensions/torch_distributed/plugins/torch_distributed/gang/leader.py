@@ -429,10 +429,16 @@ class Leader:
                 for node in range(1, self.topology.nodes):
                     remote[node] = control.node_events(node)
             # restarts in place: the root causes and records of the rounds before the last
-            return attempt.recorder.collect(
+            record = attempt.recorder.collect(
                 attempt.spec.work_dir, runner.slots, runner.spawned, remote, failures,
                 root_cause(failures), list(runner.stopped), restarted=attempt.rounds,
                 rounds=[r for r in attempt.round_records if r is not None])
+            window = attempt.watch.stragglers if attempt.round_watch is not None else None
+            found = window.last if window is not None else None
+            if found is None:
+                return record
+            return dataclasses.replace(record, waiting=dict(found.shares),
+                                       waiting_span_s=found.span_s, straggler=found.straggler)
         except Exception as ex:  # noqa: BLE001 - the card is a view; the step's result stands
             print("@torch_distributed on step *%s*: could not record the gang for its card: %s"
                   % (self.step_name, ex), file=sys.stderr, flush=True)
