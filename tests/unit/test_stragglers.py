@@ -97,3 +97,36 @@ def test_the_runs_line():
     assert S.line(found._replace(span_s=64.4), {3: 1}).endswith("over the last 64 s")
     gone = S.line(found._replace(straggler=None), {})
     assert gone.startswith("no rank is the straggler any more")
+
+
+def test_the_windows_running_counts_agree_with_a_fresh_count():
+    """Window keeps its counts as looks come and go (Tally); at every look its Finding is
+    find's over the looks it holds."""
+    import random
+
+    rng = random.Random(7)
+    window = S.Window(window_s=30)
+    names = []
+    for i in range(200):
+        slow = 2 if i < 100 else rng.randrange(5)
+        look = {r: (r != slow if rng.random() < 0.9 else rng.random() < 0.5) for r in range(5)}
+        named = window.named
+        changed = window.add(i * 1.5, look)
+        if changed is not None:
+            names.append(changed.straggler)
+        fresh = S.find(list(window.looks), 30, named)
+        if fresh is not None:
+            assert window.last == fresh
+    assert names == [2, None]  # rank 2 while it was slow, then nobody
+
+
+def test_a_named_straggler_stays_named_down_to_hold():
+    """Last in 9 of 13 waited looks names rank 3 (more than MOST); once named, last in 5 of 13
+    (less than MOST, more than HOLD) keeps it named, and in 4 (less than HOLD) does not."""
+    other = [W, W, W, W]
+    named = S.find(looks(*([SLOW_3] * 9 + [other] * 4)), 120)
+    assert named.straggler == 3
+    held = looks(*([SLOW_3] * 5 + [other] * 8))
+    assert S.find(held, 120).straggler is None
+    assert S.find(held, 120, named=3).straggler == 3
+    assert S.find(looks(*([SLOW_3] * 4 + [other] * 9)), 120, named=3).straggler is None

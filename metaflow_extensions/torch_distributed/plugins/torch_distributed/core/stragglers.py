@@ -18,7 +18,8 @@ spreads its last places over its ranks and names none; two ranks slow together a
 straggler either (no look has a single last rank).
 """
 
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from collections import deque
+from typing import Deque, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 # {rank: whether its main thread was waiting in a collective} for every rank of the gang.
 Look = Mapping[int, bool]
@@ -31,6 +32,9 @@ SUSTAINED = 0.5
 MIN_LOOKS = 6
 # It must be last in more than this share of the looks in which some rank waits...
 MOST = 0.5
+# Once named, it stays named while it is last in more than this share (a rank near MOST
+# would otherwise be named, then not, then named again, a line each time)...
+HOLD = 0.35
 # ...while the other ranks wait, on average, at least this share of their time.
 MIN_OTHERS_WAITING = 0.2
 
@@ -52,31 +56,60 @@ def last(look: Look) -> Optional[int]:
     return free[0] if len(free) == 1 and len(look) > 1 else None
 
 
-def find(looks: Sequence[Tuple[float, Look]], window_s: float = WINDOW_S) -> Optional[Finding]:
+def find(looks: Sequence[Tuple[float, Look]], window_s: float = WINDOW_S,
+         named: Optional[int] = None) -> Optional[Finding]:
     """The Finding of `looks` [(time, look)], oldest first, each of every rank of the gang;
-    None while they span less than SUSTAINED of `window_s` or number fewer than MIN_LOOKS."""
-    if len(looks) < MIN_LOOKS:
-        return None
-    span = looks[-1][0] - looks[0][0]
-    if span < SUSTAINED * window_s:
-        return None
-    ranks = sorted(set().union(*(look.keys() for _, look in looks)))
-    shares = {rank: sum(1 for _, look in looks if look.get(rank)) / len(looks)
-              for rank in ranks}
-    counts = {rank: 0 for rank in ranks}
-    waited = 0
+    None while they span less than SUSTAINED of `window_s` or number fewer than MIN_LOOKS.
+    `named` is the straggler named so far (Tally.finding)."""
+    tally = Tally()
     for _, look in looks:
-        waited += any(look.values())
-        behind = last(look)
+        tally.add(look)
+    span = looks[-1][0] - looks[0][0] if looks else 0.0
+    return tally.finding(span, window_s, named)
+
+
+class Tally:
+    """The counts a Finding is made of, kept as looks come and go (`add`, `remove`), so that a
+    window of a big gang costs node 0 one pass over a look per look, not over the window."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+        self.waited = 0  # looks in which some rank waits
+        self.waiting: Dict[int, int] = {}  # rank -> looks in which it waits
+        self.last: Dict[int, int] = {}  # rank -> looks in which it alone does not wait
+
+    def add(self, look: Look, sign: int = 1) -> None:
+        self.looks += sign
+        free = 0
+        for rank, waits in look.items():
+            self.waiting[rank] = self.waiting.get(rank, 0) + (sign if waits else 0)
+            free += not waits
+        self.waited += sign if free < len(look) else 0
+        behind = last(look) if free == 1 else None
         if behind is not None:
-            counts[behind] += 1
-    top = max(ranks, key=lambda rank: counts[rank]) if ranks else None
-    straggler = top if top is not None and waited and counts[top] > MOST * waited else None
-    others = [shares[r] for r in ranks if r != straggler]
-    others_waiting = sum(others) / len(others) if others else 0.0
-    if straggler is not None and others_waiting < MIN_OTHERS_WAITING:
-        straggler = None
-    return Finding(shares, straggler, others_waiting, span)
+            self.last[behind] = self.last.get(behind, 0) + sign
+
+    def remove(self, look: Look) -> None:
+        self.add(look, -1)
+
+    def finding(self, span_s: float, window_s: float,
+                named: Optional[int] = None) -> Optional[Finding]:
+        """The Finding of the looks counted, which span `span_s` s; None while that is less
+        than SUSTAINED of `window_s` or they number fewer than MIN_LOOKS. `named`, the
+        straggler named so far, stays it down to HOLD."""
+        if self.looks < MIN_LOOKS or span_s < SUSTAINED * window_s:
+            return None
+        ranks = sorted(self.waiting)
+        shares = {rank: self.waiting[rank] / self.looks for rank in ranks}
+        top = max(ranks, key=lambda rank: self.last.get(rank, 0)) if ranks else None
+        least = HOLD if top is not None and top == named else MOST
+        straggler = top if top is not None and self.waited and \
+            self.last.get(top, 0) > least * self.waited else None
+        others = [shares[r] for r in ranks if r != straggler]
+        others_waiting = sum(others) / len(others) if others else 0.0
+        if straggler is not None and others_waiting < MIN_OTHERS_WAITING:
+            straggler = None
+        return Finding(shares, straggler, others_waiting, span_s)
 
 
 class Window:
@@ -86,15 +119,18 @@ class Window:
 
     def __init__(self, window_s: float = WINDOW_S) -> None:
         self.window_s = window_s
-        self.looks: List[Tuple[float, Look]] = []
+        self.looks: Deque[Tuple[float, Look]] = deque()
+        self.tally = Tally()
         self.named: Optional[int] = None
         self.last: Optional[Finding] = None
 
     def add(self, now: float, look: Look) -> Optional[Finding]:
-        self.looks.append((now, dict(look)))
+        kept = dict(look)
+        self.looks.append((now, kept))
+        self.tally.add(kept)
         while self.looks and self.looks[0][0] < now - self.window_s:
-            self.looks.pop(0)
-        found = find(self.looks, self.window_s)
+            self.tally.remove(self.looks.popleft()[1])
+        found = self.tally.finding(now - self.looks[0][0], self.window_s, self.named)
         if found is None:
             return None
         self.last = found
