@@ -1,6 +1,8 @@
 """The straggler named from the hang probe's looks at the gang (core/stragglers.py, issue 41
 point 1): tables of looks, pure."""
 
+from collections import deque
+
 import pytest
 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import stragglers as S
@@ -130,3 +132,35 @@ def test_a_named_straggler_stays_named_down_to_hold():
     assert S.find(held, 120).straggler is None
     assert S.find(held, 120, named=3).straggler == 3
     assert S.find(looks(*([SLOW_3] * 4 + [other] * 9)), 120, named=3).straggler is None
+
+
+def _report(waiting, seq=5, done=False):
+    return {"quiet_s": 0.0, "seq": seq, "waiting": "all_reduce" if waiting else None,
+            "where": None, "stack": "", "age_s": 0.0, "done": done}
+
+
+def test_node_0s_watch_takes_a_look_only_of_the_whole_gang_in_its_groups():
+    """LeaderWatch._look_for_straggler (runtime/supervisor.py): a look of every rank, each in a
+    process group and none done; the changed Finding goes to on_straggler."""
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import (
+        Topology)
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.supervisor \
+        import LeaderWatch
+    from tests.unit.fakes import Clock
+
+    clock, told = Clock(), []
+    watch = LeaderWatch([], None, Topology(2, 2), clock=clock,
+                        stragglers=S.Window(window_s=20), on_straggler=told.append)
+    slow = {r: _report(r != 3) for r in range(4)}
+    for skipped in ({r: slow[r] for r in range(3)},                 # rank 3 not heard yet
+                    {**slow, 0: _report(True, seq=None)},           # rank 0 has no group yet
+                    {**slow, 2: _report(False, done=True)}):        # rank 2's body ended
+        for _ in range(12):
+            watch._look_for_straggler(skipped)
+            clock.sleep(1.0)
+    assert watch.stragglers.looks == deque() and told == []
+    for _ in range(11):
+        watch._look_for_straggler(slow)
+        clock.sleep(1.0)
+    assert [f.straggler for f in told] == [3]  # once its looks span half the window: 10 s
+    assert told[0].shares == {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0}
