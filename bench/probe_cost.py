@@ -8,6 +8,10 @@ Two measurements, in one run:
    interval (5 s: hang_timeout 600) and at its shortest (0.5 s), runs interleaved so that the
    machine's drift hits every variant alike; the median step time of each and its ratio to
    no probe.
+3. Node 0's straggler watch (core/stragglers.py, issue 41): what one look of the gang costs
+   node 0's task per hang check (Window.add with a full window of 120 s), for gangs of 4, 64
+   and 512 ranks at the default and the shortest probe interval, and that as a share of one
+   core. The ranks' probe is unchanged by it: node 0 reads the reports it read already.
 
     .venv/bin/python bench/probe_cost.py [--steps 300] [--repeats 5]
 
@@ -30,6 +34,7 @@ import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core import stragglers
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import stacks
 
 VARIANTS = {"none": None, "default (5 s)": stacks.interval_for(600),
@@ -61,6 +66,22 @@ def sample_cost(n=2000):
             return deep(30)
     finally:
         dist.destroy_process_group()
+
+
+def look_cost(world, interval, n=200):
+    """Seconds per Window.add of a gang of `world` ranks, looks `interval` s apart, its window
+    (stragglers.WINDOW_S) full; rank 1 the straggler."""
+    window = stragglers.Window()
+    look = {r: r != 1 for r in range(world)}
+    now = 0.0
+    for _ in range(int(stragglers.WINDOW_S / interval) + 1):
+        now += interval
+        window.add(now, look)
+    began = time.perf_counter()
+    for _ in range(n):
+        now += interval
+        window.add(now, look)
+    return (time.perf_counter() - began) / n
 
 
 def _train(rank, port, interval, steps, out):
@@ -107,6 +128,12 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     per_sample = sample_cost()
+    looks = {"%d ranks, a look every %g s" % (world, interval):
+             {"us": look_cost(world, interval) * 1e6, "interval_s": interval}
+             for world in (4, 64, 512) for interval in (stacks.interval_for(600),
+                                                         stacks.MIN_INTERVAL)}
+    for cost in looks.values():
+        cost["core_pct"] = cost["us"] / 1e6 / cost["interval_s"] * 100
     times = {name: [] for name in VARIANTS}
     for _ in range(args.repeats):
         for name, interval in VARIANTS.items():  # interleaved
@@ -118,6 +145,7 @@ def main():
         "step_ms": {n: statistics.median(t) * 1e3 for n, t in times.items()},
         "ratio_to_none": {n: statistics.median(t) / base for n, t in times.items()},
         "raw_s": times, "cpus": os.cpu_count(), "torch": torch.__version__,
+        "straggler_look": looks, "load_1min": os.getloadavg()[0],
     }
     results = REPO / "bench" / "results"
     results.mkdir(exist_ok=True)
@@ -127,6 +155,9 @@ def main():
     for name in VARIANTS:
         print("%-18s %.3f ms/step  x%.4f" % (name, result["step_ms"][name],
                                             result["ratio_to_none"][name]))
+    for name, cost in looks.items():
+        print("node 0, straggler look, %-32s %7.1f us  %.4f%% of a core"
+              % (name, cost["us"], cost["core_pct"]))
     print("written", path.relative_to(REPO))
 
 

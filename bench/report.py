@@ -35,8 +35,16 @@ EXEC_END = "<!-- end of the exec rank 0 section -->"
 # bench/rendezvous_seal.py's bench/results/seal-*.json.
 SEAL_START = "<!-- seal section: from a bench/rendezvous_seal.py run (issue 37) -->"
 SEAL_END = "<!-- end of the seal section -->"
+# The gang's card drawn by the task instead of a `card create` process (issue 41, point 4),
+# from bench/card_draw.py's bench/results/card-*.json and bench/ab_launch.py's ab-*.json.
+CARD_START = "<!-- card section: from bench/card_draw.py and bench/ab_launch.py runs (issue 41) -->"
+CARD_END = "<!-- end of the card section -->"
+# How long the gang takes to name its straggler (issue 41, point 1), from
+# bench/straggler_detect.py's bench/results/straggler-*.json.
+STRAGGLER_START = "<!-- straggler section: from a bench/straggler_detect.py run (issue 41) -->"
+STRAGGLER_END = "<!-- end of the straggler section -->"
 KEPT = ((SECTION_START, SECTION_END), (SCALE_START, SCALE_END), (EXEC_START, EXEC_END),
-        (SEAL_START, SEAL_END))
+        (SEAL_START, SEAL_END), (CARD_START, CARD_END), (STRAGGLER_START, STRAGGLER_END))
 PHASES = [("proc", "rank 0 process started"), ("body", "work starts"),
           ("import", "torch imported"), ("init", "group formed"),
           ("collective", "all-reduce done")]

@@ -395,3 +395,29 @@ def test_the_timeline_shows_every_round_of_a_gang_restarted_in_place():
     round0 = [s for s in data["timeline"] if s.get("round") == 0]
     assert all(s["end"] <= 3.1 for s in round0), round0
     assert max(s["end"] for s in data["timeline"]) == 9.0
+
+
+def test_waiting_in_collectives_per_rank_and_node_with_the_straggler():
+    """Issue 41 point 1: the straggler watch's last window on the card (core/stragglers.py)."""
+    from metaflow.cards import Markdown
+
+    named = dataclasses.replace(record(), waiting={0: 0.9, 1: 1.0, 2: 0.8, 3: 0.0},
+                                waiting_span_s=60.0, straggler=3)
+    again = events.GangRecord.from_dict(json.loads(json.dumps(named.to_dict())))
+    data = card.card_data(again)
+    assert data["waiting"] == [["0", "0", "90%", ""], ["1", "0", "100%", ""],
+                               ["2", "1", "80%", ""], ["3", "1", "0%", "straggler"]]
+    assert data["waiting_nodes"] == [["0", "95%"], ["1", "40%"]]
+    assert "Over the last 60 s" in data["waiting_note"]
+    assert "**Rank 3 (node 1) was the straggler**" in data["waiting_note"]
+    texts = [c.render().get("source", "") for c in card.components(data)
+             if isinstance(c, Markdown)]
+    assert any(t.startswith("### Waiting in collectives") for t in texts)
+    balanced = card.card_data(dataclasses.replace(named, straggler=None))
+    assert "No rank was the straggler." in balanced["waiting_note"]
+    assert all(row[3] == "" for row in balanced["waiting"])
+    # no window taken (hang detection off, or a gang too short): no section
+    plain = card.card_data(record())
+    assert plain["waiting"] == [] and not any(
+        t.startswith("### Waiting") for t in
+        [c.render().get("source", "") for c in card.components(plain) if isinstance(c, Markdown)])

@@ -39,6 +39,11 @@ TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT = from_conf("TORCH_DISTRIBUTED_HEARTBEAT_TIM
 # gang is failed as hung, naming the straggler with its stack (stacks.py); 0 turns it off.
 TORCH_DISTRIBUTED_HANG_TIMEOUT = from_conf("TORCH_DISTRIBUTED_HANG_TIMEOUT", 600)
 
+# Seconds of training over which node 0 names the straggler, the rank the others wait for
+# (core/stragglers.py: from the hang probe's samples, so only while hang detection is on);
+# named once half of it has passed. 0 turns it off.
+TORCH_DISTRIBUTED_STRAGGLER_WINDOW = from_conf("TORCH_DISTRIBUTED_STRAGGLER_WINDOW", 120)
+
 # Seconds every rank of a preempted gang (a SIGTERM to one of its nodes) is given to save
 # before what still runs is stopped; under the schedulers' own stop timeouts (30 s).
 TORCH_DISTRIBUTED_PREEMPT_GRACE = from_conf("TORCH_DISTRIBUTED_PREEMPT_GRACE", 25)

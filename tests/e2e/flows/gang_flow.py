@@ -12,7 +12,8 @@ group a short timeout so that the peers of a hung rank give up), raise_with_chil
 a torch.multiprocessing child running that ignores SIGTERM; the child writes its pid to
 $TD_MARK_DIR/child-pid), oom (allocates until the kernel's OOM killer ends it).
 TD_SLOW_RANK, TD_SLOW_S, TD_SLOW_STEPS: before the collective, every rank runs TD_SLOW_STEPS
-all_reduces, and rank TD_SLOW_RANK sleeps TD_SLOW_S seconds before each (slow, never hung).
+all_reduces, and rank TD_SLOW_RANK sleeps TD_SLOW_S seconds before each (slow, never hung);
+with TD_SLOW_BY_TURNS set, the rank that sleeps before step i is i % world size instead.
 TD_RANK0_IGNORE_SIGCHLD: rank 0 (the task) ignores SIGCHLD first, as some libraries do.
 TD_RANK0_LATE_COLLECTIVE: rank 0 calls one more all_reduce after the others left the body.
 TD_RAISES_AS_STOPPED (a rank): that rank ignores SIGTERM (the failing rank waits for it to),
@@ -175,8 +176,10 @@ class GangFlow(FlowSpec):
             self.listening = listening_addresses()
         if os.environ.get("TD_FAIL_WHEN") == "in_loader":
             train_on_loader(dist)
-        for _ in range(int(os.environ.get("TD_SLOW_STEPS", "0"))):
-            if int(os.environ.get("TD_SLOW_RANK", -1)) == dist.get_rank():
+        for i in range(int(os.environ.get("TD_SLOW_STEPS", "0"))):
+            slow = i % dist.get_world_size() if os.environ.get("TD_SLOW_BY_TURNS") else \
+                int(os.environ.get("TD_SLOW_RANK", -1))
+            if slow == dist.get_rank():
                 time.sleep(float(os.environ["TD_SLOW_S"]))  # slow, but it gets there
             dist.all_reduce(torch.ones(1))
         t = torch.tensor([float(dist.get_rank() + 1)])

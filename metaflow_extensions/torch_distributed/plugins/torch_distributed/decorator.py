@@ -193,6 +193,7 @@ class TorchDistributedDecorator(StepDecorator):
             start_method=self.settings.start_method,
             heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
             hang_timeout_s=self.settings.hang_timeout_s,
+            straggler_window_s=self.settings.straggler_window_s,
             preempt_grace_s=self.settings.preempt_grace_s,
             max_restarts=self.settings.max_restarts,
             # a step --with put the decorator on may do no distributed work: warn, not fail
@@ -515,7 +516,8 @@ def _configured_settings() -> Dict[str, Any]:
         TORCH_DISTRIBUTED_ABORT_GRACE, TORCH_DISTRIBUTED_CARD, TORCH_DISTRIBUTED_FINISH_TIMEOUT,
         TORCH_DISTRIBUTED_HANG_TIMEOUT, TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT,
         TORCH_DISTRIBUTED_MAX_RESTARTS, TORCH_DISTRIBUTED_PREEMPT_GRACE,
-        TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT, TORCH_DISTRIBUTED_START_METHOD)
+        TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT, TORCH_DISTRIBUTED_START_METHOD,
+        TORCH_DISTRIBUTED_STRAGGLER_WINDOW)
 
     return {"RENDEZVOUS_TIMEOUT": TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT,
             "FINISH_TIMEOUT": TORCH_DISTRIBUTED_FINISH_TIMEOUT,
@@ -525,6 +527,7 @@ def _configured_settings() -> Dict[str, Any]:
             "HANG_TIMEOUT": TORCH_DISTRIBUTED_HANG_TIMEOUT,
             "PREEMPT_GRACE": TORCH_DISTRIBUTED_PREEMPT_GRACE,
             "CARD": TORCH_DISTRIBUTED_CARD,
+            "STRAGGLER_WINDOW": TORCH_DISTRIBUTED_STRAGGLER_WINDOW,
             "MAX_RESTARTS": TORCH_DISTRIBUTED_MAX_RESTARTS}
 
 

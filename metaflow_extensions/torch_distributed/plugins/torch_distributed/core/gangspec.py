@@ -62,6 +62,8 @@ class Blueprint:
     # the group check's mode when METAFLOW_TORCH_DISTRIBUTED_GROUP_CHECK is not set: "error"
     # where the user wrote the decorator, "warn" where it came from --with (groupcheck.py)
     group_check_default: str
+    # over how many seconds node 0 names the straggler (core/stragglers.py); None: off
+    straggler_window_s: Optional[float] = 120.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -38,6 +38,9 @@ class GangSettings:
     # How many times a failed gang is started again in place, within the attempt, before the
     # attempt fails (gang/leader.py, Leader._restart); 0: never, every failure is the attempt's.
     max_restarts: int = 0
+    # Over how many seconds node 0 names the rank the others wait for (core/stragglers.py);
+    # None: it names none (0 given).
+    straggler_window_s: Optional[float] = 120.0
 
 
 def resolve(step_name: str, attributes: Mapping[str, Any],
@@ -67,6 +70,8 @@ def resolve(step_name: str, attributes: Mapping[str, Any],
         card=_switch(step_name, "card", attributes.get("card"), config["CARD"]),
         max_restarts=_count(step_name, "max_restarts", attributes.get("max_restarts"),
                             config.get("MAX_RESTARTS", 0)),
+        straggler_window_s=_seconds_or_off(step_name, "straggler_window", None,
+                                           config.get("STRAGGLER_WINDOW", 120)),
     )
 
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
-from ..core import naming, rounds
+from ..core import naming, rounds, stragglers
 from ..core.envcontract import foreign_launcher_vars
 from ..core.errors import (
     TorchDistributedGangFailed,
@@ -395,7 +395,16 @@ class Leader:
             hang_timeout=spec.blueprint.hang_timeout_s,
             on_preempt=self._preempt_gang,
             agents_stay=bool(spec.blueprint.max_restarts),
-            flood=FloodWatch(attempt.control.num_keys, self.topology.world_size)).start()
+            flood=FloodWatch(attempt.control.num_keys, self.topology.world_size),
+            stragglers=stragglers.Window(spec.blueprint.straggler_window_s)
+            if spec.blueprint.straggler_window_s else None,
+            on_straggler=self._name_straggler).start()
+
+    def _name_straggler(self, found: stragglers.Finding) -> None:
+        """(From the watch's thread.) The straggler changed: one line in the run's output."""
+        nodes = {rank: self.topology.locate(rank)[0] for rank in found.shares}
+        say("@torch_distributed on step *%s*: %s" % (self.step_name,
+                                                     stragglers.line(found, nodes)))
 
     def _settle(self, attempt: _Attempt) -> None:
         """Once every process of the gang has stopped: what happened, and the card's record."""
@@ -420,10 +429,16 @@ class Leader:
                 for node in range(1, self.topology.nodes):
                     remote[node] = control.node_events(node)
             # restarts in place: the root causes and records of the rounds before the last
-            return attempt.recorder.collect(
+            record = attempt.recorder.collect(
                 attempt.spec.work_dir, runner.slots, runner.spawned, remote, failures,
                 root_cause(failures), list(runner.stopped), restarted=attempt.rounds,
                 rounds=[r for r in attempt.round_records if r is not None])
+            window = attempt.watch.stragglers if attempt.round_watch is not None else None
+            found = window.last if window is not None else None
+            if found is None:
+                return record
+            return dataclasses.replace(record, waiting=dict(found.shares),
+                                       waiting_span_s=found.span_s, straggler=found.straggler)
         except Exception as ex:  # noqa: BLE001 - the card is a view; the step's result stands
             print("@torch_distributed on step *%s*: could not record the gang for its card: %s"
                   % (self.step_name, ex), file=sys.stderr, flush=True)

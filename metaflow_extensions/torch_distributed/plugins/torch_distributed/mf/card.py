@@ -133,6 +133,11 @@ class CardData(TypedDict):
     attempts: List[List[str]]
     ignored: Dict[str, int]
     restarts: List[List[str]]
+    # waiting in collectives (core/stragglers.py): what the section says, then a row per rank
+    # and a row per node; empty when the straggler watch took no window
+    waiting_note: str
+    waiting: List[List[str]]
+    waiting_nodes: List[List[str]]
 
 
 def card_data(record: GangRecord, history: Sequence[GangRecord] = ()) -> CardData:
@@ -175,7 +180,40 @@ def card_data(record: GangRecord, history: Sequence[GangRecord] = ()) -> CardDat
         ignored=dict(record.ignored_messages),
         restarts=[[str(r.round), "%.1f s" % _since(r.at, t0), r.sentence]
                   for r in record.restarts],
+        **_waiting(record),
     )
+
+
+class _Waiting(TypedDict):
+    waiting_note: str
+    waiting: List[List[str]]
+    waiting_nodes: List[List[str]]
+
+
+def _waiting(record: GangRecord) -> _Waiting:
+    """The card's rows of each rank's and each node's share of time waiting in collectives,
+    from the straggler watch's last window (core/stragglers.py)."""
+    if not record.waiting:
+        return _Waiting(waiting_note="", waiting=[], waiting_nodes=[])
+    span = "%.0f s" % record.waiting_span_s
+    note = ("Over the last %s of training: each rank's share of the hang probe's looks in which "
+            "it was waiting in a collective (or in backward, where DDP's all-reduces run). "
+            % span)
+    if record.straggler is None:
+        note += "No rank was the straggler."
+    else:
+        note += ("**Rank %d (node %d) was the straggler**: in most looks it was the only rank "
+                 "not in a collective, while the others waited for it."
+                 % (record.straggler, record.straggler // record.nproc_per_node))
+    rows = [[str(rank), str(rank // record.nproc_per_node), "%.0f%%" % (100 * share),
+             "straggler" if rank == record.straggler else ""]
+            for rank, share in sorted(record.waiting.items())]
+    by_node: Dict[int, List[float]] = {}
+    for rank, share in record.waiting.items():
+        by_node.setdefault(rank // record.nproc_per_node, []).append(share)
+    nodes = [[str(node), "%.0f%%" % (100 * sum(shares) / len(shares))]
+             for node, shares in sorted(by_node.items())]
+    return _Waiting(waiting_note=note, waiting=rows, waiting_nodes=nodes)
 
 
 def _failed_at(failures: Iterable[Failure]) -> Dict[int, float]:
@@ -430,6 +468,10 @@ def components(data: CardData) -> List[Any]:
                          "started again in the same attempt; the timeline shows every round, each "
                          "earlier round's bars ending where the gang stopped it."),
                 Table(data["restarts"], headers=["Round", "Failed at", "Root cause"])]
+    if data.get("waiting"):
+        out += [Markdown("### Waiting in collectives\n\n%s" % data["waiting_note"]),
+                Table(data["waiting"], headers=["Rank", "Node", "Waiting", ""]),
+                Table(data["waiting_nodes"], headers=["Node", "Waiting (mean of its ranks)"])]
     if data["ignored"]:
         out.append(Markdown("### Ignored messages\n\n%s" % ignored_note(data["ignored"])))
     if len(data["attempts"]) > 1:

@@ -267,6 +267,11 @@ class GangRecord:
     ignored_messages: Counts = field(default_factory=dict)
     restarts: Tuple[RestartRecord, ...] = ()
     rounds: Tuple[RoundRecord, ...] = ()
+    # what node 0's straggler watch saw last (core/stragglers.py): each rank's share of the
+    # looks in which it waited in a collective, over `waiting_span_s` s, and the straggler
+    waiting: Dict[int, float] = field(default_factory=dict)
+    waiting_span_s: float = 0.0
+    straggler: Optional[int] = None
     version: int = RECORD_VERSION
 
     def as_round(self, round_: int, started: float, ended: float) -> RoundRecord:
@@ -290,7 +295,9 @@ class GangRecord:
                    for rank, streams in self.tails.items()},
             ignored_messages=dict(self.ignored_messages),
             restarts=[r.to_dict() for r in self.restarts],
-            rounds=[r.to_dict() for r in self.rounds])
+            rounds=[r.to_dict() for r in self.rounds],
+            waiting={str(rank): share for rank, share in self.waiting.items()},
+            waiting_span_s=self.waiting_span_s, straggler=self.straggler)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "GangRecord":
@@ -314,6 +321,9 @@ class GangRecord:
             ignored_messages=dict(data.get("ignored_messages") or {}),
             restarts=tuple(RestartRecord.from_dict(r) for r in data.get("restarts") or ()),
             rounds=tuple(RoundRecord.from_dict(r) for r in data.get("rounds") or ()),
+            waiting=_by_rank(data.get("waiting"), float),
+            waiting_span_s=float(data.get("waiting_span_s") or 0.0),
+            straggler=data.get("straggler"),
             version=data.get("version", RECORD_VERSION))
 
 

@@ -31,6 +31,7 @@ from typing import (Callable, Collection, Dict, Iterable, List, Mapping, Optiona
                     Sequence, Set, Tuple, TypeVar, Union)
 
 from ..core import failures as F
+from ..core.stragglers import Finding, Window
 from ..core.topology import Topology
 from ..runtime import oom, stacks
 from ..runtime.control import ControlPlane
@@ -439,8 +440,14 @@ class LeaderWatch(Watch):
                  clock: Callable[[], float] = time.monotonic,
                  progress: Optional[NodeProgress] = None, hang_timeout: Optional[float] = None,
                  on_preempt: Optional[OnPreempt] = None, leader_slot: Optional[Slot] = None,
-                 agents_stay: bool = False, flood: Optional[FloodWatch] = None) -> None:
+                 agents_stay: bool = False, flood: Optional[FloodWatch] = None,
+                 stragglers: Optional[Window] = None,
+                 on_straggler: Optional[Callable[[Finding], object]] = None) -> None:
         super().__init__(slots, control, topology, on_failure, clock)
+        # straggler detection (core/stragglers.py): a look of the whole gang per hang check;
+        # `on_straggler` is called with a Finding whose straggler changed
+        self.stragglers = stragglers
+        self.on_straggler = on_straggler
         # the store's keys and node 0's memory, once a full look (floodwatch.py)
         self.flood = flood
         self._next_flood_check = clock()
@@ -587,6 +594,7 @@ class LeaderWatch(Watch):
             if tampered is not None:
                 return tampered
         self._last_reports = reports
+        self._look_for_straggler(reports)
         found = stacks.verdict(reports, self.topology.world_size, self.hang_timeout,
                                self.topology.locate)
         if found is None:
@@ -595,6 +603,18 @@ class LeaderWatch(Watch):
         node, local_rank = self.topology.locate(rank)
         return F.Failure(rank, node, F.FailureKind.HUNG, now, local_rank=local_rank,
                          message=text)
+
+    def _look_for_straggler(self, reports: Mapping[int, Report]) -> None:
+        """Add one look of the gang (every rank reported, in a process group, none done) to
+        the straggler window, and tell `on_straggler` when the straggler changed."""
+        if self.stragglers is None or len(reports) < self.topology.world_size:
+            return
+        if any(r["done"] or r["seq"] is None for r in reports.values()):
+            return
+        changed = self.stragglers.add(self.clock(),
+                                      {rank: bool(r["waiting"]) for rank, r in reports.items()})
+        if changed is not None and self.on_straggler is not None:
+            self.on_straggler(changed)
 
     def _check_flood(self, now: float) -> Optional[F.Failure]:
         if self.flood is None or self.clock() < self._next_flood_check:
