@@ -154,7 +154,9 @@ class TorchDistributedDecorator(StepDecorator):
             gpus, source = (visible, "%d visible GPUs" % visible) if visible else (None, None)
         self.on_batch = any(d.name == "batch" for d in decorators)
         self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
-        cpus, cpu_source = (devices.node_cpus(decorators, self.on_batch or self.on_kubernetes,
+        on_slurm = any(d.name == "torch_slurm" for d in decorators)
+        cpus, cpu_source = (devices.node_cpus(decorators, self.on_batch or self.on_kubernetes
+                                              or on_slurm,
                                               step_name=step_name)
                             if self.attributes["nproc_per_node"] == "auto" else (None, None))
         try:

@@ -43,6 +43,7 @@ REMOTE_MARKERS = (
     ("METAFLOW_AIRFLOW_DAG_RUN_ID", "Airflow"),
     ("AWS_BATCH_JOB_ID", "AWS Batch"),
     ("METAFLOW_KUBERNETES_WORKLOAD", "Kubernetes"),
+    ("SLURM_JOB_ID", "Slurm"),
 )
 # Metaflow's own signal (what @parallel reads): "local" unless a remote backend runs the task.
 RUNTIME_ENVIRONMENT = "METAFLOW_RUNTIME_ENVIRONMENT"
