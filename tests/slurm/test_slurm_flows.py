@@ -1,0 +1,120 @@
+"""Flows through `python flow.py run --with torch_slurm` on a real Slurm cluster (.ci/slurm):
+real slurmctld and slurmd, real sbatch and srun, real gloo process groups."""
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+NODES = {"n1", "n2", "n3", "n4"}
+
+
+def job_ids(output):
+    return re.findall(r"\[slurm\] submitted job (\d+)", output)
+
+
+def wait_running(cluster, name_part, timeout=60.0):
+    """The id of the job whose name has `name_part` once it runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in cluster.queue():
+            job_id, state, name = line.split()
+            if name_part in name and state == "RUNNING":
+                return job_id
+        time.sleep(0.2)
+    pytest.fail("no running job named *%s* after %s s: %s" % (name_part, timeout,
+                                                              cluster.queue()))
+
+
+def test_plain_steps_are_one_node_jobs_with_their_options(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_plain_flow.py")
+    assert result.returncode == 0, result
+    places = slurm_runner.client(
+        "result = Flow('SlurmPlainFlow').latest_run['end'].task.data.places")
+    assert [p["nodes"] for p in places] == ["1", "1", "1"], places
+    assert {p["host"] for p in places} <= NODES, places  # on compute nodes, not the login node
+    assert len({p["job"] for p in places}) == 3, places  # one job per step
+    assert job_ids(result.output) == [p["job"] for p in places]
+    middle = slurm_cluster.job(places[1]["job"])
+    assert "TimeLimit=00:10:00" in middle and "Partition=debug" in middle, middle
+    assert "Requeue=0" in middle, middle  # --no-requeue
+    assert "JobState=COMPLETED" in middle, middle
+
+
+def test_gang_2x2_runs_on_two_nodes(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_gang_flow.py")
+    assert result.returncode == 0, result
+    data = slurm_runner.client(
+        "t = Flow('SlurmGangFlow').latest_run['train'].task\n"
+        "result = dict(places=t.data.places, total=t.data.total, stdout=t.stdout)")
+    places = sorted(data["places"], key=lambda p: p["rank"])
+    assert [p["rank"] for p in places] == [0, 1, 2, 3]
+    assert data["total"] == 10.0  # 1 + 2 + 3 + 4, all-reduced over the gang
+    assert {p["world_size"] for p in places} == {4}
+    hosts = [p["host"] for p in places]
+    assert hosts[0] == hosts[1] and hosts[2] == hosts[3] and hosts[0] != hosts[2], hosts
+    assert set(hosts) <= NODES, hosts
+    # SLURM_* stays out of the ranks' environment (Lightning would take a node for the world)
+    assert all(p["slurm"] == [] for p in places), places
+    # every node's ranks reach the task's log, node 1's shipped to node 0
+    for rank, host in enumerate(hosts):
+        assert "rank %d says hello from %s" % (rank, host) in data["stdout"], data["stdout"]
+    train_job = job_ids(result.output)[1]
+    shown = slurm_cluster.job(train_job)
+    assert "NumNodes=2 " in shown and "JobState=COMPLETED" in shown, shown
+    print("2x2 gang flow: %.1f s from run to done" % result.elapsed)
+
+
+def test_a_rank_failure_fails_the_job_fast_with_its_traceback(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_gang_flow.py", env={"TD_FAIL_RANK": "3"})
+    assert result.returncode != 0, result
+    assert "ValueError: injected failure on rank 3" in result.output, result
+    assert "Traceback" in result.output, result
+    assert re.search(r"Slurm job \d+ failed.*JobState=FAILED", result.output), result
+    assert slurm_cluster.wait_queue_empty(timeout=10) == []
+    assert result.elapsed < 90, result
+
+
+def test_bad_option_is_refused_before_any_job(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_bad_time_flow.py")
+    assert result.returncode != 0, result
+    assert "@torch_slurm on step start: time='2h' is not one of Slurm's time forms" \
+        in result.output, result
+    assert job_ids(result.output) == []
+
+
+def test_scancel_mid_step_fails_the_step_as_cancelled(slurm_runner, slurm_cluster):
+    run = slurm_runner.popen("slurm_gang_flow.py", env={"TD_BUSY": "120"})
+    try:
+        job_id = wait_running(slurm_cluster, ".train.")
+        time.sleep(3)  # the ranks are in their all-reduces
+        slurm_cluster.query("scancel", job_id)
+        out, err = run.communicate(timeout=90)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode != 0, out + err
+    # the task's log, as Metaflow's runtime shows it
+    assert "Slurm job %s was cancelled" % job_id in out, out + err
+    assert "JobState=CANCELLED" in out, out + err
+    assert slurm_cluster.wait_queue_empty(timeout=10) == []
+
+
+def test_ctrl_c_leaves_the_queue_empty(slurm_runner, slurm_cluster):
+    run = subprocess.Popen(slurm_runner.argv("slurm_gang_flow.py", "run", "--with",
+                                             "torch_slurm"),
+                           cwd=slurm_runner.root, env=slurm_runner.env({"TD_BUSY": "120"}),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        wait_running(slurm_cluster, ".train.")
+        os.killpg(run.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
+        out, err = run.communicate(timeout=90)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode != 0, out + err
+    assert slurm_cluster.wait_queue_empty(timeout=30) == [], out + err
