@@ -98,14 +98,14 @@ def guard(job_id: str) -> int:
     return 0
 
 
-class Interrupted(Exception):
+class SlurmWatchInterrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
 def _interrupt(signum: int, frame: Optional[FrameType]) -> None:
-    raise Interrupted(signum)
+    raise SlurmWatchInterrupted(signum)
 
 
 def cancel(job: SlurmJob, job_id: str, why: str, tails: List[Tail]) -> None:
@@ -173,7 +173,7 @@ def main(argv: Sequence[str]) -> int:
         print("[slurm] submitted job %s: %d node(s), folder %s" % (job_id, job.nodes,
                                                                     job.work_dir), flush=True)
         status = watch(job, job_id, tails)
-    except Interrupted as ex:
+    except SlurmWatchInterrupted as ex:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         cancel(job, job_id, "interrupted (%s)" % ex, tails)

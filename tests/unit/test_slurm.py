@@ -1,0 +1,98 @@
+"""The Slurm backend's pure parts: the job's commands and scripts, its states, its options."""
+
+import pytest
+
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import slurm
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
+    TorchDistributedEnvironmentError, TorchSlurmConfigError)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.spinstep import Shell
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.slurm_decorator import (
+    slurm_options)
+
+
+def job(**changes):
+    fields = dict(step_name="train", name="F.train.2", nodes=2, work_dir="/shared/j",
+                  cwd="/shared/flow", options=slurm.SlurmOptions(partition="gpu", time="10"),
+                  task_env={slurm.MAIN_NODE_ENV: '{"step": "train", "nodes": 2}'},
+                  agent_env={"A": "it's"},
+                  **slurm.agent_words(["py", "flow.py", "spin-step", "train", "--task-id",
+                                       Shell("2-node-${SLURM_NODEID}")]))
+    fields.update(changes)
+    return slurm.SlurmJob(**fields)
+
+
+def test_sbatch_asks_one_task_per_node_no_requeue_and_appended_output():
+    argv = slurm.sbatch_argv(job(), "/shared/j/job.sh")
+    assert argv[:2] == ["sbatch", "--parsable"]
+    for word in ("--nodes=2", "--ntasks-per-node=1", "--no-requeue", "--open-mode=append",
+                 "--output=/shared/j/job.out", "--error=/shared/j/job.err",
+                 "--partition=gpu", "--time=10", "--chdir=/shared/flow"):
+        assert word in argv
+    assert argv[-1] == "/shared/j/job.sh"
+
+
+def test_node_script_runs_the_task_on_node_0_and_the_agent_elsewhere():
+    text = slurm.node_script(job(), ["py", "flow.py", "step", "train", "--input-paths", "a b"])
+    zero, agents = text.split("\nfi\n")
+    assert 'if [ "$SLURM_NODEID" = 0 ]' in zero
+    assert "export METAFLOW_TORCH_DISTRIBUTED_SLURM_MAIN=" in zero
+    assert "exec py flow.py step train --input-paths 'a b'" in zero
+    assert "unset METAFLOW_TORCH_DISTRIBUTED_SLURM_MAIN" in agents  # the plan is node 0's
+    assert "export A='it'\"'\"'s'" in agents
+    assert "--task-id 2-node-${SLURM_NODEID}" in agents  # the node's shell expands it
+    assert 'node-"$SLURM_NODEID".log' in agents
+
+
+def test_a_job_round_trips_through_its_file():
+    assert slurm.SlurmJob.from_json(job().to_json()) == job()
+
+
+@pytest.mark.parametrize("state, ends", [
+    ("PENDING", None), ("RUNNING", None), ("COMPLETING", None), ("COMPLETED", ""),
+    ("FAILED", "failed"), ("CANCELLED", "was cancelled"), ("NODE_FAIL", "lost a node"),
+    ("TIMEOUT", "time limit"), ("PREEMPTED", "preempted"), ("OUT_OF_MEMORY", "out of memory"),
+    ("BOOT_FAIL", "boot"), ("DEADLINE", "deadline"), ("SPECIAL_EXIT", "does not know"),
+])
+def test_only_completed_succeeds_and_completing_still_runs(state, ends):
+    fields = slurm.parse_job("JobId=7 JobName=x JobState=%s Reason=NodeDown "
+                             "ExitCode=0:9 NodeList=n[1-2]" % state)
+    message = slurm.ending("train", "7", fields)
+    if ends in (None, ""):
+        assert message == ends
+    else:
+        assert ends in message and "JobState=%s" % state in message
+        assert "Reason=NodeDown" in message and "NodeList=n[1-2]" in message
+
+
+def test_node_0_address_is_the_first_host_resolved_and_never_loopback():
+    run = lambda argv: "n3\nn4\n"  # noqa: E731
+    env = {slurm.NODE_LIST: "n[3-4]"}
+    assert slurm.node_zero_address("train", 2, env, run, lambda n: "10.0.0.3") == "10.0.0.3"
+    with pytest.raises(TorchDistributedEnvironmentError, match="loopback address 127.0.1.1"):
+        slurm.node_zero_address("train", 2, env, run, lambda n: "127.0.1.1")
+
+
+def test_a_job_of_another_size_than_planned_is_refused():
+    env = {slurm.MAIN_NODE_ENV: '{"step": "train", "nodes": 2}', slurm.NUM_NODES: "3"}
+    with pytest.raises(TorchDistributedEnvironmentError, match="needs 2 nodes"):
+        slurm.planned_nodes(env, "train")
+    assert slurm.planned_nodes(dict(env, **{slurm.NUM_NODES: "2"}), "train") == 2
+
+
+@pytest.mark.parametrize("attributes, words", [
+    ({}, []),
+    ({"time": "1-02:00", "qos": "high", "gpu": 4, "cpu": "8"},
+     ["--qos=high", "--time=1-02:00", "--gpus-per-node=4", "--cpus-per-task=8"]),
+])
+def test_options(attributes, words):
+    assert slurm_options("train", attributes).sbatch_words() == words
+
+
+@pytest.mark.parametrize("attributes, match", [
+    ({"time": "2h"}, r"time='2h' is not one of Slurm's time forms"),
+    ({"gpu": "four"}, r"gpu='four' is not a whole number of GPUs per node"),
+    ({"partition": "a b"}, r"partition='a b' is not one word"),
+])
+def test_bad_options_name_the_step_the_value_and_the_fix(attributes, match):
+    with pytest.raises(TorchSlurmConfigError, match=r"@torch_slurm on step \*train\*: " + match):
+        slurm_options("train", attributes)
