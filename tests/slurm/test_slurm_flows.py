@@ -118,3 +118,12 @@ def test_ctrl_c_leaves_the_queue_empty(slurm_runner, slurm_cluster):
             os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode != 0, out + err
     assert slurm_cluster.wait_queue_empty(timeout=30) == [], out + err
+
+
+def test_a_gang_larger_than_the_partition_is_refused_at_submission(slurm_runner,
+                                                                   slurm_cluster):
+    result = slurm_runner.run("slurm_gang_flow.py", env={"TD_NODES": "5", "TD_NPROC": "1"})
+    assert result.returncode != 0, result
+    assert "the gang needs 5 nodes, but partition debug has 4 nodes" in result.output, result
+    assert len(job_ids(result.output)) == 1  # the start step's; the gang's was never submitted
+    assert slurm_cluster.wait_queue_empty(timeout=5) == []

@@ -5,9 +5,8 @@ import pytest
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import slurm
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
     TorchDistributedEnvironmentError, TorchSlurmConfigError)
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf.spinstep import Shell
-from metaflow_extensions.torch_distributed.plugins.torch_distributed.slurm_decorator import (
-    slurm_options)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends.slurm_decorator \
+    import slurm_options
 
 
 def job(**changes):
@@ -15,8 +14,8 @@ def job(**changes):
                   cwd="/shared/flow", options=slurm.SlurmOptions(partition="gpu", time="10"),
                   task_env={slurm.MAIN_NODE_ENV: '{"step": "train", "nodes": 2}'},
                   agent_env={"A": "it's"},
-                  **slurm.agent_words(["py", "flow.py", "spin-step", "train", "--task-id",
-                                       Shell("2-node-${SLURM_NODEID}")]))
+                  agent_argv=["py", "flow.py", "spin-step", "train", "--task-id",
+                              "2-node-${SLURM_NODEID}"], agent_shell_words=[5])
     fields.update(changes)
     return slurm.SlurmJob(**fields)
 
@@ -96,3 +95,17 @@ def test_options(attributes, words):
 def test_bad_options_name_the_step_the_value_and_the_fix(attributes, match):
     with pytest.raises(TorchSlurmConfigError, match=r"@torch_slurm on step \*train\*: " + match):
         slurm_options("train", attributes)
+
+
+PARTITIONS = ("PartitionName=debug Default=YES MaxNodes=UNLIMITED Nodes=n[1-4] TotalNodes=4\n"
+              "PartitionName=big Default=NO MaxNodes=8 Nodes=b[1-16] TotalNodes=16\n")
+
+
+@pytest.mark.parametrize("nodes, wanted, refused", [
+    (4, None, None), (5, None, "partition debug has 4 nodes"), (8, "big", None),
+    (9, "big", "partition big has 8 nodes (TotalNodes=16 MaxNodes=8"), (50, "nope", None),
+])
+def test_a_gang_larger_than_its_partition_is_refused_with_the_partitions_numbers(
+        nodes, wanted, refused):
+    message = slurm.partition_refusal("train", nodes, wanted, PARTITIONS)
+    assert message == refused if refused is None else refused in message

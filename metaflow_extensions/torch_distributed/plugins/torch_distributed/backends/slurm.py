@@ -28,7 +28,6 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 from ..core import naming
 from ..core.errors import TorchDistributedEnvironmentError
 from ..core.gangspec import AgentOrder, NodeZero, TaskIdentity
-from ..mf.spinstep import Shell
 from . import address, trampoline
 from .base import AgentPlace, Backend, GangStep
 
@@ -81,8 +80,9 @@ class SlurmJob:
     cwd: str  # the flow's folder, where every node runs its command
     options: SlurmOptions
     task_env: Dict[str, str] = field(default_factory=dict)  # node 0's only
-    agent_argv: List[str] = field(default_factory=list)  # Shell words marked "$"-prefixed
-    agent_shell_words: List[int] = field(default_factory=list)  # their indices in agent_argv
+    agent_argv: List[str] = field(default_factory=list)
+    # the indices of agent_argv's words the node's shell expands (spinstep.Shell words)
+    agent_shell_words: List[int] = field(default_factory=list)
     agent_env: Dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -104,13 +104,6 @@ class SlurmJob:
 
     def node_log(self, node: int) -> str:
         return "%s/node-%d.log" % (self.work_dir, node)
-
-
-def agent_words(argv: Sequence[str]) -> Dict[str, List]:
-    """SlurmJob's agent_argv and agent_shell_words of a command whose Shell words the node
-    expands."""
-    return {"agent_argv": [str(w) for w in argv],
-            "agent_shell_words": [i for i, w in enumerate(argv) if isinstance(w, Shell)]}
 
 
 def sbatch_argv(job: SlurmJob, batch_script: str) -> List[str]:
@@ -146,6 +139,28 @@ def node_script(job: SlurmJob, task_argv: Sequence[str]) -> str:
     lines += ['exec >> %s/node-"$%s".log 2>&1' % (shlex.quote(job.work_dir), NODE_ID),
               "exec %s" % agent, ""]
     return "\n".join(lines)
+
+
+def partition_refusal(step_name: str, nodes: int, wanted: Optional[str],
+                      partitions: str) -> Optional[str]:
+    """Why a job of `nodes` nodes in partition `wanted` (None: the default one) could never
+    start, from `scontrol show partition -o` (`partitions`), or None. Slurm itself accepts
+    such a job and leaves it PENDING (Reason=PartitionConfig) for ever."""
+    found = [parse_job(line) for line in partitions.splitlines() if line.strip()]
+    chosen = [p for p in found if (p.get("PartitionName") == wanted if wanted
+                                   else p.get("Default") == "YES")]
+    if not chosen:
+        return None  # sbatch names an unknown partition itself
+    fields = chosen[0]
+    limits = [int(fields[k]) for k in ("TotalNodes", "MaxNodes") if fields.get(k, "").isdigit()]
+    if not limits or nodes <= min(limits):
+        return None
+    return ("@torch_slurm on step *%s*: the gang needs %d nodes, but partition %s has %s "
+            "nodes (TotalNodes=%s MaxNodes=%s, Nodes=%s): the job could never start. Use "
+            "fewer nodes (@torch_distributed(nodes=...)) or a larger partition "
+            "(@torch_slurm(partition=...); `sinfo` lists them)."
+            % (step_name, nodes, fields.get("PartitionName"), min(limits),
+               fields.get("TotalNodes"), fields.get("MaxNodes"), fields.get("Nodes")))
 
 
 # -- the job's state, as `scontrol show job -o` says it -------------------------------------

@@ -21,7 +21,7 @@ from types import FrameType
 from typing import BinaryIO, Dict, List, Optional, Sequence
 
 from .slurm import SlurmJob, batch_script, ending, job_state, node_script, parse_job, \
-    sbatch_argv
+    partition_refusal, sbatch_argv
 
 POLL_S = 0.5
 # How long a cancelled job may stay in the queue (COMPLETING) before this process gives up
@@ -58,6 +58,13 @@ def submit(job: SlurmJob, task_argv: Sequence[str]) -> str:
     with open(batch, "w") as f:
         f.write(batch_script(job, node))
     argv = sbatch_argv(job, batch)
+    if job.nodes > 1:
+        shown = subprocess.run(["scontrol", "show", "partition", "-o"], capture_output=True,
+                               text=True)
+        refusal = partition_refusal(job.step_name, job.nodes, job.options.partition,
+                                    shown.stdout)
+        if refusal:
+            raise SystemExit(refusal)
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit("@torch_slurm on step *%s*: sbatch refused the job of %d node(s): %s"

@@ -25,15 +25,16 @@ from typing import Any, Dict, List, Optional
 
 from metaflow.decorators import StepDecorator
 
-from .backends import slurm, trampoline
-from .core import naming
-from .core.errors import TorchSlurmConfigError
-from .core.gangspec import AgentOrder, TaskIdentity
-from .mf import internals
-from .mf.spinstep import Shell, SpinOptions, spin_env_additions, spin_step_words
+from . import slurm, trampoline
+
+from ..core import naming
+from ..core.errors import TorchSlurmConfigError
+from ..core.gangspec import AgentOrder, TaskIdentity
+from ..mf import internals
+from ..mf.spinstep import Shell, SpinOptions, spin_env_additions, spin_step_words
 
 # The submitter, run with `python -m`: named, not imported (runpy would find it imported).
-SUBMITTER = __name__.rsplit(".", 1)[0] + ".backends.slurm_submit"
+SUBMITTER = __name__.rsplit(".", 1)[0] + ".slurm_submit"
 # Where each attempt's job folder is made; it must be on a filesystem every node shares.
 WORK_ROOT_ENV = "METAFLOW_TORCH_SLURM_WORK_ROOT"
 DEFAULT_WORK_ROOT = ".torch_slurm"
@@ -165,4 +166,5 @@ class TorchSlurmDecorator(StepDecorator):
             task_env=trampoline.plan_env(slurm.MAIN_NODE_ENV, self.step_name, nodes),
             agent_env=spin_env_additions(os.environ, AgentOrder(gang.blueprint,
                                                                 slurm.BACKEND.name), gang.name),
-            **slurm.agent_words(argv))
+            agent_argv=[str(word) for word in argv],
+            agent_shell_words=[i for i, word in enumerate(argv) if isinstance(word, Shell)])
