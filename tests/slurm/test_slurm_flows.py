@@ -127,3 +127,34 @@ def test_a_gang_larger_than_the_partition_is_refused_at_submission(slurm_runner,
     assert "the gang needs 5 nodes, but partition debug has 4 nodes" in result.output, result
     assert len(job_ids(result.output)) == 1  # the start step's; the gang's was never submitted
     assert slurm_cluster.wait_queue_empty(timeout=5) == []
+
+
+def test_a_bare_lightning_trainer_is_ddp_over_the_gang_not_slurms_tasks(slurm_runner):
+    """Inside a Slurm job Lightning would pick SLURMEnvironment from SLURM_* and take one
+    task per node for the world; the ranks see none of it."""
+    result = slurm_runner.run("fw_lightning_flow.py", timeout=300)
+    assert result.returncode == 0, result
+    ranks = slurm_runner.client(
+        "result = sorted(Flow('LightningFlow').latest_run['train'].task['ranks'].data,"
+        " key=lambda r: r['global_rank'])")
+    assert [(r["strategy"], r["world_size"], r["global_rank"]) for r in ranks] == \
+        [("DDPStrategy", 4, rank) for rank in range(4)]
+    assert {(r["environment"], r["external"]) for r in ranks} == \
+        {("TorchElasticEnvironment", True)}
+    # the 64 rows split over the 4 ranks of both nodes, each row seen once per epoch
+    assert sorted(i for r in ranks for i in r["seen"]) == list(range(64)), ranks
+
+
+def test_retry_runs_the_gang_again_as_a_new_job(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_gang_flow.py", env={
+        "TD_FAIL_RANK": "2", "TD_FAIL_ATTEMPT": "0", "TD_RETRIES": "1"})
+    assert result.returncode == 0, result
+    assert "ValueError: injected failure on rank 2" in result.output, result
+    jobs = job_ids(result.output)
+    assert len(jobs) == 4, jobs  # start, train twice, end
+    assert "JobState=FAILED" in slurm_cluster.job(jobs[1])
+    assert "JobState=COMPLETED" in slurm_cluster.job(jobs[2])
+    data = slurm_runner.client(
+        "t = Flow('SlurmGangFlow').latest_run['train'].task\n"
+        "result = dict(attempt=t.data.attempt, total=t.data.total)")
+    assert data == {"attempt": 1, "total": 10.0}

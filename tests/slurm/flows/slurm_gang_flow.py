@@ -1,12 +1,13 @@
 """A gang of TD_NODES x TD_NPROC ranks for `run --with torch_slurm` on the real Slurm cluster
-of .ci/slurm. TD_FAIL_RANK raises on that rank after the all-reduce; TD_BUSY keeps every rank
+of .ci/slurm. TD_FAIL_RANK raises on that rank after the all-reduce (in attempt
+TD_FAIL_ATTEMPT only, if set; TD_RETRIES is the step's @retry); TD_BUSY keeps every rank
 in all-reduces for that many seconds (a test cancels the job meanwhile)."""
 
 import os
 import socket
 import time
 
-from metaflow import FlowSpec, current, environment, step, torch_distributed
+from metaflow import FlowSpec, current, environment, retry, step, torch_distributed
 
 TD = {k: v for k, v in os.environ.items() if k.startswith("TD_")}
 NODES = int(TD.get("TD_NODES", "2"))
@@ -20,6 +21,7 @@ class SlurmGangFlow(FlowSpec):
         self.next(self.train)
 
     @environment(vars=TD)
+    @retry(times=int(TD.get("TD_RETRIES", "0")), minutes_between_retries=0)
     @torch_distributed(nodes=NODES, nproc_per_node=NPROC, rendezvous_timeout=60)
     @step
     def train(self):
@@ -35,12 +37,14 @@ class SlurmGangFlow(FlowSpec):
         while time.time() < deadline:
             dist.all_reduce(torch.ones(1))
             time.sleep(0.05)
-        if int(TD.get("TD_FAIL_RANK", "-1")) == rank:
+        if int(TD.get("TD_FAIL_RANK", "-1")) == rank and \
+                TD.get("TD_FAIL_ATTEMPT", str(current.retry_count)) == str(current.retry_count):
             raise ValueError("injected failure on rank %d" % rank)
         self.places = current.torch_distributed.gather(dict(
             rank=rank, host=socket.gethostname(), world_size=dist.get_world_size(),
             slurm=sorted(k for k in os.environ if k.startswith("SLURM_"))))
         self.total = total.item()
+        self.attempt = current.retry_count
         dist.destroy_process_group()
         self.next(self.end)
 
