@@ -42,6 +42,13 @@ class Cluster:
     def job(self, job_id: str) -> str:
         return self.query("scontrol", "show", "job", "-o", job_id)
 
+    def slurmd(self, host: str, action: str) -> None:
+        subprocess.run([str(SCRIPT), "slurmd", self.state, host, action], check=True,
+                       timeout=30)
+
+    def idle_nodes(self) -> set[str]:
+        return set(self.query("sinfo", "-h", "-N", "-t", "idle", "-o", "%N").split())
+
     def wait_queue_empty(self, timeout: float = 30.0) -> list[str]:
         deadline = time.monotonic() + timeout
         while (left := self.queue()) and time.monotonic() < deadline:

@@ -158,3 +158,38 @@ def test_retry_runs_the_gang_again_as_a_new_job(slurm_runner, slurm_cluster):
         "t = Flow('SlurmGangFlow').latest_run['train'].task\n"
         "result = dict(attempt=t.data.attempt, total=t.data.total)")
     assert data == {"attempt": 1, "total": 10.0}
+
+
+SLURMD_TIMEOUT_S = 10  # .ci/slurm's slurm.conf
+
+
+def test_a_lost_node_fails_the_step_as_node_fail_within_slurmd_timeout(slurm_runner,
+                                                                       slurm_cluster):
+    run = slurm_runner.popen("slurm_gang_flow.py", env={"TD_BUSY": "120"})
+    lost = None
+    try:
+        job_id = wait_running(slurm_cluster, ".train.")
+        time.sleep(3)  # the ranks are in their all-reduces
+        fields = dict(w.split("=", 1) for w in slurm_cluster.job(job_id).split() if "=" in w)
+        hosts = slurm_cluster.query("scontrol", "show", "hostnames", fields["NodeList"]).split()
+        lost = hosts[1]
+        slurm_cluster.slurmd(lost, "kill")  # node 1's slurmd dies; its ranks run on
+        killed = time.monotonic()
+        out, err = run.communicate(timeout=120)
+        took = time.monotonic() - killed
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if lost:
+            slurm_cluster.slurmd(lost, "start")
+            deadline = time.monotonic() + 60
+            while lost not in slurm_cluster.idle_nodes() and time.monotonic() < deadline:
+                time.sleep(0.5)
+    assert run.returncode != 0, out + err
+    assert "Slurm job %s lost a node" % job_id in out, out + err
+    assert "JobState=NODE_FAIL" in out, out + err
+    # Slurm marks the node down SlurmdTimeout after its last answer, then fails the job;
+    # the bound leaves 20 s for the controller's ping cycle and the job's end
+    assert took < SLURMD_TIMEOUT_S + 20, took
+    print("node lost: the step failed %.1f s after slurmd was killed" % took)
+    assert lost in slurm_cluster.idle_nodes(), slurm_cluster.query("sinfo")
