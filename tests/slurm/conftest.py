@@ -19,7 +19,8 @@ from tests.support import FlowRunner, Result, _like_a_terminal, run_bounded
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".ci" / "slurm"
 # Slurm's own flows, then the flows the other layers run (the same flow on every backend).
-FLOWS = (Path(__file__).parent / "flows", ROOT / "tests" / "e2e" / "flows")
+FLOWS = (Path(__file__).parent / "flows", ROOT / "tests" / "e2e" / "flows",
+         ROOT / "tests" / "emulation" / "flows")
 
 
 class Cluster:

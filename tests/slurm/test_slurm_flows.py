@@ -193,3 +193,23 @@ def test_a_lost_node_fails_the_step_as_node_fail_within_slurmd_timeout(slurm_run
     assert took < SLURMD_TIMEOUT_S + 20, took
     print("node lost: the step failed %.1f s after slurmd was killed" % took)
     assert lost in slurm_cluster.idle_nodes(), slurm_cluster.query("sinfo")
+
+
+def test_two_gangs_of_a_foreach_run_at_once(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("batch_foreach_flow.py")  # the Batch layer's flow, unchanged
+    assert result.returncode == 0, result
+    results = slurm_runner.client(
+        "result = Flow('BatchForeachFlow').latest_run['join'].task.data.results")
+    assert [(lr, round(total, 5)) for lr, total, _ in results] == [(0.1, 0.2), (0.2, 0.4)]
+    for lr, _, seen in results:
+        assert {value for value, _, _ in seen} == {lr}  # each gang saw its own input
+    assert len({port for _, _, seen in results for _, port, _ in seen}) == 2
+    trains = []
+    for job_id in job_ids(result.output):
+        fields = dict(w.split("=", 1) for w in slurm_cluster.job(job_id).split() if "=" in w)
+        if ".train." in fields["JobName"]:
+            trains.append(fields)
+    assert len(trains) == 2 and {t["NumNodes"] for t in trains} == {"2"}, trains
+    # at once: each started before the other ended (Slurm's times are to the second)
+    assert trains[0]["StartTime"] < trains[1]["EndTime"], trains
+    assert trains[1]["StartTime"] < trains[0]["EndTime"], trains
