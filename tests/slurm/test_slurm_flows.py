@@ -213,3 +213,17 @@ def test_two_gangs_of_a_foreach_run_at_once(slurm_runner, slurm_cluster):
     # at once: each started before the other ended (Slurm's times are to the second)
     assert trains[0]["StartTime"] < trains[1]["EndTime"], trains
     assert trains[1]["StartTime"] < trains[0]["EndTime"], trains
+
+
+def test_a_restart_in_place_stays_in_the_same_job(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_gang_flow.py", env={
+        "TD_FAIL_RANK": "3", "TD_FAIL_ROUND": "0", "TD_MAX_RESTARTS": "1"})
+    assert result.returncode == 0, result
+    assert "ValueError: injected failure on rank 3" in result.output, result
+    assert len(job_ids(result.output)) == 3, result  # start, train (once), end
+    data = slurm_runner.client(
+        "t = Flow('SlurmGangFlow').latest_run['train'].task\n"
+        "result = dict(attempt=t.data.attempt, restarts=t.data.restarts, total=t.data.total,"
+        " hosts=sorted({p['host'] for p in t.data.places}))")
+    assert (data["attempt"], data["restarts"], data["total"]) == (0, 1, 10.0), data
+    assert len(data["hosts"]) == 2, data

@@ -1,6 +1,7 @@
 """A gang of TD_NODES x TD_NPROC ranks for `run --with torch_slurm` on the real Slurm cluster
 of .ci/slurm. TD_FAIL_RANK raises on that rank after the all-reduce (in attempt
-TD_FAIL_ATTEMPT only, if set; TD_RETRIES is the step's @retry); TD_BUSY keeps every rank
+TD_FAIL_ATTEMPT and restart round TD_FAIL_ROUND only, if set; TD_RETRIES is the step's @retry,
+TD_MAX_RESTARTS its max_restarts); TD_BUSY keeps every rank
 in all-reduces for that many seconds (a test cancels the job meanwhile)."""
 
 import os
@@ -22,7 +23,8 @@ class SlurmGangFlow(FlowSpec):
 
     @environment(vars=TD)
     @retry(times=int(TD.get("TD_RETRIES", "0")), minutes_between_retries=0)
-    @torch_distributed(nodes=NODES, nproc_per_node=NPROC, rendezvous_timeout=60)
+    @torch_distributed(nodes=NODES, nproc_per_node=NPROC, rendezvous_timeout=60,
+                       max_restarts=int(TD.get("TD_MAX_RESTARTS", "0")))
     @step
     def train(self):
         import torch
@@ -37,14 +39,17 @@ class SlurmGangFlow(FlowSpec):
         while time.time() < deadline:
             dist.all_reduce(torch.ones(1))
             time.sleep(0.05)
+        restart = current.torch_distributed.restart_count
         if int(TD.get("TD_FAIL_RANK", "-1")) == rank and \
-                TD.get("TD_FAIL_ATTEMPT", str(current.retry_count)) == str(current.retry_count):
+                TD.get("TD_FAIL_ATTEMPT", str(current.retry_count)) == str(current.retry_count) \
+                and TD.get("TD_FAIL_ROUND", str(restart)) == str(restart):
             raise ValueError("injected failure on rank %d" % rank)
         self.places = current.torch_distributed.gather(dict(
             rank=rank, host=socket.gethostname(), world_size=dist.get_world_size(),
             slurm=sorted(k for k in os.environ if k.startswith("SLURM_"))))
         self.total = total.item()
         self.attempt = current.retry_count
+        self.restarts = restart
         dist.destroy_process_group()
         self.next(self.end)
 
