@@ -109,3 +109,22 @@ def test_a_gang_larger_than_its_partition_is_refused_with_the_partitions_numbers
         nodes, wanted, refused):
     message = slurm.partition_refusal("train", nodes, wanted, PARTITIONS)
     assert message == refused if refused is None else refused in message
+
+
+class Deco:
+    def __init__(self, name):
+        self.name = name
+
+
+@pytest.mark.parametrize("other, says", [
+    ("batch", "@batch, which sends it to another scheduler"),
+    ("kubernetes", "@kubernetes, which sends it to another scheduler"),
+    ("slurm", "@slurm, which sends it to metaflow-slurm's Slurm submission"),
+])
+def test_a_step_sent_to_another_scheduler_too_is_refused(other, says):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends.slurm_decorator \
+        import refuse_other_senders
+
+    with pytest.raises(TorchSlurmConfigError, match=r"on step \*train\*: the step also has " + says):
+        refuse_other_senders("train", [Deco("torch_slurm"), Deco(other), Deco("retry")])
+    refuse_other_senders("train", [Deco("torch_slurm"), Deco("retry"), Deco("resources")])
