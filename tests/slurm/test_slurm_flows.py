@@ -227,3 +227,27 @@ def test_a_restart_in_place_stays_in_the_same_job(slurm_runner, slurm_cluster):
         " hosts=sorted({p['host'] for p in t.data.places}))")
     assert (data["attempt"], data["restarts"], data["total"]) == (0, 1, 10.0), data
     assert len(data["hosts"]) == 2, data
+
+
+def test_a_killed_watcher_leaves_no_job_behind(slurm_runner, slurm_cluster):
+    """Metaflow's runtime ends its workers with SIGKILL: the process that watches the job
+    cannot cancel it then, and its guard does."""
+    import psutil
+
+    run = slurm_runner.popen("slurm_gang_flow.py", env={"TD_BUSY": "120"})
+    try:
+        job_id = wait_running(slurm_cluster, ".train.")
+        watchers = [p for p in psutil.process_iter(["cmdline"])
+                    if any("slurm_submit" in part for part in p.info["cmdline"] or [])
+                    and "--guard" not in (p.info["cmdline"] or [])
+                    and any(str(slurm_runner.root) in part for part in p.info["cmdline"])]
+        assert len(watchers) == 1, [w.info["cmdline"] for w in watchers]
+        watchers[0].kill()
+        left = slurm_cluster.wait_queue_empty(timeout=30)
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert left == [], left
+    assert "JobState=CANCELLED" in slurm_cluster.job(job_id)
+    assert run.returncode != 0, out + err

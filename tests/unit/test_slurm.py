@@ -125,6 +125,7 @@ def test_a_step_sent_to_another_scheduler_too_is_refused(other, says):
     from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends.slurm_decorator \
         import refuse_other_senders
 
-    with pytest.raises(TorchSlurmConfigError, match=r"on step \*train\*: the step also has " + says):
+    with pytest.raises(TorchSlurmConfigError,
+                       match=r"on step \*train\*: the step also has " + says):
         refuse_other_senders("train", [Deco("torch_slurm"), Deco(other), Deco("retry")])
     refuse_other_senders("train", [Deco("torch_slurm"), Deco("retry"), Deco("resources")])
