@@ -47,6 +47,12 @@ class Cluster:
         subprocess.run([str(SCRIPT), "slurmd", self.state, host, action], check=True,
                        timeout=30)
 
+    def daemon_pid(self, host: str) -> int:
+        """The pid of the daemon .ci/slurm started on `host` (ctl: slurmctld)."""
+        pids = [line.split()[0] for line in Path(self.state, "pids").read_text().splitlines()
+                if line.split()[1:] == [host]]
+        return int(pids[-1])
+
     def idle_nodes(self) -> set[str]:
         return set(self.query("sinfo", "-h", "-N", "-t", "idle", "-o", "%N").split())
 

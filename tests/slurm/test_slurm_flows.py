@@ -251,3 +251,30 @@ def test_a_killed_watcher_leaves_no_job_behind(slurm_runner, slurm_cluster):
     assert left == [], left
     assert "JobState=CANCELLED" in slurm_cluster.job(job_id)
     assert run.returncode != 0, out + err
+
+
+def test_a_controller_that_stops_answering_for_a_while_does_not_fail_the_step(
+        slurm_runner, slurm_cluster):
+    """slurmctld frozen (SIGSTOP) for 12 s mid-step: scontrol fails meanwhile, the watch asks
+    again, and the step ends as the job does. (Frozen before the job's srun has its step,
+    Slurm fails the job itself: srun cannot confirm its allocation.)"""
+    run = slurm_runner.popen("slurm_gang_flow.py", env={"TD_BUSY": "6"})
+    controller = slurm_cluster.daemon_pid("ctl")
+    try:
+        job_id = wait_running(slurm_cluster, ".train.")
+        deadline = time.monotonic() + 30
+        while "%s.0" % job_id not in slurm_cluster.query("squeue", "-h", "-s", "-j", job_id):
+            assert time.monotonic() < deadline, "the job's srun started no step"
+            time.sleep(0.2)
+        time.sleep(1)
+        os.kill(controller, signal.SIGSTOP)
+        time.sleep(12)
+        os.kill(controller, signal.SIGCONT)
+        out, err = run.communicate(timeout=120)
+    finally:
+        os.kill(controller, signal.SIGCONT)
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, out + err
+    assert "asking again for up to 60 s" in out, out + err
+    assert "total 10.0 over 4 ranks" in out, out + err

@@ -28,6 +28,13 @@ POLL_S = 0.5
 # waiting for it: the cluster's KillWait (30 s by default) and then some.
 CANCEL_WAIT_S = 60.0
 GUARD_DONE = b"done\n"
+# How long `scontrol show job` may keep failing (the controller restarting, a network blip)
+# before the watch gives up and cancels the job.
+SCONTROL_PATIENCE_S = 60.0
+
+
+class ScontrolFailed(Exception):
+    """`scontrol show job` failed for another reason than an unknown job."""
 
 
 class Tail:
@@ -82,7 +89,7 @@ def show_job(job_id: str) -> Optional[Dict[str, str]]:
     if done.returncode != 0:
         if "Invalid job id" in done.stderr:
             return None
-        raise RuntimeError("scontrol show job %s failed: %s" % (job_id, done.stderr.strip()))
+        raise ScontrolFailed("scontrol show job %s failed: %s" % (job_id, done.stderr.strip()))
     return parse_job(done.stdout)
 
 
@@ -132,10 +139,25 @@ def cancel(job: SlurmJob, job_id: str, why: str, tails: List[Tail]) -> None:
 def watch(job: SlurmJob, job_id: str, tails: List[Tail]) -> int:
     """Forward the job's output until it has ended; 0 when it COMPLETED."""
     state = None
+    failing_since: Optional[float] = None
     while True:
         for tail in tails:
             tail.pump()
-        fields = show_job(job_id)
+        try:
+            fields = show_job(job_id)
+        except ScontrolFailed as ex:
+            now = time.monotonic()
+            if failing_since is None:
+                failing_since = now
+                print("[slurm] %s; asking again for up to %d s" % (ex, SCONTROL_PATIENCE_S),
+                      file=sys.stderr, flush=True)
+            if now - failing_since > SCONTROL_PATIENCE_S:
+                cancel(job, job_id, "the job's state could not be read for %d s (%s)"
+                       % (SCONTROL_PATIENCE_S, ex), tails)
+                return 1
+            time.sleep(POLL_S)
+            continue
+        failing_since = None
         if fields is None:
             print("@torch_slurm on step *%s*: Slurm job %s is no longer known to the cluster "
                   "(it ended longer ago than the cluster's MinJobAge); its end is unknown."
