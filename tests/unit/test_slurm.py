@@ -129,3 +129,21 @@ def test_a_step_sent_to_another_scheduler_too_is_refused(other, says):
                        match=r"on step \*train\*: the step also has " + says):
         refuse_other_senders("train", [Deco("torch_slurm"), Deco(other), Deco("retry")])
     refuse_other_senders("train", [Deco("torch_slurm"), Deco("retry"), Deco("resources")])
+
+
+def test_metaflow_slurms_single_task_decorator_is_refused_for_a_multi_node_gang():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import (
+        schedulers)
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
+        TorchDistributedConfigError)
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import (
+        plan_topology)
+
+    two = plan_topology(None, 2, 2, None, None, None, None)
+    with pytest.raises(TorchDistributedConfigError,
+                       match=r"a gang of 2 nodes .* cannot run under metaflow-slurm's @slurm.*"
+                             r"--with torch_slurm"):
+        schedulers.check_single_task_senders("train", ["slurm", "step"], two)
+    schedulers.check_single_task_senders("train", ["torch_slurm", "step"], two)
+    one = plan_topology(None, 1, 2, None, None, None, None)
+    schedulers.check_single_task_senders("train", ["slurm", "step"], one)

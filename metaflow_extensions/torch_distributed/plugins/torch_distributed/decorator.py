@@ -165,6 +165,8 @@ class TorchDistributedDecorator(StepDecorator):
                 self.attributes["nproc_per_node"], gpus, source, cpus, cpu_source)
         except ValueError as ex:
             raise TorchDistributedConfigError(step_name, str(ex))
+        schedulers.check_single_task_senders(step_name, [d.name for d in decorators],
+                                             self.topology)
         self.gpus_requested = source if source and source.startswith("@") else None
         self.settings = settings.resolve(step_name, self.attributes, _configured_settings())
         groupcheck.check_mode(step_name, os.environ)  # a bad value fails before the run
