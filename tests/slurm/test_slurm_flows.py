@@ -59,6 +59,8 @@ def test_gang_2x2_runs_on_two_nodes(slurm_runner, slurm_cluster):
     assert set(hosts) <= NODES, hosts
     # SLURM_* stays out of the ranks' environment (Lightning would take a node for the world)
     assert all(p["slurm"] == [] for p in places), places
+    # gloo and NCCL use the interface that reaches node 0 (each host's eth0 on the bridge)
+    assert all(p["interfaces"] == ["eth0", "eth0"] for p in places), places
     # every node's ranks reach the task's log, node 1's shipped to node 0
     for rank, host in enumerate(hosts):
         assert "rank %d says hello from %s" % (rank, host) in data["stdout"], data["stdout"]

@@ -147,3 +147,26 @@ def test_metaflow_slurms_single_task_decorator_is_refused_for_a_multi_node_gang(
     schedulers.check_single_task_senders("train", ["torch_slurm", "step"], two)
     one = plan_topology(None, 1, 2, None, None, None, None)
     schedulers.check_single_task_senders("train", ["slurm", "step"], one)
+
+
+def test_a_slurm_nodes_interface_is_gloos_and_ncclls_unless_the_user_set_them():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.envcontract import (
+        Rendezvous, rank_env)
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import (
+        plan_topology)
+
+    two = plan_topology(None, 2, 2, None, None, None, None)
+    place = Rendezvous("10.0.0.1", 29500, "gang", 0, 0)
+    env = rank_env(two, 1, 0, place, node_interface="ib0")
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("ib0", "ib0")
+    mine = rank_env(two, 1, 0, place, base_env={"NCCL_SOCKET_IFNAME": "eth1"},
+                    node_interface="ib0")
+    assert "NCCL_SOCKET_IFNAME" not in mine and mine["GLOO_SOCKET_IFNAME"] == "ib0"
+    assert "NCCL_SOCKET_IFNAME" not in rank_env(two, 1, 0, place)
+
+
+def test_the_interface_toward_an_address_is_the_one_that_holds_the_route():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.control import (
+        interface_toward, loopback_interface)
+
+    assert interface_toward("127.0.0.1") == loopback_interface()

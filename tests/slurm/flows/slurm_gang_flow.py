@@ -46,7 +46,9 @@ class SlurmGangFlow(FlowSpec):
             raise ValueError("injected failure on rank %d" % rank)
         self.places = current.torch_distributed.gather(dict(
             rank=rank, host=socket.gethostname(), world_size=dist.get_world_size(),
-            slurm=sorted(k for k in os.environ if k.startswith("SLURM_"))))
+            slurm=sorted(k for k in os.environ if k.startswith("SLURM_")),
+            interfaces=(os.environ.get("GLOO_SOCKET_IFNAME"),
+                        os.environ.get("NCCL_SOCKET_IFNAME"))))
         self.total = total.item()
         self.attempt = current.retry_count
         self.restarts = restart

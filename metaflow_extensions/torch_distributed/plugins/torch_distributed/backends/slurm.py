@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..core import naming
 from ..core.errors import TorchDistributedEnvironmentError
-from ..core.gangspec import AgentOrder, NodeZero, TaskIdentity
+from ..core.gangspec import SLURM_BACKEND, AgentOrder, NodeZero, TaskIdentity
 from . import address, trampoline
 from .base import AgentPlace, Backend, GangStep
 
@@ -273,7 +273,7 @@ def planned_nodes(environ: Mapping[str, str], step_name: str) -> Optional[int]:
 class SlurmBackend(Backend):
     """Slurm: a gang of N > 1 nodes is one job of N nodes (slurm_submit.py submits it)."""
 
-    name = "slurm"
+    name = SLURM_BACKEND
 
     def node_zero(self, step: GangStep, environ: Mapping[str, str],
                   identity: TaskIdentity) -> Optional[NodeZero]:
