@@ -187,9 +187,9 @@ def watch(job: SlurmJob, job_id: str, tails: List[Tail]) -> int:
 def main(argv: Sequence[str]) -> int:
     if argv[:1] == ["--guard"]:
         return guard(argv[1])
-    job_file, separator, task_argv = argv[0], argv[1], list(argv[2:])
-    if separator != "--" or not task_argv:
+    if len(argv) < 3 or argv[1] != "--":
         raise SystemExit("usage: python -m %s JOB.json -- TASK-COMMAND..." % __spec__.name)
+    job_file, task_argv = argv[0], list(argv[2:])
     with open(job_file) as f:
         job = SlurmJob.from_json(f.read())
     signal.signal(signal.SIGINT, _interrupt)
