@@ -280,3 +280,17 @@ def test_a_controller_that_stops_answering_for_a_while_does_not_fail_the_step(
     assert run.returncode == 0, out + err
     assert "asking again for up to 60 s" in out, out + err
     assert "total 10.0 over 4 ranks" in out, out + err
+
+
+def test_a_rank_on_node_1_stuck_outside_any_collective_is_named_with_its_stack(
+        slurm_runner, slurm_cluster):
+    """Hang detection across Slurm nodes, as on AWS Batch (the same report)."""
+    from tests.emulation.probes import assert_hang_report
+
+    result = slurm_runner.run("slurm_gang_flow.py", env={"TD_HANG_RANK": "2",
+                                                         "TD_HANG_TIMEOUT": "8"})
+    assert result.returncode != 0, result
+    assert "[rank 2] rank 2 hangs outside any collective" in result.output, result
+    assert_hang_report(result.output, "slurm_gang_flow.py", 8)
+    assert re.search(r"Slurm job \d+ failed.*JobState=FAILED", result.output), result
+    assert slurm_cluster.wait_queue_empty(timeout=10) == []

@@ -40,6 +40,9 @@ def test_node_script_runs_the_task_on_node_0_and_the_agent_elsewhere():
     assert "export A='it'\"'\"'s'" in agents
     assert "--task-id 2-node-${SLURM_NODEID}" in agents  # the node's shell expands it
     assert 'node-"$SLURM_NODEID".log' in agents
+    # node 0 decides the gang's end: an agent's status never trips srun's kill-on-bad-exit
+    assert agents.rstrip().endswith("exit 0")
+    assert "\nexec py flow.py spin-step" not in agents
 
 
 def test_a_job_round_trips_through_its_file():

@@ -1,7 +1,8 @@
 """A gang of TD_NODES x TD_NPROC ranks for `run --with torch_slurm` on the real Slurm cluster
 of .ci/slurm. TD_FAIL_RANK raises on that rank after the all-reduce (in attempt
 TD_FAIL_ATTEMPT and restart round TD_FAIL_ROUND only, if set; TD_RETRIES is the step's @retry,
-TD_MAX_RESTARTS its max_restarts); TD_BUSY keeps every rank
+TD_MAX_RESTARTS its max_restarts); TD_HANG_RANK sleeps on that rank while the others wait in
+all_reduce (TD_HANG_TIMEOUT is the step's hang_timeout); TD_BUSY keeps every rank
 in all-reduces for that many seconds (a test cancels the job meanwhile)."""
 
 import os
@@ -24,7 +25,9 @@ class SlurmGangFlow(FlowSpec):
     @environment(vars=TD)
     @retry(times=int(TD.get("TD_RETRIES", "0")), minutes_between_retries=0)
     @torch_distributed(nodes=NODES, nproc_per_node=NPROC, rendezvous_timeout=60,
-                       max_restarts=int(TD.get("TD_MAX_RESTARTS", "0")))
+                       max_restarts=int(TD.get("TD_MAX_RESTARTS", "0")),
+                       hang_timeout=float(TD["TD_HANG_TIMEOUT"]) if TD.get("TD_HANG_TIMEOUT")
+                       else None)
     @step
     def train(self):
         import torch
@@ -34,6 +37,9 @@ class SlurmGangFlow(FlowSpec):
         print("rank %d says hello from %s" % (rank, socket.gethostname()), flush=True)
         dist.init_process_group("gloo")
         total = torch.tensor([float(rank + 1)])
+        if int(TD.get("TD_HANG_RANK", "-1")) == rank:
+            print("rank %d hangs outside any collective" % rank, flush=True)
+            time.sleep(3600)
         dist.all_reduce(total)
         deadline = time.time() + float(TD.get("TD_BUSY", "0"))
         while time.time() < deadline:

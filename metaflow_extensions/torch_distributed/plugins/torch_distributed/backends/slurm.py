@@ -127,7 +127,12 @@ def batch_script(job: SlurmJob, node_script: str) -> str:
 
 def node_script(job: SlurmJob, task_argv: Sequence[str]) -> str:
     """The node script: node 0 runs the task's own command with the plan; every other node
-    the node agent, its output in a file of its own (its ranks' output reaches node 0)."""
+    the node agent, its output in a file of its own (its ranks' output reaches node 0).
+
+    Node 0 decides how the gang ends, as on AWS Batch, where the job's status is the main
+    node's: an agent's exit status ends the script with 0, or `srun --kill-on-bad-exit`
+    would kill node 0 while it reports the gang's root cause (an agent exits non-zero as soon
+    as node 0 aborts the gang). Node 0's own failure still ends every node."""
     agent = " ".join(w if i in job.agent_shell_words else shlex.quote(w)
                      for i, w in enumerate(job.agent_argv))
     lines = ["#!/bin/bash", "cd %s || exit 1" % shlex.quote(job.cwd),
@@ -137,7 +142,8 @@ def node_script(job: SlurmJob, task_argv: Sequence[str]) -> str:
     lines += ["unset %s" % k for k in sorted(job.task_env)]
     lines += ["export %s=%s" % (k, shlex.quote(v)) for k, v in sorted(job.agent_env.items())]
     lines += ['exec >> %s/node-"$%s".log 2>&1' % (shlex.quote(job.work_dir), NODE_ID),
-              "exec %s" % agent, ""]
+              agent, 'echo "[node $%s] the node agent exited with status $?"' % NODE_ID,
+              "exit 0", ""]
     return "\n".join(lines)
 
 
