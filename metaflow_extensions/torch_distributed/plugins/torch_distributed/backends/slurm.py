@@ -180,8 +180,8 @@ ACTIVE = frozenset(("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDE
 SUCCESS = "COMPLETED"
 # Every other end, what it means, and what to do.
 ENDINGS = {
-    "FAILED": "failed: a node's command exited non-zero (node 0's output above has the gang's "
-              "root cause)",
+    "FAILED": "failed: node 0's task exited non-zero (its output above has the gang's root "
+              "cause)",
     "CANCELLED": "was cancelled (scancel, by a user or an administrator, or the cluster's "
                  "policy); every rank was sent SIGTERM, then SIGKILL after the cluster's "
                  "KillWait",
