@@ -8,7 +8,8 @@ TESTS = Path(__file__).parent
 # The layers of the suite, by folder, and whether they are slow (they run real flows). Every
 # test gets its layer's marker, slow layers also `slow`, so `pytest -m "not slow"` is the
 # inner loop (README.md, "Contributing"); tests added to a folder are marked with it.
-LAYERS = {"unit": False, "docs": False, "integration": False, "e2e": True, "emulation": True}
+LAYERS = {"unit": False, "docs": False, "integration": False, "e2e": True, "emulation": True,
+          "slurm": True}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -27,7 +27,8 @@ from tests import records
 def test_every_backend_implements_the_interface_and_the_local_one_places_node_0_last():
     assert all(isinstance(b, Backend) for b in registry.BACKENDS)
     names = [b.name for b in registry.BACKENDS]
-    assert names == ["batch", "kubernetes", "step-functions", "argo-workflows", "local"]
+    assert names == ["batch", "kubernetes", "step-functions", "argo-workflows", "slurm",
+                     "local"]
     assert registry.BACKENDS[-1] is local.BACKEND
     for backend in registry.BACKENDS:
         assert registry.by_name("train", backend.name) is backend
@@ -35,9 +36,9 @@ def test_every_backend_implements_the_interface_and_the_local_one_places_node_0_
 
 def test_an_unknown_backend_names_the_releases_that_differ():
     with pytest.raises(TorchDistributedEnvironmentError,
-                       match="backend 'slurm', which this release of @torch_distributed does "
+                       match="backend 'lsf', which this release of @torch_distributed does "
                              "not know .* Install the same release everywhere"):
-        registry.by_name("train", "slurm")
+        registry.by_name("train", "lsf")
 
 
 def test_node_0_is_placed_by_the_backend_whose_plan_it_finds_else_by_the_local_one():

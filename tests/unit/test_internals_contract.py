@@ -1868,6 +1868,23 @@ def test_batch_step_init_and_the_s3_root_refusals_the_preflight_lets_through(mon
     assert noted == ["datastore local", "no S3 root"]
 
 
+def test_runtime_cli_args_top_level_words():
+    """The runtime's CLIArgs writes the entrypoint, the top-level options, then the command
+    (`step train --run-id ...`): @torch_slurm's node agents take the top-level words alone."""
+    from metaflow.runtime import CLIArgs
+
+    args = object.__new__(CLIArgs)  # its __init__ needs a whole runtime task
+    args.entrypoint = ["/py", "flow.py"]
+    args.top_level_options = {"quiet": True, "metadata": "local", "pylint": False,
+                              "with": ["torch_slurm", "retry:times=2"]}
+    args.commands, args.command_args = ["step"], ["train"]
+    args.command_options = {"run-id": "5", "split-index": None}
+    words = internals.runtime_top_level_words(args)
+    assert words == ["--quiet", "--metadata", "local", "--with", "torch_slurm", "--with",
+                     "retry:times=2"]
+    assert args.get_args() == ["/py", "flow.py", *words, "step", "train", "--run-id", "5"]
+
+
 def test_every_internal_has_a_contract_test():
     """A function added to internals.py comes with its test here (named in CONTRACTS)."""
     functions = {name for name, f in vars(internals).items()
@@ -1893,6 +1910,7 @@ CONTRACTS = {
     "is_ubf_control": "test_unbounded_foreach_ubf_control",
     "step_kwargs": "test_cli_args_step_kwargs",
     "top_level_args": "test_cli_args_options",
+    "runtime_top_level_words": "test_runtime_cli_args_top_level_words",
     "command_params": "test_click_current_context_params",
     "command_words": "test_root_context_saved_args",
     "deployer_commands": "test_plugins_deployer_impl_providers",

@@ -154,7 +154,9 @@ class TorchDistributedDecorator(StepDecorator):
             gpus, source = (visible, "%d visible GPUs" % visible) if visible else (None, None)
         self.on_batch = any(d.name == "batch" for d in decorators)
         self.on_kubernetes = any(d.name == "kubernetes" for d in decorators)
-        cpus, cpu_source = (devices.node_cpus(decorators, self.on_batch or self.on_kubernetes,
+        on_slurm = any(d.name == "torch_slurm" for d in decorators)
+        cpus, cpu_source = (devices.node_cpus(decorators, self.on_batch or self.on_kubernetes
+                                              or on_slurm,
                                               step_name=step_name)
                             if self.attributes["nproc_per_node"] == "auto" else (None, None))
         try:
@@ -163,6 +165,8 @@ class TorchDistributedDecorator(StepDecorator):
                 self.attributes["nproc_per_node"], gpus, source, cpus, cpu_source)
         except ValueError as ex:
             raise TorchDistributedConfigError(step_name, str(ex))
+        schedulers.check_single_task_senders(step_name, [d.name for d in decorators],
+                                             self.topology)
         self.gpus_requested = source if source and source.startswith("@") else None
         self.settings = settings.resolve(step_name, self.attributes, _configured_settings())
         groupcheck.check_mode(step_name, os.environ)  # a bad value fails before the run

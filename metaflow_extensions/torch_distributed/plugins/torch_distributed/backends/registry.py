@@ -4,12 +4,12 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from ..core.errors import TorchDistributedEnvironmentError
 from ..core.gangspec import NodeZero, TaskIdentity
-from . import argo, batch, kubernetes, local, stepfunctions
+from . import argo, batch, kubernetes, local, slurm, stepfunctions
 from .base import Backend, GangStep
 
 # The local backend last: it places node 0 of any gang no other backend placed.
 BACKENDS: Tuple[Backend, ...] = (batch.BACKEND, kubernetes.BACKEND, stepfunctions.BACKEND,
-                                 argo.BACKEND, local.BACKEND)
+                                 argo.BACKEND, slurm.BACKEND, local.BACKEND)
 _BY_NAME: Dict[str, Backend] = {b.name: b for b in BACKENDS}
 
 

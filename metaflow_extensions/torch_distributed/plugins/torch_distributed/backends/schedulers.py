@@ -43,6 +43,7 @@ REMOTE_MARKERS = (
     ("METAFLOW_AIRFLOW_DAG_RUN_ID", "Airflow"),
     ("AWS_BATCH_JOB_ID", "AWS Batch"),
     ("METAFLOW_KUBERNETES_WORKLOAD", "Kubernetes"),
+    ("SLURM_JOB_ID", "Slurm"),
 )
 # Metaflow's own signal (what @parallel reads): "local" unless a remote backend runs the task.
 RUNTIME_ENVIRONMENT = "METAFLOW_RUNTIME_ENVIRONMENT"
@@ -95,6 +96,25 @@ def check_single_host(step_name: str, topology: Topology, environ: Mapping[str, 
         "run --with batch` or `--with kubernetes`; elsewhere use nodes=1. To emulate the nodes "
         "on this machine on purpose, set METAFLOW_TORCH_DISTRIBUTED_CPU_REHEARSAL=1."
         % (topology.nodes, topology.describe(), backend, topology.nodes))
+
+
+# Step decorators of other packages that run a step as one task on one machine, whatever its
+# gang's size: metaflow-slurm's @slurm (one srun of one task).
+SINGLE_TASK_SENDERS = {"slurm": "metaflow-slurm's @slurm"}
+
+
+def check_single_task_senders(step_name: str, decorator_names: Sequence[str],
+                              topology: Topology) -> None:
+    """Refuse, when the flow is validated, a gang of N > 1 nodes that a decorator of another
+    package would run as one task on one machine."""
+    for name in decorator_names:
+        if name in SINGLE_TASK_SENDERS and topology.nodes > 1:
+            raise TorchDistributedConfigError(
+                step_name, "a gang of %d nodes (%s) cannot run under %s: it runs the step as "
+                "one Slurm task on one node, so every node would share it. Remove @%s and run "
+                "the flow with `python flow.py run --with torch_slurm` (one job of %d nodes), "
+                "or use nodes=1." % (topology.nodes, topology.describe(),
+                                     SINGLE_TASK_SENDERS[name], name, topology.nodes))
 
 
 def check_deploy(step_name: str, topology: Topology) -> Optional[str]:

@@ -10,7 +10,7 @@ from ..core.errors import TorchDistributedConfigError, TorchDistributedEnvironme
 from ..core.topology import Topology
 
 # Decorators that may say how many GPUs each node has, in the order Metaflow honours them.
-GPU_DECORATORS = ("resources", "batch", "kubernetes")
+GPU_DECORATORS = ("resources", "batch", "kubernetes", "torch_slurm")
 
 
 def visible_gpu_ids(environ: Optional[Mapping[str, str]] = None,

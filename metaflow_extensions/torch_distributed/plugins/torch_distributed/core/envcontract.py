@@ -32,11 +32,14 @@ def rank_env(topology: Topology, node: int, local_rank: int, rendezvous: Rendezv
              accelerator: str = "cpu", error_file: Optional[str] = None,
              cuda_visible_devices: Optional[str] = None,
              base_env: Optional[Mapping[str, str]] = None, cpu_count: int = 1,
-             loopback_interface: Optional[str] = None) -> Dict[str, str]:
+             loopback_interface: Optional[str] = None,
+             node_interface: Optional[str] = None) -> Dict[str, str]:
     """The variables to set for (node, local_rank); `base_env` is the environment they go into,
     read only to honour what the user set there already. `loopback_interface` (the name of
     this host's loopback interface) is given when every node runs on this host: gloo then
-    listens there, not on the address the host name resolves to."""
+    listens there, not on the address the host name resolves to. `node_interface` (the
+    interface that reaches node 0, on a node of a backend that names it) is gloo's and NCCL's
+    where the user set neither."""
     base_env = base_env or {}
     nodes, nproc = topology.nodes, topology.nproc_per_node
     rank = topology.rank(node, local_rank)
@@ -85,6 +88,9 @@ def rank_env(topology: Topology, node: int, local_rank: int, rendezvous: Rendezv
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     if loopback_interface and "GLOO_SOCKET_IFNAME" not in base_env:
         env["GLOO_SOCKET_IFNAME"] = loopback_interface
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if node_interface and name not in base_env and name not in env:
+            env[name] = node_interface
     if "OMP_NUM_THREADS" not in base_env:
         env["OMP_NUM_THREADS"] = str(max(1, cpu_count // nproc))
     return env

@@ -24,6 +24,16 @@ class TorchDistributedConfigError(TorchDistributedException):
     headline = "Invalid @torch_distributed configuration"
 
 
+class TorchSlurmConfigError(TorchDistributedConfigError):
+    """@torch_slurm's attributes, or their combination with the step, are invalid."""
+
+    headline = "Invalid @torch_slurm configuration"
+
+    def __init__(self, step_name: str, msg: str) -> None:
+        self.step_name = step_name
+        MetaflowException.__init__(self, "@torch_slurm on step *%s*: %s" % (step_name, msg))
+
+
 class TorchDistributedEnvironmentError(TorchDistributedException):
     """The machine cannot run the planned gang (too few GPUs, wrong Metaflow version, ...)."""
 

@@ -20,6 +20,9 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Type, TypeVar
 
 # The backend whose gangs run every node on this host (Attempt.backend).
 LOCAL = "local"
+# Attempt.backend of a gang placed by backends/slurm.py (its nodes pin gloo's and NCCL's
+# interface: gang/runner.py).
+SLURM_BACKEND = "slurm"
 # The environment variable that carries a GangSpec into an exec'd member.
 SPEC_ENV = "METAFLOW_TORCH_DISTRIBUTED_MEMBER"
 # The environment variable that carries an AgentOrder to a node agent on another machine.

@@ -12,6 +12,7 @@ from math import inf
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..core import naming
+from ..core.gangspec import SLURM_BACKEND
 from ..core.envcontract import Rendezvous, foreign_launcher_vars, rank_env
 from ..core.failures import Failure, FailureKind, from_exit
 from ..core.gangspec import GangSpec, Role
@@ -20,7 +21,7 @@ from ..mf import current as current_mod
 from ..mf import events
 from ..mf.spinstep import member_command
 from ..runtime import interrupt, stacks
-from ..runtime.control import loopback_interface
+from ..runtime.control import interface_toward, loopback_interface
 from ..runtime.procs import (
     OutputPump,
     SignalSetup,
@@ -74,6 +75,10 @@ class NodeRunner:
         elif spec.node == 0:
             tee = lambda: events.TailKeeper(events.tails_file(spec.work_dir))  # noqa: E731
         self.pump = OutputPump(tee=tee)
+        # On Slurm, a node has several interfaces as often as not (Ethernet, InfiniBand,
+        # management): gloo and NCCL use the one that reaches node 0 (backends/slurm.py).
+        self.node_interface = interface_toward(spec.attempt.master_addr) \
+            if spec.attempt.backend == SLURM_BACKEND else None
         self.saved_fds: Optional[Tuple[int, int]] = None
         # With restarts in place, each local rank's stdout and stderr are pipes of this node,
         # not of one process: {local rank: its pipes}, closed as this node releases its output.
@@ -101,7 +106,8 @@ class NodeRunner:
                         cuda_visible_devices=self.spec.cuda_visible_devices,
                         base_env=os.environ, cpu_count=os.cpu_count() or 1,
                         loopback_interface=loopback_interface()
-                        if self.spec.attempt.local else None)
+                        if self.spec.attempt.local else None,
+                        node_interface=self.node_interface)
 
     def start_ranks(self, local_ranks: Iterable[int],
                     close_fds: Sequence[int] = ()) -> List[Slot]:

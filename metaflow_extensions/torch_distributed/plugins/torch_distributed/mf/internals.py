@@ -113,6 +113,17 @@ def top_level_args() -> List[str]:
     return list(cli_args._options(cli_args.top_kwargs))
 
 
+def runtime_top_level_words(cli_args: Any) -> List[str]:
+    """The top-level options of a task's command as Metaflow's runtime builds it (a CLIArgs,
+    in runtime_step_cli), as argv words. Why: CLIArgs writes them only inside get_args(), with
+    the command and its options; a copy without the command gives the options alone."""
+    import copy
+
+    top = copy.copy(cli_args)
+    top.commands, top.command_args, top.command_options = [], [], {}
+    return list(top.get_args())[len(top.entrypoint):]
+
+
 def command_params() -> Dict[str, Any]:
     """The options of the command this process runs, from its click context. Why: spin-step
     keeps its options (run_id, task_id, input_paths, ...) there only, not in cli_args."""

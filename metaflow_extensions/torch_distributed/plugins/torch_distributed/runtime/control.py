@@ -105,6 +105,33 @@ def loopback_interface() -> Optional[str]:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
+def interface_toward(address: str) -> Optional[str]:
+    """The name of this host's network interface whose IPv4 address is the one its packets to
+    `address` leave from (the kernel's route, asked with a UDP connect that sends nothing), or
+    None where it cannot be told (IPv6, no route, not Linux)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))
+            local = probe.getsockname()[0]
+    except OSError:
+        return None
+    return next((name for _, name in socket.if_nameindex() if _ipv4_of(name) == local), None)
+
+
+def _ipv4_of(name: str) -> Optional[str]:
+    import fcntl
+    import struct
+
+    SIOCGIFADDR = 0x8915  # Linux
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            packed = fcntl.ioctl(probe.fileno(), SIOCGIFADDR,
+                                 struct.pack("256s", name[:15].encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
 def port_in_use_error(step_name: str, port: int) -> TorchDistributedEnvironmentError:
     return TorchDistributedEnvironmentError(
         step_name, "port %d on node 0, where the gang's rendezvous store listens, is taken by "

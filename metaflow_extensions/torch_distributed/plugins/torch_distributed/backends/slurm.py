@@ -1,0 +1,304 @@
+"""Slurm: every step of `python flow.py run --with torch_slurm` is one Slurm job; a gang of N
+nodes is one job of N nodes, one Slurm task per node.
+
+Metaflow's runtime runs on the login node; for each attempt @torch_slurm (slurm_decorator.py)
+puts the submitter (slurm_submit.py) in front of the task's own command. The submitter writes
+the job's two scripts (the batch script and the node script, both pure functions of a
+SlurmJob, below), submits with `sbatch`, watches the job with `scontrol show job` and forwards
+node 0's output to Metaflow, which keeps it as the task's log. In the job, `srun` starts the
+node script once per node: node 0 runs the task's own command with the gang's plan in its
+environment, nodes 1..N-1 the node agent (a hidden spin-step of the same task), as on AWS
+Batch (batch.py). The agents ship their ranks' output to node 0; their own output goes to a
+file per node in the job's folder.
+
+Code and data reach the nodes the HPC way: the job's folder, the flow's folder and Metaflow's
+local datastore are on a filesystem every node shares, and every node runs the same
+interpreter path. Node 0's address is the first name of the job's node list, resolved on the
+node (never SLURM_LAUNCH_NODE_IPADDR, the host srun ran on); a loopback answer is refused.
+"""
+
+import json
+import re
+import shlex
+import socket
+import subprocess
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+from ..core import naming
+from ..core.errors import TorchDistributedEnvironmentError
+from ..core.gangspec import SLURM_BACKEND, AgentOrder, NodeZero, TaskIdentity
+from . import address, trampoline
+from .base import AgentPlace, Backend, GangStep
+
+# In the job's environment on node 0 only: the gang's plan (trampoline.plan_env).
+MAIN_NODE_ENV = "METAFLOW_TORCH_DISTRIBUTED_SLURM_MAIN"
+NODE_ID = "SLURM_NODEID"
+NUM_NODES = "SLURM_JOB_NUM_NODES"
+NODE_LIST = "SLURM_JOB_NODELIST"
+# A node's index, as the node script's shell expands it.
+NODE_WORD = "${%s}" % NODE_ID
+
+
+# -- the job, as data -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """@torch_slurm's attributes that become sbatch options (metaflow-slurm's names where
+    they overlap)."""
+
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time: Optional[str] = None  # Slurm's forms: minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
+    constraint: Optional[str] = None
+    gres: Optional[str] = None
+    gpu: int = 0  # per node
+    cpu: int = 0  # per node (the node's one Slurm task)
+
+    def sbatch_words(self) -> List[str]:
+        words = ["--%s=%s" % (name, value) for name, value in (
+            ("partition", self.partition), ("account", self.account), ("qos", self.qos),
+            ("time", self.time), ("constraint", self.constraint), ("gres", self.gres))
+            if value]
+        if self.gpu:
+            words.append("--gpus-per-node=%d" % self.gpu)
+        if self.cpu:
+            words.append("--cpus-per-task=%d" % self.cpu)
+        return words
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One attempt of one step as a Slurm job: everything but node 0's command, which the
+    submitter is given as its own argv (the task's command as Metaflow built it)."""
+
+    step_name: str
+    name: str
+    nodes: int
+    work_dir: str  # the job's folder, on the filesystem every node shares
+    cwd: str  # the flow's folder, where every node runs its command
+    options: SlurmOptions
+    task_env: Dict[str, str] = field(default_factory=dict)  # node 0's only
+    agent_argv: List[str] = field(default_factory=list)
+    # the indices of agent_argv's words the node's shell expands (spinstep.Shell words)
+    agent_shell_words: List[int] = field(default_factory=list)
+    agent_env: Dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SlurmJob":
+        fields = json.loads(text)
+        fields["options"] = SlurmOptions(**fields["options"])
+        return cls(**fields)
+
+    @property
+    def stdout(self) -> str:
+        return "%s/job.out" % self.work_dir
+
+    @property
+    def stderr(self) -> str:
+        return "%s/job.err" % self.work_dir
+
+    def node_log(self, node: int) -> str:
+        return "%s/node-%d.log" % (self.work_dir, node)
+
+
+def sbatch_argv(job: SlurmJob, batch_script: str) -> List[str]:
+    """`sbatch` of `job`: one task per node, no requeue (retries belong to @retry: Slurm's own
+    requeue comes about 2 minutes later), output appended (a requeue by an administrator
+    would otherwise truncate the first run's)."""
+    return ["sbatch", "--parsable", "--job-name=%s" % job.name, "--nodes=%d" % job.nodes,
+            "--ntasks-per-node=1", "--no-requeue", "--open-mode=append",
+            "--output=%s" % job.stdout, "--error=%s" % job.stderr, "--chdir=%s" % job.cwd,
+            "--export=ALL", *job.options.sbatch_words(), batch_script]
+
+
+def batch_script(job: SlurmJob, node_script: str) -> str:
+    """The batch script: one task per node runs the node script; the first task to fail ends
+    the others (fail-fast of the nodes; the gang's own fail-fast usually comes first)."""
+    return "\n".join([
+        "#!/bin/bash",
+        "exec srun --kill-on-bad-exit=1 --nodes=%d --ntasks-per-node=1 /bin/bash %s"
+        % (job.nodes, shlex.quote(node_script)), ""])
+
+
+def node_script(job: SlurmJob, task_argv: Sequence[str]) -> str:
+    """The node script: node 0 runs the task's own command with the plan; every other node
+    the node agent, its output in a file of its own (its ranks' output reaches node 0).
+
+    Node 0 decides how the gang ends, as on AWS Batch, where the job's status is the main
+    node's: an agent's exit status ends the script with 0, or `srun --kill-on-bad-exit`
+    would kill node 0 while it reports the gang's root cause (an agent exits non-zero as soon
+    as node 0 aborts the gang). Node 0's own failure still ends every node."""
+    agent = " ".join(w if i in job.agent_shell_words else shlex.quote(w)
+                     for i, w in enumerate(job.agent_argv))
+    lines = ["#!/bin/bash", "cd %s || exit 1" % shlex.quote(job.cwd),
+             'if [ "$%s" = 0 ]; then' % NODE_ID]
+    lines += ["    export %s=%s" % (k, shlex.quote(v)) for k, v in sorted(job.task_env.items())]
+    lines += ["    exec %s" % " ".join(shlex.quote(w) for w in task_argv), "fi"]
+    lines += ["unset %s" % k for k in sorted(job.task_env)]
+    lines += ["export %s=%s" % (k, shlex.quote(v)) for k, v in sorted(job.agent_env.items())]
+    lines += ['exec >> %s/node-"$%s".log 2>&1' % (shlex.quote(job.work_dir), NODE_ID),
+              agent, 'echo "[node $%s] the node agent exited with status $?"' % NODE_ID,
+              "exit 0", ""]
+    return "\n".join(lines)
+
+
+def partition_refusal(step_name: str, nodes: int, wanted: Optional[str],
+                      partitions: str) -> Optional[str]:
+    """Why a job of `nodes` nodes in partition `wanted` (None: the default one) could never
+    start, from `scontrol show partition -o` (`partitions`), or None. Slurm itself accepts
+    such a job and leaves it PENDING (Reason=PartitionConfig) for ever."""
+    found = [parse_job(line) for line in partitions.splitlines() if line.strip()]
+    chosen = [p for p in found if (p.get("PartitionName") == wanted if wanted
+                                   else p.get("Default") == "YES")]
+    if not chosen:
+        return None  # sbatch names an unknown partition itself
+    fields = chosen[0]
+    limits = [int(fields[k]) for k in ("TotalNodes", "MaxNodes") if fields.get(k, "").isdigit()]
+    if not limits or nodes <= min(limits):
+        return None
+    return ("@torch_slurm on step *%s*: the gang needs %d nodes, but partition %s has %s "
+            "nodes (TotalNodes=%s MaxNodes=%s, Nodes=%s): the job could never start. Use "
+            "fewer nodes (@torch_distributed(nodes=...)) or a larger partition "
+            "(@torch_slurm(partition=...); `sinfo` lists them)."
+            % (step_name, nodes, fields.get("PartitionName"), min(limits),
+               fields.get("TotalNodes"), fields.get("MaxNodes"), fields.get("Nodes")))
+
+
+# -- the job's state, as `scontrol show job -o` says it -------------------------------------
+
+_FIELD = re.compile(r"(\w+)=(\S*)")
+# Slurm's states of a job that has not ended. COMPLETING is one of them: a failed or
+# cancelled job passes through it too, for seconds.
+ACTIVE = frozenset(("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
+                    "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING",
+                    "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"))
+SUCCESS = "COMPLETED"
+# Every other end, what it means, and what to do.
+ENDINGS = {
+    "FAILED": "failed: node 0's task exited non-zero (its output above has the gang's root "
+              "cause)",
+    "CANCELLED": "was cancelled (scancel, by a user or an administrator, or the cluster's "
+                 "policy); every rank was sent SIGTERM, then SIGKILL after the cluster's "
+                 "KillWait",
+    "NODE_FAIL": "lost a node: Slurm stopped hearing from it (its slurmd, its network or the "
+                 "machine failed); retry the step with @retry, or ask the cluster's "
+                 "administrators about the node",
+    "TIMEOUT": "ran past its time limit; raise @torch_slurm(time=...) or the partition's "
+               "default",
+    "PREEMPTED": "was preempted by a job of higher priority; retry it with @retry",
+    "OUT_OF_MEMORY": "ran out of memory on a node; ask for more memory or use fewer or "
+                     "smaller ranks per node",
+    "BOOT_FAIL": "could not start: a node failed to boot",
+    "DEADLINE": "reached its deadline (sbatch --deadline) before it ended",
+}
+
+
+def parse_job(text: str) -> Dict[str, str]:
+    """The fields of one job in `scontrol show job -o`'s one-line form."""
+    return dict(_FIELD.findall(text))
+
+
+def job_state(fields: Mapping[str, str]) -> str:
+    """The job's state word (JobState=CANCELLED by 0 is CANCELLED)."""
+    return fields.get("JobState", "UNKNOWN").split()[0]
+
+
+def ending(step_name: str, job_id: str, fields: Mapping[str, str]) -> Optional[str]:
+    """None while the job runs (COMPLETING included), "" when it COMPLETED, else the message
+    of its end: Slurm's state, reason, exit code and nodes."""
+    state = job_state(fields)
+    if state in ACTIVE:
+        return None
+    if state == SUCCESS:
+        return ""
+    what = ENDINGS.get(state, "ended in Slurm state %s, which @torch_slurm does not know"
+                       % state)
+    return ("@torch_slurm on step *%s*: Slurm job %s %s (JobState=%s Reason=%s ExitCode=%s "
+            "NodeList=%s)." % (step_name, job_id, what, state, fields.get("Reason", "?"),
+                               fields.get("ExitCode", "?"), fields.get("NodeList", "?")))
+
+
+# -- on the nodes: node 0's place and the agents' ---------------------------------------------
+
+def first_host(step_name: str, node_list: str,
+               run: Callable[[List[str]], str]) -> str:
+    """The first host name of the job's node list (`n[1-2]`), as `scontrol show hostnames`
+    expands it on the node."""
+    names = run(["scontrol", "show", "hostnames", node_list]).split()
+    if not names:
+        raise TorchDistributedEnvironmentError(
+            step_name, "`scontrol show hostnames %s` named no host on this Slurm node: "
+            "node 0's address is unknown." % node_list)
+    return names[0]
+
+
+def _scontrol(argv: List[str]) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+
+
+def node_zero_address(step_name: str, nodes: int, environ: Mapping[str, str],
+                      run: Callable[[List[str]], str] = _scontrol,
+                      resolve: Callable[[str], str] = socket.gethostbyname) -> str:
+    """Node 0's address: the first host of the job's node list, resolved on this node
+    (never SLURM_LAUNCH_NODE_IPADDR, the host srun ran on); loopback is refused."""
+    node_list = environ.get(NODE_LIST)
+    if not node_list:
+        raise TorchDistributedEnvironmentError(
+            step_name, "%s is not set: this process does not run in a Slurm job." % NODE_LIST)
+    name = first_host(step_name, node_list, run)
+    try:
+        found = resolve(name)
+    except OSError as ex:
+        raise TorchDistributedEnvironmentError(
+            step_name, "node 0's host name %r (the first of the job's nodes %s) does not "
+            "resolve on this node (%s): make the cluster's nodes resolve each other's names "
+            "(DNS or /etc/hosts)." % (name, node_list, ex)) from ex
+    return address.check_resolved(step_name, nodes, name, found)
+
+
+def planned_nodes(environ: Mapping[str, str], step_name: str) -> Optional[int]:
+    """The nodes of the gang when this process is node 0 of `step_name`'s Slurm job, else
+    None; a job of another size than planned is refused."""
+    nodes = trampoline.planned_nodes(environ, MAIN_NODE_ENV, step_name)
+    if nodes is None:
+        return None
+    found = environ.get(NUM_NODES)
+    if found != str(nodes):
+        raise TorchDistributedEnvironmentError(
+            step_name, "the gang needs %d nodes but this Slurm job has %s=%r. The job was not "
+            "submitted by this version of @torch_slurm; rerun the step."
+            % (nodes, NUM_NODES, found))
+    return nodes
+
+
+class SlurmBackend(Backend):
+    """Slurm: a gang of N > 1 nodes is one job of N nodes (slurm_submit.py submits it)."""
+
+    name = SLURM_BACKEND
+
+    def node_zero(self, step: GangStep, environ: Mapping[str, str],
+                  identity: TaskIdentity) -> Optional[NodeZero]:
+        nodes = planned_nodes(environ, step.step_name)
+        if nodes is None:
+            return None
+        return NodeZero(node_zero_address(step.step_name, nodes, environ),
+                        trampoline.attempt_port(step.step_name, identity),
+                        naming.new_secret(), self.name)
+
+    def agent_place(self, order: AgentOrder, environ: Mapping[str, str]) -> AgentPlace:
+        step_name = order.blueprint.step_name
+        try:
+            node = int(environ[NODE_ID])
+        except (KeyError, ValueError):
+            raise TorchDistributedEnvironmentError(
+                step_name, "this node agent runs outside a Slurm job (%s=%r)."
+                % (NODE_ID, environ.get(NODE_ID)))
+        return AgentPlace(node, node_zero_address(step_name, order.blueprint.nodes, environ))
+
+
+BACKEND = SlurmBackend()

@@ -1,0 +1,127 @@
+"""One real Slurm cluster (.ci/slurm: slurmctld and 4 slurmd, each node its own host) for the
+whole session; flows run on its controller host, the login node, with the local datastore in
+the test's folder (every host shares this machine's filesystem)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import FlowRunner, Result, _like_a_terminal, run_bounded
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / ".ci" / "slurm"
+# Slurm's own flows, then the flows the other layers run (the same flow on every backend).
+FLOWS = (Path(__file__).parent / "flows", ROOT / "tests" / "e2e" / "flows",
+         ROOT / "tests" / "emulation" / "flows")
+
+
+class Cluster:
+    def __init__(self, state: str, up_s: float) -> None:
+        self.state = state
+        self.up_s = up_s
+
+    def on_controller(self, *argv: str) -> list[str]:
+        """argv run on the controller host, SLURM_CONF set."""
+        return [str(SCRIPT), "exec", self.state, *argv]
+
+    def query(self, *argv: str) -> str:
+        return subprocess.run(self.on_controller(*argv), check=True, capture_output=True,
+                              text=True, timeout=30).stdout
+
+    def queue(self) -> list[str]:
+        """Every job still in the queue (pending, running or completing)."""
+        return self.query("squeue", "-h", "-o", "%i %T %j").split("\n")[:-1]
+
+    def job(self, job_id: str) -> str:
+        return self.query("scontrol", "show", "job", "-o", job_id)
+
+    def slurmd(self, host: str, action: str) -> None:
+        subprocess.run([str(SCRIPT), "slurmd", self.state, host, action], check=True,
+                       timeout=30)
+
+    def daemon_pid(self, host: str) -> int:
+        """The pid of the daemon .ci/slurm started on `host` (ctl: slurmctld)."""
+        pids = [line.split()[0] for line in Path(self.state, "pids").read_text().splitlines()
+                if line.split()[1:] == [host]]
+        return int(pids[-1])
+
+    def idle_nodes(self) -> set[str]:
+        return set(self.query("sinfo", "-h", "-N", "-t", "idle", "-o", "%N").split())
+
+    def wait_queue_empty(self, timeout: float = 30.0) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while (left := self.queue()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: Slurm's daemons and the hosts' network namespaces"
+    if shutil.which("slurmctld") is None and shutil.which("apt-get") is None:
+        return "slurm-wlm is not installed and apt-get is not there to install it"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[Cluster]:
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    started = time.monotonic()
+    up = subprocess.run([str(SCRIPT), "up", "4"], capture_output=True, text=True, timeout=600)
+    assert up.returncode == 0, up.stderr
+    cluster = Cluster(up.stdout.strip().splitlines()[-1], time.monotonic() - started)
+    print("slurm cluster up in %.2f s: %s" % (cluster.up_s, cluster.state), file=sys.stderr)
+    try:
+        yield cluster
+    finally:
+        down = subprocess.run([str(SCRIPT), "down", cluster.state], capture_output=True,
+                              text=True, timeout=120)
+        assert down.returncode == 0, down.stderr
+        assert not os.path.exists(cluster.state)
+
+
+class SlurmFlowRunner(FlowRunner):
+    """FlowRunner whose flows run on the cluster's controller host, `--with torch_slurm`."""
+
+    def __init__(self, root: Path, cluster: Cluster) -> None:
+        super().__init__(root)
+        self.cluster = cluster
+
+    def flow_path(self, name):
+        target = self.root / name
+        if not target.exists():
+            shutil.copy(next(f / name for f in FLOWS if (f / name).exists()), target)
+        return target
+
+    def argv(self, name: str, *args: str) -> list[str]:
+        return self.cluster.on_controller(sys.executable, str(self.flow_path(name)),
+                                          "--no-pylint", *args)
+
+    def run(self, name, *args, env=None, timeout=240):
+        proc, elapsed = run_bounded(self.argv(name, "run", "--with", "torch_slurm", *args),
+                                    self.root, self.env(env), timeout)
+        return Result(proc, elapsed, proc.stdout, proc.stderr)
+
+    def popen(self, name, *args, env=None):
+        return subprocess.Popen(self.argv(name, "run", "--with", "torch_slurm", *args),
+                                cwd=self.root, env=self.env(env), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=_like_a_terminal)
+
+
+@pytest.fixture
+def slurm_runner(slurm_cluster, tmp_path) -> Iterator[SlurmFlowRunner]:
+    runner = SlurmFlowRunner(tmp_path, slurm_cluster)
+    yield runner
+    runner.assert_no_leftovers()
+    assert slurm_cluster.wait_queue_empty(timeout=10) == [], "jobs left in the queue"

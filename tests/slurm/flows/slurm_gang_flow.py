@@ -1,0 +1,70 @@
+"""A gang of TD_NODES x TD_NPROC ranks for `run --with torch_slurm` on the real Slurm cluster
+of .ci/slurm. TD_FAIL_RANK raises on that rank after the all-reduce (in attempt
+TD_FAIL_ATTEMPT and restart round TD_FAIL_ROUND only, if set; TD_RETRIES is the step's @retry,
+TD_MAX_RESTARTS its max_restarts); TD_HANG_RANK sleeps on that rank while the others wait in
+all_reduce (TD_HANG_TIMEOUT is the step's hang_timeout); TD_BUSY keeps every rank
+in all-reduces for that many seconds (a test cancels the job meanwhile)."""
+
+import os
+import socket
+import time
+
+from metaflow import FlowSpec, current, environment, retry, step, torch_distributed
+
+TD = {k: v for k, v in os.environ.items() if k.startswith("TD_")}
+NODES = int(TD.get("TD_NODES", "2"))
+NPROC = int(TD.get("TD_NPROC", "2"))
+
+
+class SlurmGangFlow(FlowSpec):
+    @step
+    def start(self):
+        self.start_host = socket.gethostname()
+        self.next(self.train)
+
+    @environment(vars=TD)
+    @retry(times=int(TD.get("TD_RETRIES", "0")), minutes_between_retries=0)
+    @torch_distributed(nodes=NODES, nproc_per_node=NPROC, rendezvous_timeout=60,
+                       max_restarts=int(TD.get("TD_MAX_RESTARTS", "0")),
+                       hang_timeout=float(TD["TD_HANG_TIMEOUT"]) if TD.get("TD_HANG_TIMEOUT")
+                       else None)
+    @step
+    def train(self):
+        import torch
+        import torch.distributed as dist
+
+        rank = int(os.environ["RANK"])
+        print("rank %d says hello from %s" % (rank, socket.gethostname()), flush=True)
+        dist.init_process_group("gloo")
+        total = torch.tensor([float(rank + 1)])
+        if int(TD.get("TD_HANG_RANK", "-1")) == rank:
+            print("rank %d hangs outside any collective" % rank, flush=True)
+            time.sleep(3600)
+        dist.all_reduce(total)
+        deadline = time.time() + float(TD.get("TD_BUSY", "0"))
+        while time.time() < deadline:
+            dist.all_reduce(torch.ones(1))
+            time.sleep(0.05)
+        restart = current.torch_distributed.restart_count
+        if int(TD.get("TD_FAIL_RANK", "-1")) == rank and \
+                TD.get("TD_FAIL_ATTEMPT", str(current.retry_count)) == str(current.retry_count) \
+                and TD.get("TD_FAIL_ROUND", str(restart)) == str(restart):
+            raise ValueError("injected failure on rank %d" % rank)
+        self.places = current.torch_distributed.gather(dict(
+            rank=rank, host=socket.gethostname(), world_size=dist.get_world_size(),
+            slurm=sorted(k for k in os.environ if k.startswith("SLURM_")),
+            interfaces=(os.environ.get("GLOO_SOCKET_IFNAME"),
+                        os.environ.get("NCCL_SOCKET_IFNAME"))))
+        self.total = total.item()
+        self.attempt = current.retry_count
+        self.restarts = restart
+        dist.destroy_process_group()
+        self.next(self.end)
+
+    @step
+    def end(self):
+        print("total %s over %d ranks" % (self.total, len(self.places)))
+
+
+if __name__ == "__main__":
+    SlurmGangFlow()

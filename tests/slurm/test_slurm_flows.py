@@ -1,0 +1,297 @@
+"""Flows through `python flow.py run --with torch_slurm` on a real Slurm cluster (.ci/slurm):
+real slurmctld and slurmd, real sbatch and srun, real gloo process groups."""
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+NODES = {"n1", "n2", "n3", "n4"}
+
+
+def job_ids(output):
+    return re.findall(r"\[slurm\] submitted job (\d+)", output)
+
+
+def wait_running(cluster, name_part, timeout=60.0):
+    """The id of the job whose name has `name_part` once it runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in cluster.queue():
+            job_id, state, name = line.split()
+            if name_part in name and state == "RUNNING":
+                return job_id
+        time.sleep(0.2)
+    pytest.fail("no running job named *%s* after %s s: %s" % (name_part, timeout,
+                                                              cluster.queue()))
+
+
+def test_plain_steps_are_one_node_jobs_with_their_options(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_plain_flow.py")
+    assert result.returncode == 0, result
+    places = slurm_runner.client(
+        "result = Flow('SlurmPlainFlow').latest_run['end'].task.data.places")
+    assert [p["nodes"] for p in places] == ["1", "1", "1"], places
+    assert {p["host"] for p in places} <= NODES, places  # on compute nodes, not the login node
+    assert len({p["job"] for p in places}) == 3, places  # one job per step
+    assert job_ids(result.output) == [p["job"] for p in places]
+    middle = slurm_cluster.job(places[1]["job"])
+    assert "TimeLimit=00:10:00" in middle and "Partition=debug" in middle, middle
+    assert "Requeue=0" in middle, middle  # --no-requeue
+    assert "JobState=COMPLETED" in middle, middle
+
+
+def test_gang_2x2_runs_on_two_nodes(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_gang_flow.py")
+    assert result.returncode == 0, result
+    data = slurm_runner.client(
+        "t = Flow('SlurmGangFlow').latest_run['train'].task\n"
+        "result = dict(places=t.data.places, total=t.data.total, stdout=t.stdout)")
+    places = sorted(data["places"], key=lambda p: p["rank"])
+    assert [p["rank"] for p in places] == [0, 1, 2, 3]
+    assert data["total"] == 10.0  # 1 + 2 + 3 + 4, all-reduced over the gang
+    assert {p["world_size"] for p in places} == {4}
+    hosts = [p["host"] for p in places]
+    assert hosts[0] == hosts[1] and hosts[2] == hosts[3] and hosts[0] != hosts[2], hosts
+    assert set(hosts) <= NODES, hosts
+    # SLURM_* stays out of the ranks' environment (Lightning would take a node for the world)
+    assert all(p["slurm"] == [] for p in places), places
+    # gloo and NCCL use the interface that reaches node 0 (each host's eth0 on the bridge)
+    assert all(p["interfaces"] == ["eth0", "eth0"] for p in places), places
+    # every node's ranks reach the task's log, node 1's shipped to node 0
+    for rank, host in enumerate(hosts):
+        assert "rank %d says hello from %s" % (rank, host) in data["stdout"], data["stdout"]
+    train_job = job_ids(result.output)[1]
+    shown = slurm_cluster.job(train_job)
+    assert "NumNodes=2 " in shown and "JobState=COMPLETED" in shown, shown
+    print("2x2 gang flow: %.1f s from run to done (3 jobs); the gang's job ran %s"
+          % (result.elapsed, re.search(r"RunTime=(\S+)", shown).group(1)))
+
+
+def test_a_rank_failure_fails_the_job_fast_with_its_traceback(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_gang_flow.py", env={"TD_FAIL_RANK": "3"})
+    assert result.returncode != 0, result
+    assert "ValueError: injected failure on rank 3" in result.output, result
+    assert "Traceback" in result.output, result
+    assert re.search(r"Slurm job \d+ failed.*JobState=FAILED", result.output), result
+    assert slurm_cluster.wait_queue_empty(timeout=10) == []
+    assert result.elapsed < 90, result
+
+
+def test_bad_option_is_refused_before_any_job(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_bad_time_flow.py")
+    assert result.returncode != 0, result
+    assert "@torch_slurm on step start: time='2h' is not one of Slurm's time forms" \
+        in result.output, result
+    assert job_ids(result.output) == []
+
+
+def test_scancel_mid_step_fails_the_step_as_cancelled(slurm_runner, slurm_cluster):
+    run = slurm_runner.popen("slurm_gang_flow.py", env={"TD_BUSY": "120"})
+    try:
+        job_id = wait_running(slurm_cluster, ".train.")
+        time.sleep(3)  # the ranks are in their all-reduces
+        slurm_cluster.query("scancel", job_id)
+        out, err = run.communicate(timeout=90)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode != 0, out + err
+    # the task's log, as Metaflow's runtime shows it
+    assert "Slurm job %s was cancelled" % job_id in out, out + err
+    assert "JobState=CANCELLED" in out, out + err
+    assert slurm_cluster.wait_queue_empty(timeout=10) == []
+
+
+def test_ctrl_c_leaves_the_queue_empty(slurm_runner, slurm_cluster):
+    run = subprocess.Popen(slurm_runner.argv("slurm_gang_flow.py", "run", "--with",
+                                             "torch_slurm"),
+                           cwd=slurm_runner.root, env=slurm_runner.env({"TD_BUSY": "120"}),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        wait_running(slurm_cluster, ".train.")
+        os.killpg(run.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
+        out, err = run.communicate(timeout=90)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode != 0, out + err
+    assert slurm_cluster.wait_queue_empty(timeout=30) == [], out + err
+
+
+def test_a_gang_larger_than_the_partition_is_refused_at_submission(slurm_runner,
+                                                                   slurm_cluster):
+    result = slurm_runner.run("slurm_gang_flow.py", env={"TD_NODES": "5", "TD_NPROC": "1"})
+    assert result.returncode != 0, result
+    assert "the gang needs 5 nodes, but partition debug has 4 nodes" in result.output, result
+    assert len(job_ids(result.output)) == 1  # the start step's; the gang's was never submitted
+    assert slurm_cluster.wait_queue_empty(timeout=5) == []
+
+
+def test_a_bare_lightning_trainer_is_ddp_over_the_gang_not_slurms_tasks(slurm_runner):
+    """Inside a Slurm job Lightning would pick SLURMEnvironment from SLURM_* and take one
+    task per node for the world; the ranks see none of it."""
+    result = slurm_runner.run("fw_lightning_flow.py", timeout=300)
+    assert result.returncode == 0, result
+    ranks = slurm_runner.client(
+        "result = sorted(Flow('LightningFlow').latest_run['train'].task['ranks'].data,"
+        " key=lambda r: r['global_rank'])")
+    assert [(r["strategy"], r["world_size"], r["global_rank"]) for r in ranks] == \
+        [("DDPStrategy", 4, rank) for rank in range(4)]
+    assert {(r["environment"], r["external"]) for r in ranks} == \
+        {("TorchElasticEnvironment", True)}
+    # the 64 rows split over the 4 ranks of both nodes, each row seen once per epoch
+    assert sorted(i for r in ranks for i in r["seen"]) == list(range(64)), ranks
+
+
+def test_retry_runs_the_gang_again_as_a_new_job(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_gang_flow.py", env={
+        "TD_FAIL_RANK": "2", "TD_FAIL_ATTEMPT": "0", "TD_RETRIES": "1"})
+    assert result.returncode == 0, result
+    assert "ValueError: injected failure on rank 2" in result.output, result
+    jobs = job_ids(result.output)
+    assert len(jobs) == 4, jobs  # start, train twice, end
+    assert "JobState=FAILED" in slurm_cluster.job(jobs[1])
+    assert "JobState=COMPLETED" in slurm_cluster.job(jobs[2])
+    data = slurm_runner.client(
+        "t = Flow('SlurmGangFlow').latest_run['train'].task\n"
+        "result = dict(attempt=t.data.attempt, total=t.data.total)")
+    assert data == {"attempt": 1, "total": 10.0}
+
+
+SLURMD_TIMEOUT_S = 10  # .ci/slurm's slurm.conf
+
+
+def test_a_lost_node_fails_the_step_as_node_fail_within_slurmd_timeout(slurm_runner,
+                                                                       slurm_cluster):
+    run = slurm_runner.popen("slurm_gang_flow.py", env={"TD_BUSY": "120"})
+    lost = None
+    try:
+        job_id = wait_running(slurm_cluster, ".train.")
+        time.sleep(3)  # the ranks are in their all-reduces
+        fields = dict(w.split("=", 1) for w in slurm_cluster.job(job_id).split() if "=" in w)
+        hosts = slurm_cluster.query("scontrol", "show", "hostnames", fields["NodeList"]).split()
+        lost = hosts[1]
+        slurm_cluster.slurmd(lost, "kill")  # node 1's slurmd dies; its ranks run on
+        killed = time.monotonic()
+        out, err = run.communicate(timeout=120)
+        took = time.monotonic() - killed
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if lost:
+            slurm_cluster.slurmd(lost, "start")
+            deadline = time.monotonic() + 60
+            while lost not in slurm_cluster.idle_nodes() and time.monotonic() < deadline:
+                time.sleep(0.5)
+    assert run.returncode != 0, out + err
+    assert "Slurm job %s lost a node" % job_id in out, out + err
+    assert "JobState=NODE_FAIL" in out, out + err
+    # Slurm marks the node down SlurmdTimeout after its last answer, then fails the job;
+    # the bound leaves 20 s for the controller's ping cycle and the job's end
+    assert took < SLURMD_TIMEOUT_S + 20, took
+    print("node lost: the step failed %.1f s after slurmd was killed" % took)
+    assert lost in slurm_cluster.idle_nodes(), slurm_cluster.query("sinfo")
+
+
+def test_two_gangs_of_a_foreach_run_at_once(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("batch_foreach_flow.py")  # the Batch layer's flow, unchanged
+    assert result.returncode == 0, result
+    results = slurm_runner.client(
+        "result = Flow('BatchForeachFlow').latest_run['join'].task.data.results")
+    assert [(lr, round(total, 5)) for lr, total, _ in results] == [(0.1, 0.2), (0.2, 0.4)]
+    for lr, _, seen in results:
+        assert {value for value, _, _ in seen} == {lr}  # each gang saw its own input
+    assert len({port for _, _, seen in results for _, port, _ in seen}) == 2
+    trains = []
+    for job_id in job_ids(result.output):
+        fields = dict(w.split("=", 1) for w in slurm_cluster.job(job_id).split() if "=" in w)
+        if ".train." in fields["JobName"]:
+            trains.append(fields)
+    assert len(trains) == 2 and {t["NumNodes"] for t in trains} == {"2"}, trains
+    # at once: each started before the other ended (Slurm's times are to the second)
+    assert trains[0]["StartTime"] < trains[1]["EndTime"], trains
+    assert trains[1]["StartTime"] < trains[0]["EndTime"], trains
+
+
+def test_a_restart_in_place_stays_in_the_same_job(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_gang_flow.py", env={
+        "TD_FAIL_RANK": "3", "TD_FAIL_ROUND": "0", "TD_MAX_RESTARTS": "1"})
+    assert result.returncode == 0, result
+    assert "ValueError: injected failure on rank 3" in result.output, result
+    assert len(job_ids(result.output)) == 3, result  # start, train (once), end
+    data = slurm_runner.client(
+        "t = Flow('SlurmGangFlow').latest_run['train'].task\n"
+        "result = dict(attempt=t.data.attempt, restarts=t.data.restarts, total=t.data.total,"
+        " hosts=sorted({p['host'] for p in t.data.places}))")
+    assert (data["attempt"], data["restarts"], data["total"]) == (0, 1, 10.0), data
+    assert len(data["hosts"]) == 2, data
+
+
+def test_a_killed_watcher_leaves_no_job_behind(slurm_runner, slurm_cluster):
+    """Metaflow's runtime ends its workers with SIGKILL: the process that watches the job
+    cannot cancel it then, and its guard does."""
+    import psutil
+
+    run = slurm_runner.popen("slurm_gang_flow.py", env={"TD_BUSY": "120"})
+    try:
+        job_id = wait_running(slurm_cluster, ".train.")
+        watchers = [p for p in psutil.process_iter(["cmdline"])
+                    if any("slurm_submit" in part for part in p.info["cmdline"] or [])
+                    and "--guard" not in (p.info["cmdline"] or [])
+                    and any(str(slurm_runner.root) in part for part in p.info["cmdline"])]
+        assert len(watchers) == 1, [w.info["cmdline"] for w in watchers]
+        watchers[0].kill()
+        left = slurm_cluster.wait_queue_empty(timeout=30)
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert left == [], left
+    assert "JobState=CANCELLED" in slurm_cluster.job(job_id)
+    assert run.returncode != 0, out + err
+
+
+def test_a_controller_that_stops_answering_for_a_while_does_not_fail_the_step(
+        slurm_runner, slurm_cluster):
+    """slurmctld frozen (SIGSTOP) for 12 s mid-step: scontrol fails meanwhile, the watch asks
+    again, and the step ends as the job does. (Frozen before the job's srun has its step,
+    Slurm fails the job itself: srun cannot confirm its allocation.)"""
+    run = slurm_runner.popen("slurm_gang_flow.py", env={"TD_BUSY": "6"})
+    controller = slurm_cluster.daemon_pid("ctl")
+    try:
+        job_id = wait_running(slurm_cluster, ".train.")
+        deadline = time.monotonic() + 30
+        while "%s.0" % job_id not in slurm_cluster.query("squeue", "-h", "-s", "-j", job_id):
+            assert time.monotonic() < deadline, "the job's srun started no step"
+            time.sleep(0.2)
+        time.sleep(1)
+        os.kill(controller, signal.SIGSTOP)
+        time.sleep(12)
+        os.kill(controller, signal.SIGCONT)
+        out, err = run.communicate(timeout=120)
+    finally:
+        os.kill(controller, signal.SIGCONT)
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, out + err
+    assert "asking again for up to 60 s" in out, out + err
+    assert "total 10.0 over 4 ranks" in out, out + err
+
+
+def test_a_rank_on_node_1_stuck_outside_any_collective_is_named_with_its_stack(
+        slurm_runner, slurm_cluster):
+    """Hang detection across Slurm nodes, as on AWS Batch (the same report)."""
+    from tests.emulation.probes import assert_hang_report
+
+    result = slurm_runner.run("slurm_gang_flow.py", env={"TD_HANG_RANK": "2",
+                                                         "TD_HANG_TIMEOUT": "8"})
+    assert result.returncode != 0, result
+    assert "[rank 2] rank 2 hangs outside any collective" in result.output, result
+    assert_hang_report(result.output, "slurm_gang_flow.py", 8)
+    assert re.search(r"Slurm job \d+ failed.*JobState=FAILED", result.output), result
+    assert slurm_cluster.wait_queue_empty(timeout=10) == []

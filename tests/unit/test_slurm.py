@@ -1,0 +1,175 @@
+"""The Slurm backend's pure parts: the job's commands and scripts, its states, its options."""
+
+import pytest
+
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import slurm
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
+    TorchDistributedEnvironmentError, TorchSlurmConfigError)
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends.slurm_decorator \
+    import slurm_options
+
+
+def job(**changes):
+    fields = dict(step_name="train", name="F.train.2", nodes=2, work_dir="/shared/j",
+                  cwd="/shared/flow", options=slurm.SlurmOptions(partition="gpu", time="10"),
+                  task_env={slurm.MAIN_NODE_ENV: '{"step": "train", "nodes": 2}'},
+                  agent_env={"A": "it's"},
+                  agent_argv=["py", "flow.py", "spin-step", "train", "--task-id",
+                              "2-node-${SLURM_NODEID}"], agent_shell_words=[5])
+    fields.update(changes)
+    return slurm.SlurmJob(**fields)
+
+
+def test_sbatch_asks_one_task_per_node_no_requeue_and_appended_output():
+    argv = slurm.sbatch_argv(job(), "/shared/j/job.sh")
+    assert argv[:2] == ["sbatch", "--parsable"]
+    for word in ("--nodes=2", "--ntasks-per-node=1", "--no-requeue", "--open-mode=append",
+                 "--output=/shared/j/job.out", "--error=/shared/j/job.err",
+                 "--partition=gpu", "--time=10", "--chdir=/shared/flow"):
+        assert word in argv
+    assert argv[-1] == "/shared/j/job.sh"
+
+
+def test_node_script_runs_the_task_on_node_0_and_the_agent_elsewhere():
+    text = slurm.node_script(job(), ["py", "flow.py", "step", "train", "--input-paths", "a b"])
+    zero, agents = text.split("\nfi\n")
+    assert 'if [ "$SLURM_NODEID" = 0 ]' in zero
+    assert "export METAFLOW_TORCH_DISTRIBUTED_SLURM_MAIN=" in zero
+    assert "exec py flow.py step train --input-paths 'a b'" in zero
+    assert "unset METAFLOW_TORCH_DISTRIBUTED_SLURM_MAIN" in agents  # the plan is node 0's
+    assert "export A='it'\"'\"'s'" in agents
+    assert "--task-id 2-node-${SLURM_NODEID}" in agents  # the node's shell expands it
+    assert 'node-"$SLURM_NODEID".log' in agents
+    # node 0 decides the gang's end: an agent's status never trips srun's kill-on-bad-exit
+    assert agents.rstrip().endswith("exit 0")
+    assert "\nexec py flow.py spin-step" not in agents
+
+
+def test_a_job_round_trips_through_its_file():
+    assert slurm.SlurmJob.from_json(job().to_json()) == job()
+
+
+@pytest.mark.parametrize("state, ends", [
+    ("PENDING", None), ("RUNNING", None), ("COMPLETING", None), ("COMPLETED", ""),
+    ("FAILED", "failed"), ("CANCELLED", "was cancelled"), ("NODE_FAIL", "lost a node"),
+    ("TIMEOUT", "time limit"), ("PREEMPTED", "preempted"), ("OUT_OF_MEMORY", "out of memory"),
+    ("BOOT_FAIL", "boot"), ("DEADLINE", "deadline"), ("SPECIAL_EXIT", "does not know"),
+])
+def test_only_completed_succeeds_and_completing_still_runs(state, ends):
+    fields = slurm.parse_job("JobId=7 JobName=x JobState=%s Reason=NodeDown "
+                             "ExitCode=0:9 NodeList=n[1-2]" % state)
+    message = slurm.ending("train", "7", fields)
+    if ends in (None, ""):
+        assert message == ends
+    else:
+        assert ends in message and "JobState=%s" % state in message
+        assert "Reason=NodeDown" in message and "NodeList=n[1-2]" in message
+
+
+def test_node_0_address_is_the_first_host_resolved_and_never_loopback():
+    run = lambda argv: "n3\nn4\n"  # noqa: E731
+    env = {slurm.NODE_LIST: "n[3-4]"}
+    assert slurm.node_zero_address("train", 2, env, run, lambda n: "10.0.0.3") == "10.0.0.3"
+    with pytest.raises(TorchDistributedEnvironmentError, match="loopback address 127.0.1.1"):
+        slurm.node_zero_address("train", 2, env, run, lambda n: "127.0.1.1")
+
+
+def test_a_job_of_another_size_than_planned_is_refused():
+    env = {slurm.MAIN_NODE_ENV: '{"step": "train", "nodes": 2}', slurm.NUM_NODES: "3"}
+    with pytest.raises(TorchDistributedEnvironmentError, match="needs 2 nodes"):
+        slurm.planned_nodes(env, "train")
+    assert slurm.planned_nodes(dict(env, **{slurm.NUM_NODES: "2"}), "train") == 2
+
+
+@pytest.mark.parametrize("attributes, words", [
+    ({}, []),
+    ({"time": "1-02:00", "qos": "high", "gpu": 4, "cpu": "8"},
+     ["--qos=high", "--time=1-02:00", "--gpus-per-node=4", "--cpus-per-task=8"]),
+])
+def test_options(attributes, words):
+    assert slurm_options("train", attributes).sbatch_words() == words
+
+
+@pytest.mark.parametrize("attributes, match", [
+    ({"time": "2h"}, r"time='2h' is not one of Slurm's time forms"),
+    ({"gpu": "four"}, r"gpu='four' is not a whole number of GPUs per node"),
+    ({"partition": "a b"}, r"partition='a b' is not one word"),
+])
+def test_bad_options_name_the_step_the_value_and_the_fix(attributes, match):
+    with pytest.raises(TorchSlurmConfigError, match=r"@torch_slurm on step \*train\*: " + match):
+        slurm_options("train", attributes)
+
+
+PARTITIONS = ("PartitionName=debug Default=YES MaxNodes=UNLIMITED Nodes=n[1-4] TotalNodes=4\n"
+              "PartitionName=big Default=NO MaxNodes=8 Nodes=b[1-16] TotalNodes=16\n")
+
+
+@pytest.mark.parametrize("nodes, wanted, refused", [
+    (4, None, None), (5, None, "partition debug has 4 nodes"), (8, "big", None),
+    (9, "big", "partition big has 8 nodes (TotalNodes=16 MaxNodes=8"), (50, "nope", None),
+])
+def test_a_gang_larger_than_its_partition_is_refused_with_the_partitions_numbers(
+        nodes, wanted, refused):
+    message = slurm.partition_refusal("train", nodes, wanted, PARTITIONS)
+    assert message == refused if refused is None else refused in message
+
+
+class Deco:
+    def __init__(self, name):
+        self.name = name
+
+
+@pytest.mark.parametrize("other, says", [
+    ("batch", "@batch, which sends it to another scheduler"),
+    ("kubernetes", "@kubernetes, which sends it to another scheduler"),
+    ("slurm", "@slurm, which sends it to metaflow-slurm's Slurm submission"),
+])
+def test_a_step_sent_to_another_scheduler_too_is_refused(other, says):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends.slurm_decorator \
+        import refuse_other_senders
+
+    with pytest.raises(TorchSlurmConfigError,
+                       match=r"on step \*train\*: the step also has " + says):
+        refuse_other_senders("train", [Deco("torch_slurm"), Deco(other), Deco("retry")])
+    refuse_other_senders("train", [Deco("torch_slurm"), Deco("retry"), Deco("resources")])
+
+
+def test_metaflow_slurms_single_task_decorator_is_refused_for_a_multi_node_gang():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends import (
+        schedulers)
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.errors import (
+        TorchDistributedConfigError)
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import (
+        plan_topology)
+
+    two = plan_topology(None, 2, 2, None, None, None, None)
+    with pytest.raises(TorchDistributedConfigError,
+                       match=r"a gang of 2 nodes .* cannot run under metaflow-slurm's @slurm.*"
+                             r"--with torch_slurm"):
+        schedulers.check_single_task_senders("train", ["slurm", "step"], two)
+    schedulers.check_single_task_senders("train", ["torch_slurm", "step"], two)
+    one = plan_topology(None, 1, 2, None, None, None, None)
+    schedulers.check_single_task_senders("train", ["slurm", "step"], one)
+
+
+def test_a_slurm_nodes_interface_is_gloos_and_ncclls_unless_the_user_set_them():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.envcontract import (
+        Rendezvous, rank_env)
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import (
+        plan_topology)
+
+    two = plan_topology(None, 2, 2, None, None, None, None)
+    place = Rendezvous("10.0.0.1", 29500, "gang", 0, 0)
+    env = rank_env(two, 1, 0, place, node_interface="ib0")
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("ib0", "ib0")
+    mine = rank_env(two, 1, 0, place, base_env={"NCCL_SOCKET_IFNAME": "eth1"},
+                    node_interface="ib0")
+    assert "NCCL_SOCKET_IFNAME" not in mine and mine["GLOO_SOCKET_IFNAME"] == "ib0"
+    assert "NCCL_SOCKET_IFNAME" not in rank_env(two, 1, 0, place)
+
+
+def test_the_interface_toward_an_address_is_the_one_that_holds_the_route():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.control import (
+        interface_toward, loopback_interface)
+
+    assert interface_toward("127.0.0.1") == loopback_interface()
