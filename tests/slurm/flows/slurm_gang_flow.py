@@ -42,8 +42,11 @@ class SlurmGangFlow(FlowSpec):
             time.sleep(3600)
         dist.all_reduce(total)
         deadline = time.time() + float(TD.get("TD_BUSY", "0"))
-        while time.time() < deadline:
-            dist.all_reduce(torch.ones(1))
+        while True:  # every rank makes as many all_reduces: rank 0's clock decides when to stop
+            busy = torch.tensor([float(time.time() < deadline)])
+            dist.broadcast(busy, src=0)
+            if not busy.item():
+                break
             time.sleep(0.05)
         restart = current.torch_distributed.restart_count
         if int(TD.get("TD_FAIL_RANK", "-1")) == rank and \
