@@ -69,7 +69,7 @@ def test_without_the_seal_the_attack_runs_its_pickle_in_a_rank(store, tmp_path):
     assert "TextIOWrapper" in outputs[0], outputs[0]  # rank 1 unpickled the attacker's object
 
 
-@pytest.mark.parametrize("attempt", range(5)  # the issue: the attack in a loop of 5 tries)
+@pytest.mark.parametrize("attempt", range(5))  # the issue: the attack in a loop of 5 tries
 def test_sealed_ranks_never_run_the_attackers_pickle(store, tmp_path, attempt):
     marker, (rank1, rank0) = run_attack(store.port, tmp_path, sealed_=True)
     assert not marker.exists(), rank1
