@@ -12,6 +12,10 @@ Two measurements, in one run:
    node 0's task per hang check (Window.add with a full window of 120 s), for gangs of 4, 64
    and 512 ranks at the default and the shortest probe interval, and that as a share of one
    core. The ranks' probe is unchanged by it: node 0 reads the reports it read already.
+4. A rank's Flight Recorder read (stacks.flight_recorder, issue 41 point 5): its time with a
+   full buffer (torch's 2000 entries), which a probe pays only once its rank started no
+   collective for half the hang timeout (so never in the training loop of 2.), and that as a
+   share of one core at the default hang timeout (one read per 300 s).
 
     .venv/bin/python bench/probe_cost.py [--steps 300] [--repeats 5]
 
@@ -53,7 +57,7 @@ def sample_cost(n=2000):
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         with tempfile.TemporaryDirectory() as work:
-            probe = stacks.Probe(stacks.probe_file(work, 0), 3600, 0)
+            probe = stacks.Probe(stacks.probe_file(work, 0), 3600, 0, history_after=10 ** 9)
 
             def deep(k):
                 if k:
@@ -64,6 +68,27 @@ def sample_cost(n=2000):
                 return (time.perf_counter() - began) / n
 
             return deep(30)
+    finally:
+        dist.destroy_process_group()
+
+
+def history_cost(n=20):
+    """(seconds per stacks.flight_recorder read of a full buffer, entries torch kept), or
+    (None, 0) on a torch that keeps no Flight Recorder for gloo."""
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # what the gang sets
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        x = torch.ones(16)
+        for _ in range(2100):
+            dist.all_reduce(x)
+        seq = stacks.collective_count()
+        if isinstance(stacks.flight_recorder(seq), str):
+            return None, 0
+        began = time.perf_counter()
+        for _ in range(n):
+            stacks.flight_recorder(seq)
+        return (time.perf_counter() - began) / n, 2000
     finally:
         dist.destroy_process_group()
 
@@ -89,8 +114,8 @@ def _train(rank, port, interval, steps, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     work = tempfile.mkdtemp()
-    probe = stacks.Probe(stacks.probe_file(work, rank), interval, rank).start() \
-        if interval else None
+    probe = stacks.Probe(stacks.probe_file(work, rank), interval, rank,
+                         stacks.history_after(600)).start() if interval else None
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
         *[torch.nn.Linear(256, 256) for _ in range(4)]))
@@ -128,6 +153,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     per_sample = sample_cost()
+    per_read, entries = history_cost()
     looks = {"%d ranks, a look every %g s" % (world, interval):
              {"us": look_cost(world, interval) * 1e6, "interval_s": interval}
              for world in (4, 64, 512) for interval in (stacks.interval_for(600),
@@ -146,6 +172,10 @@ def main():
         "ratio_to_none": {n: statistics.median(t) / base for n, t in times.items()},
         "raw_s": times, "cpus": os.cpu_count(), "torch": torch.__version__,
         "straggler_look": looks, "load_1min": os.getloadavg()[0],
+        "flight_recorder_read_ms": None if per_read is None else per_read * 1e3,
+        "flight_recorder_entries": entries,
+        "flight_recorder_core_pct_default": None if per_read is None
+        else per_read / (stacks.history_after(600) * stacks.interval_for(600)) * 100,
     }
     results = REPO / "bench" / "results"
     results.mkdir(exist_ok=True)
@@ -158,6 +188,12 @@ def main():
     for name, cost in looks.items():
         print("node 0, straggler look, %-32s %7.1f us  %.4f%% of a core"
               % (name, cost["us"], cost["core_pct"]))
+    if per_read is None:
+        print("Flight Recorder: torch %s keeps none for gloo" % torch.__version__)
+    else:
+        print("Flight Recorder read, %d entries: %.1f ms (%.4f%% of a core at hang_timeout 600)"
+              % (entries, result["flight_recorder_read_ms"],
+                 result["flight_recorder_core_pct_default"]))
     print("written", path.relative_to(REPO))
 
 

@@ -225,3 +225,31 @@ def card_charts(data):
     walk(json.loads(data))
     spec = next(c for c in charts if str(c.get("title", "")).startswith("Every rank"))
     return spec["layer"][0]["data"]["values"], spec["layer"][1]["data"]["values"], charts
+
+
+def flight_recorder_for_gloo():
+    """Whether the torch of this venv (the ranks' torch) keeps a Flight Recorder for gloo
+    (2.9 and later)."""
+    import torch._C._distributed_c10d as c10d
+
+    return hasattr(c10d, "_dump_fr_trace")
+
+
+def assert_collective_history(out, waiting, everyone):
+    """The hang report's part on each rank's last collectives (stacks.history_text): the
+    ranks `waiting` (as the report names them, e.g. "ranks 0, 1, 3 (nodes 0, 1)") in an
+    all_reduce not completed, where torch keeps a Flight Recorder for gloo; else `everyone`
+    with torch's version and no history."""
+    import re
+
+    start = "Each rank's last collectives (torch's Flight Recorder"
+    assert start in out, out[-6000:]
+    history = out[out.index(start):]
+    if flight_recorder_for_gloo():
+        assert re.search(r"%s: (.*; )?all_reduce #\d+ on default_pg \(Float\[\d+\]\) NOT "
+                         r"COMPLETED\n" % re.escape(waiting), history), history[:2000]
+    else:
+        assert re.search(r"%s: none: torch \S+ keeps no Flight Recorder for gloo"
+                         % re.escape(everyone), history), history[:2000]
+    return history
+

@@ -10,7 +10,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.support import card_json
+from tests.support import assert_collective_history, card_json, flight_recorder_for_gloo
 
 DELETER = str(Path(__file__).parent.parent / "progress_deleter.py")
 
@@ -44,6 +44,12 @@ def test_a_rank_stuck_outside_any_collective_is_named_with_its_stack(flow_runner
     assert re.search(r'File ".*gang_flow\.py", line \d+, in maybe_fail', stack), stack[:2000]
     assert "metaflow/task.py" not in stack.split("A rank that legitimately")[0]
     assert "hung: it neither failed nor finished" not in out  # not torch's timeout: ours
+    # each rank's last collectives, from torch's Flight Recorder where torch keeps one for gloo
+    history = assert_collective_history(out, "ranks 0, 1, 3 (nodes 0, 1)",
+                                        "ranks 0, 1, 2, 3 (nodes 0, 1)")
+    if flight_recorder_for_gloo():  # rank 2 ran no collective before it hung
+        assert "all_reduce #1 on default_pg (Float[1]) NOT COMPLETED" in history, history[:2000]
+        assert "rank 2 (node 1): none yet\n" in history, history[:2000]
     # the card's root cause is the same report
     run_id = re.search(r"run-id (\d+)", out).group(1)
     task = re.search(r"%s/train/(\d+)" % run_id, out).group(1)
@@ -57,6 +63,7 @@ def test_a_rank_stuck_outside_any_collective_is_named_with_its_stack(flow_runner
     data = card_json(target.read_text())
     assert "**Root cause:** rank 2 (node 1, local rank 0) made no progress" in data, data[:3000]
     assert "in maybe_fail" in data
+    assert "Each rank's last collectives" in data
     flow_runner.assert_no_leftovers()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import live_processes, with_env
+from tests.support import assert_collective_history, live_processes, with_env
 
 
 def wait_for(probe: Callable[[], object], timeout_s: float = 10.0, what: str = "condition"):
@@ -66,6 +66,7 @@ def assert_hang_report(out: str, flow_file: str, hang_timeout: int) -> None:
     stack = out[out.index("Rank 2's stack (most recent call last):"):]
     assert re.search(r'File ".*%s", line \d+, in train' % re.escape(flow_file), stack), \
         stack[:2000]
+    assert_collective_history(out, "ranks 0, 1, 3 (nodes 0, 1)", "ranks 0, 1, 2, 3 (nodes 0, 1)")
 
 
 def processes_of(emulator_url: str) -> list[psutil.Process]:

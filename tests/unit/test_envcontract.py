@@ -43,6 +43,7 @@ def test_two_nodes_by_four_node_1_local_rank_2_matches_the_reference_table():
         "LT_ACCELERATOR": "cpu",
         "ACCELERATE_USE_CPU": "true",
         "OMP_NUM_THREADS": "4",
+        "TORCH_FR_BUFFER_SIZE": "2000",
         "JSONARGPARSE_DEFAULT_ENV": "true",
         **{"PL_%sTRAINER__%s" % (prefix, arg): value
            for prefix in ("", "FIT__", "VALIDATE__", "TEST__", "PREDICT__")
@@ -80,6 +81,12 @@ def test_omp_num_threads_shares_the_cores_when_unset(cpu_count, nproc, expected)
 def test_omp_num_threads_is_left_alone_when_the_user_set_it():
     env = rank_env(Topology(1, 4), 0, 0, RDZV, base_env={"OMP_NUM_THREADS": "8"}, cpu_count=16)
     assert "OMP_NUM_THREADS" not in env
+
+
+@pytest.mark.parametrize("name", ["TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"])
+def test_a_flight_recorder_size_the_user_set_is_kept(name):
+    env = rank_env(Topology(1, 2), 0, 0, RDZV, base_env={name: "0"})
+    assert "TORCH_FR_BUFFER_SIZE" not in env
 
 
 def test_cpu_only_variables_on_cpu():

@@ -45,6 +45,10 @@ NOT_METAFLOW = {
     ("stacks.py", "_world"): "torch.distributed.distributed_c10d (every process group)",
     ("stacks.py", "_get_default_group"): "torch.distributed.distributed_c10d",
     ("stacks.py", "_get_sequence_number_for_group"): "torch's ProcessGroup",
+    # a rank's last collectives in a hang report (pinned by tests/unit/test_stacks.py on a
+    # real gloo group, and by .ci/torch_range's hang test on torch 2.5.0, 2.9.1 and 2.15.0)
+    ("stacks.py", "_dump_fr_trace"): "torch._C._distributed_c10d (Flight Recorder)",
+    ("stacks.py", "_dump_nccl_trace"): "torch._C._distributed_c10d (NCCL's Flight Recorder)",
 }
 
 

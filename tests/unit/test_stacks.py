@@ -10,7 +10,7 @@ import pytest
 
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import stacks
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import Topology
-from tests.support import REPO
+from tests.support import REPO, flight_recorder_for_gloo
 from tests.unit.fakes import Clock
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -62,9 +62,11 @@ def test_a_frame_with_no_line_number_is_shown_not_a_crash_of_the_watch():
     assert stacks.report_of(sample, 1.0)["where"] == "flow.py:? in train"
 
 
-def report(quiet, waiting=None, seq=10, where="flow.py:54 in train", done=False, age=0.1):
+def report(quiet, waiting=None, seq=10, where="flow.py:54 in train", done=False, age=0.1,
+           history=None):
     return {"quiet_s": quiet, "seq": seq, "waiting": waiting, "where": where,
-            "stack": '  File "%s", line 1, in x' % FLOW, "age_s": age, "done": done}
+            "stack": '  File "%s", line 1, in x' % FLOW, "age_s": age, "done": done,
+            "history": history}
 
 
 TOPO = Topology(2, 2)
@@ -113,6 +115,55 @@ def test_when_every_rank_waits_the_one_behind_on_collectives_is_named():
     reports[2]["waiting"] = "all_reduce"
     rank, text = stacks.verdict(reports, 4, 20, TOPO.locate)
     assert rank == 0 and "every rank in the same call" in text
+
+
+def fr_entry(seq, name="gloo:all_reduce", group=("0", "default_pg"), retired=True,
+             sizes=((4, 3),), dtypes=("Float",), state="scheduled", p2p=None):
+    """One entry as torch's Flight Recorder dump gives it (the fields the report reads)."""
+    return {"collective_seq_id": 0 if p2p else seq, "p2p_seq_id": p2p or 0,
+            "is_p2p": bool(p2p), "profiling_name": name, "process_group": list(group),
+            "retired": retired, "state": state, "input_sizes": [list(s) for s in sizes],
+            "input_dtypes": list(dtypes)}
+
+
+def test_a_flight_recorder_entry_reads_as_op_group_number_sizes_and_whether_it_completed():
+    assert stacks.collective_of(fr_entry(4, retired=False)) == {
+        "op": "all_reduce", "group": "default_pg", "seq": 4, "sizes": "Float[4, 3]",
+        "done": False}
+    # a subgroup torch gave no description: its name; NCCL's own states
+    sub = stacks.collective_of(fr_entry(2, "nccl:broadcast", ("3", "undefined"),
+                                        retired=False, state="completed"))
+    assert (sub["op"], sub["group"], sub["done"]) == ("broadcast", "group 3", True)
+    # many tensors: the first two and a count; a point-to-point op: its own number
+    many = stacks.collective_of(fr_entry(7, sizes=[(1,)] * 5, dtypes=["Float"] * 5))
+    assert many["sizes"] == "Float[1], Float[1] and 3 more"
+    assert stacks.collective_of(fr_entry(0, "gloo:send", p2p=9))["seq"] == 9
+
+
+def test_the_hang_report_gives_each_ranks_last_collectives_ranks_alike_on_one_line():
+    done = stacks.collective_of(fr_entry(3))
+    pending = stacks.collective_of(fr_entry(4, retired=False))
+    reports = {0: report(30, "all_reduce", history=[done, pending]),
+               1: report(30, "all_reduce", history=[done, pending]),
+               2: report(30, None, where="flow.py:65 in maybe_fail", history=[done]),
+               3: report(30, "all_reduce", history=[done, pending])}
+    _, text = stacks.verdict(reports, 4, 20, TOPO.locate)
+    history = text[text.index("Each rank's last collectives (torch's Flight Recorder"):]
+    assert ("  ranks 0, 1, 3 (nodes 0, 1): all_reduce #3 on default_pg (Float[4, 3]) "
+            "completed; all_reduce #4 on default_pg (Float[4, 3]) NOT COMPLETED\n") in history
+    assert "  rank 2 (node 1): all_reduce #3 on default_pg (Float[4, 3]) completed\n" in history
+    # a torch that keeps none says so; ranks whose history was not read are left out
+    for rank in reports:
+        reports[rank]["history"] = "torch 2.5.1 keeps no Flight Recorder for gloo"
+    reports[3]["history"] = None
+    _, text = stacks.verdict(reports, 4, 20, TOPO.locate)
+    assert "  ranks 0, 1, 2 (nodes 0, 1): none: torch 2.5.1 keeps no Flight Recorder for gloo" \
+        in text
+    assert "rank 3 (node 1): none" not in text
+    # no rank's history read: no such part
+    for rank in reports:
+        reports[rank]["history"] = None
+    assert "last collectives" not in stacks.verdict(reports, 4, 20, TOPO.locate)[1]
 
 
 def test_a_rank_whose_probe_stopped_writing_is_said_to_hold_pythons_lock():
@@ -164,10 +215,11 @@ def test_a_real_probe_counts_a_real_groups_collectives_and_sees_the_main_threads
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "16")  # what the gang sets (envcontract)
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         path = stacks.probe_file(str(tmp_path), 0)
-        probe = stacks.Probe(path, 0.05, 0).start()
+        probe = stacks.Probe(path, 0.05, 0, history_after=6).start()
         before = _read(path)["seq"]
         for _ in range(3):
             dist.all_reduce(torch.ones(1))
@@ -178,6 +230,20 @@ def test_a_real_probe_counts_a_real_groups_collectives_and_sees_the_main_threads
         assert any(name == "test_a_real_probe_counts_a_real_groups_collectives_and_sees_the_"
                    "main_threads_stack" for _, _, name in sample["stack"])
         assert threading.current_thread() is threading.main_thread()
+        # still: no history until the count stood still for half the hang timeout's samples
+        assert "history" not in sample
+        time.sleep(0.05 * (6 + 4))
+        history = _read(path)["history"]
+        if flight_recorder_for_gloo():
+            assert [c["op"] for c in history] == ["all_reduce"] * 3, history
+            assert [c["seq"] for c in history] == [before + 1, before + 2, before + 3]
+            assert all(c["done"] and c["group"] == "default_pg" for c in history), history
+        else:
+            assert "keeps no Flight Recorder for gloo" in history, history
+        # a collective: the history goes until the count stands still again
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.2)
+        assert "history" not in _read(path)
         probe.stop()
         assert _read(path)["done"] is True
     finally:
@@ -202,6 +268,9 @@ def test_the_probe_interval_follows_the_hang_timeout_within_bounds():
     assert stacks.interval_for(600) == stacks.MAX_INTERVAL
     assert stacks.interval_for(10) == 0.5
     assert stacks.interval_for(1) == stacks.MIN_INTERVAL
+    # the Flight Recorder is read after half the hang timeout without a collective
+    assert stacks.history_after(600) == 60 and stacks.history_after(6) == 6
+    assert stacks.history_after(0.5) == 1
 
 
 def test_stacks_on_demand_dump_once_per_request_and_at_most_once_a_second(monkeypatch):

@@ -15,6 +15,10 @@ from .topology import Topology
 FOREIGN_LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "LSB_", "JSM_NAMESPACE_")
 # LightningCLI without subcommands (run=False), then each of its subcommands.
 LIGHTNING_CLI_PREFIXES = ("", "FIT__", "VALIDATE__", "TEST__", "PREDICT__")
+# torch's Flight Recorder's size (its name since torch 2.7, and NCCL's older one): a user's
+# value of either is kept; else the ranks keep torch's default of later releases.
+FLIGHT_RECORDER_VARS = {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}
+FLIGHT_RECORDER_ENTRIES = "2000"
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,10 @@ def rank_env(topology: Topology, node: int, local_rank: int, rendezvous: Rendezv
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         if node_interface and name not in base_env and name not in env:
             env[name] = node_interface
+    if not FLIGHT_RECORDER_VARS & set(base_env):
+        # torch's Flight Recorder (each rank's last collectives, in the hang report):
+        # torch 2.10 and later keep it by default for gloo; 2.9 only when asked
+        env["TORCH_FR_BUFFER_SIZE"] = FLIGHT_RECORDER_ENTRIES
     if "OMP_NUM_THREADS" not in base_env:
         env["OMP_NUM_THREADS"] = str(max(1, cpu_count // nproc))
     return env

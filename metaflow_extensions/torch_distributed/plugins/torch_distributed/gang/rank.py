@@ -37,8 +37,10 @@ def run_rank_body(spec: GangSpec, topology: Topology, local_rank: int,
         _wait_for_every_node(spec, topology)
     probe = None
     if spec.blueprint.hang_timeout_s:
+        hang_timeout = spec.blueprint.hang_timeout_s
         probe = stacks.Probe(stacks.probe_file(spec.work_dir, rank),
-                             stacks.interval_for(spec.blueprint.hang_timeout_s), rank).start()
+                             stacks.interval_for(hang_timeout), rank,
+                             stacks.history_after(hang_timeout)).start()
     dumps = stacks.register_dump()  # stacks on demand
     try:
         events.run_recorded(rank, events.rank_file(spec.work_dir, rank),

@@ -28,12 +28,19 @@ rank registers Python's `faulthandler` on DUMP_SIGNAL when its body starts; faul
 from its C-level signal handler, so a rank blocked in native code (a collective) or holding
 Python's lock dumps too. Node 0 signals its own ranks and asks the other nodes through the
 store; each agent signals its ranks (see `dump`).
+
+Each rank's collective history: where torch keeps a Flight Recorder for the group's backend
+(gloo from torch 2.9, NCCL), a probe whose rank has issued no collective for half the hang
+timeout adds the rank's last collectives to its sample (`flight_recorder`: op, group, sequence
+number, sizes, completed or not), so the hang report says which collective each rank is in.
+Where torch keeps none, the report says so.
 """
 
 import contextlib
 import faulthandler
 import json
 import os
+import pickle  # noqa: S403 - torch's Flight Recorder dump of this very process
 import signal
 import sys
 import threading
@@ -55,6 +62,8 @@ MIN_INTERVAL = 0.5
 MAX_INTERVAL = 5.0
 # Frames kept of a stack (innermost first); deeper ones are cut.
 MAX_FRAMES = 40
+# A rank's last collectives a sample keeps from torch's Flight Recorder (oldest first).
+HISTORY_SHOWN = 3
 
 
 # The signal a rank dumps all its threads' stacks on (faulthandler): a real-time signal of its
@@ -81,10 +90,31 @@ class Report(TypedDict):
     stack: str  # formatted, outermost first
     age_s: float  # seconds since its probe last wrote
     done: bool  # its body ended
+    # its last collectives (torch's Flight Recorder), or why there are none; None: not read
+    # (it issued a collective within half the hang timeout)
+    history: Union[List["Collective"], str, None]
+
+
+class Collective(TypedDict):
+    """One collective of a rank's Flight Recorder."""
+
+    op: str  # "all_reduce"
+    group: str  # "default_pg", or the group's name
+    seq: int  # its number in its group
+    sizes: str  # "Float[4, 3]": the input tensors' dtypes and shapes
+    done: bool  # completed
 
 
 def interval_for(hang_timeout: float) -> float:
     return min(max(hang_timeout / SAMPLES_PER_TIMEOUT, MIN_INTERVAL), MAX_INTERVAL)
+
+
+def history_after(hang_timeout: float) -> int:
+    """After how many samples in a row with the same collective count a probe reads its rank's
+    Flight Recorder (half the hang timeout's samples; again each time as many more pass): a read
+    of a full buffer (torch keeps 2000 entries) costs about 30 ms, so a rank that trains never
+    pays it."""
+    return max(1, int(hang_timeout / interval_for(hang_timeout) / 2))
 
 
 def probe_file(work_dir: str, rank: int) -> str:
@@ -183,14 +213,20 @@ class OnDemand:
 
 class Probe:
     """The thread that writes, every `interval` seconds, rank `rank`'s collective count and
-    main-thread stack to `path` (what `NodeProgress` reads)."""
+    main-thread stack to `path` (what `NodeProgress` reads), and its last collectives once the
+    count stood still for `history_after` samples."""
 
-    def __init__(self, path: str, interval: float, rank: int) -> None:
+    def __init__(self, path: str, interval: float, rank: int, history_after: int) -> None:
         self.path = path
         self.interval = interval
         self.rank = rank
+        self.history_after = history_after
         self._main = cast(int, threading.main_thread().ident)  # started, so never None
         self._fd: Optional[int] = None
+        # the collective count of the last sample, and how many samples in a row had it
+        self._seq: Optional[int] = None
+        self._same = 0
+        self._history: Union[List[Collective], str, None] = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="torch-distributed-probe",
@@ -213,8 +249,12 @@ class Probe:
 
     def _write(self, done: bool) -> None:
         frame = sys._current_frames().get(self._main)
-        sample = {"rank": self.rank, "at": time.time(), "seq": collective_count(),
-                  "stack": stack_of(frame), "done": done}
+        seq = collective_count()
+        sample: Dict[str, Any] = {"rank": self.rank, "at": time.time(), "seq": seq,
+                                  "stack": stack_of(frame), "done": done}
+        history = self._history_at(seq) if not done else None
+        if history is not None:
+            sample["history"] = history
         with self._lock:  # the thread and stop() may both write
             try:
                 if self._fd is None:
@@ -227,6 +267,64 @@ class Probe:
                     self._fd = None
             except OSError:  # the work dir is gone: the gang is tearing down
                 pass
+
+
+    def _history_at(self, seq: Optional[int]) -> Union[List[Collective], str, None]:
+        """The rank's last collectives once its count `seq` stood still for `history_after`
+        samples (read again each time as many more pass), else None."""
+        if seq is None or seq != self._seq:
+            self._seq, self._same, self._history = seq, 0, None
+            return None
+        self._same += 1
+        if self._same % self.history_after == 0:
+            self._history = flight_recorder(seq)
+        return self._history
+
+
+def flight_recorder(seq: int, last: int = HISTORY_SHOWN) -> Union[List[Collective], str]:
+    """This process's `last` collectives from torch's Flight Recorder, oldest first ([] when
+    it has run none: `seq`, its collective count, is 0), or why torch keeps none. Read from the
+    probe's thread: torch's dump is made for that (its own watchdog reads it while a
+    collective waits)."""
+    torch = sys.modules.get("torch")
+    dist = sys.modules.get("torch.distributed")
+    try:
+        backend = str(dist.get_backend()) if dist is not None else "?"
+        c10d = sys.modules["torch._C._distributed_c10d"]
+    except Exception:  # noqa: BLE001 - a probe never disturbs the rank
+        return "no process group"
+    dump = getattr(c10d, "_dump_fr_trace", None)
+    if dump is None and "nccl" in backend:
+        dump = getattr(c10d, "_dump_nccl_trace", None)
+    version = getattr(torch, "__version__", "?")
+    if dump is None:
+        return "torch %s keeps no Flight Recorder for %s (torch 2.9 and later do)" % (
+            version, backend)
+    try:
+        # torch's own record of this process, pickled by torch itself (never outside data);
+        # without stack traces: the probe has the Python stack
+        entries = pickle.loads(dump(True, False, False)).get("entries") or []
+    except Exception as e:  # noqa: BLE001
+        return "torch's Flight Recorder could not be read: %s" % e
+    if not entries and seq:
+        return ("torch's Flight Recorder is off (TORCH_FR_BUFFER_SIZE=%s)"
+                % os.environ.get("TORCH_FR_BUFFER_SIZE", "0"))
+    return [collective_of(e) for e in entries[-last:]]
+
+
+def collective_of(entry: Mapping[str, Any]) -> Collective:
+    """One Flight Recorder entry, as the report shows it."""
+    op = str(entry.get("profiling_name") or "?").split(":", 1)[-1]
+    name, desc = (list(entry.get("process_group") or ["?", "?"]) + ["?", "?"])[:2]
+    group = desc if desc not in ("undefined", "", None) else "group %s" % name
+    tensors = ["%s%s" % (dtype, list(size)) for dtype, size in
+               zip(entry.get("input_dtypes") or [], entry.get("input_sizes") or [])]
+    sizes = ", ".join(tensors) if len(tensors) <= 2 else "%s and %d more" % (
+        ", ".join(tensors[:2]), len(tensors) - 2)
+    done = bool(entry.get("retired")) or entry.get("state") == "completed"
+    seq = entry.get("p2p_seq_id") if entry.get("is_p2p") else entry.get("collective_seq_id")
+    return {"op": op, "group": str(group), "seq": int(seq or 0), "sizes": sizes[:80],
+            "done": done}
 
 
 def frame_record(payload: bytes) -> bytes:
@@ -315,7 +413,7 @@ def report_of(sample: Mapping[str, Any], quiet_s: float) -> Report:
     return {"quiet_s": round(quiet_s, 3), "seq": sample.get("seq"),
             "waiting": waiting_call(frames), "where": user_frame(frames),
             "stack": format_stack(frames), "age_s": round(max(0.0, time.time() - sample["at"]), 3),
-            "done": bool(sample.get("done"))}
+            "done": bool(sample.get("done")), "history": sample.get("history")}
 
 
 def _in_torch(filename: str, part: Optional[str] = None) -> bool:
@@ -423,10 +521,39 @@ def verdict(reports: Mapping[int, Report], world_size: int, hang_timeout: float,
         else:
             text += "\n%s's stack (rank %d's, most recent call last):\n%s" % (
                 _ranks_text(ranks, None).capitalize(), shown, stack)
+    text += history_text(reports, locate)
     text += ("\nA rank that legitimately works alone this long (saving, evaluating, "
              "downloading while the others wait in a collective): raise hang_timeout, or set "
              "it to 0 to turn hang detection off.")
     return first, text
+
+
+def history_text(reports: Mapping[int, Report], locate: Optional[Locate]) -> str:
+    """The report's part on each rank's last collectives (torch's Flight Recorder), ranks with
+    the same history on one line; "" when no rank's was read."""
+    by_history: Dict[str, List[int]] = {}
+    for rank in sorted(reports):
+        history = reports[rank].get("history")
+        if history is None:
+            continue
+        if isinstance(history, str):
+            line = "none: %s" % history
+        elif not history:
+            line = "none yet"
+        else:
+            line = "; ".join(_collective_text(c) for c in history)
+        by_history.setdefault(line, []).append(rank)
+    if not by_history:
+        return ""
+    lines = ["  %s: %s" % (_ranks_text(ranks, locate), line)
+             for line, ranks in sorted(by_history.items(), key=lambda item: item[1][0])]
+    return ("\nEach rank's last collectives (torch's Flight Recorder, oldest first; #n is the "
+            "collective's number in its group):\n" + "\n".join(lines))
+
+
+def _collective_text(c: Collective) -> str:
+    return "%s #%d on %s (%s) %s" % (c["op"], c["seq"], c["group"], c["sizes"] or "no tensor",
+                                      "completed" if c["done"] else "NOT COMPLETED")
 
 
 def _stragglers(reports: Mapping[int, Report]) -> List[int]:
