@@ -69,6 +69,14 @@ OUTSIDE_FLOW = textwrap.dedent('''
 ''')
 
 
+PLUGIN = REPO / "metaflow_extensions" / "torch_distributed" / "plugins" / "torch_distributed"
+# Error classes of the page that never reach the step's code: where each is defined.
+OUTSIDE_THE_STEP = {"GangMismatch": PLUGIN / "runtime" / "control.py",
+                    "GangAborted": PLUGIN / "runtime" / "supervisor.py",
+                    "ScontrolFailed": PLUGIN / "backends" / "slurm_submit.py",
+                    "SlurmWatchInterrupted": PLUGIN / "backends" / "slurm_submit.py"}
+
+
 def error_classes_of_the_troubleshooting_page():
     """(class name, headline) of every row of the page's 'Error classes' table."""
     text = (REPO / "docs" / "troubleshooting.md").read_text()
@@ -81,8 +89,9 @@ def error_classes_of_the_troubleshooting_page():
 @pytest.mark.parametrize("name,headline", error_classes_of_the_troubleshooting_page())
 def test_every_error_with_a_headline_is_a_metaflow_exception(name, headline):
     cls = getattr(errors, name, None)
-    if cls is None:  # the node agents' own, never shown to the step
-        assert name in ("GangMismatch", "GangAborted"), name
+    if cls is None:  # the node agents' and the Slurm watcher's own, never shown to the step
+        assert name in OUTSIDE_THE_STEP, name
+        assert re.search(r"^class %s\(" % name, OUTSIDE_THE_STEP[name].read_text(), re.M), name
         return
     if not headline:  # raised inside a rank's body to unwind it (TorchDistributedAborted)
         assert not issubclass(cls, MetaflowException) and name == "TorchDistributedAborted"
