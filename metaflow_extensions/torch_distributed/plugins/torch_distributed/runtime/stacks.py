@@ -112,7 +112,7 @@ def interval_for(hang_timeout: float) -> float:
 def history_after(hang_timeout: float) -> int:
     """After how many samples in a row with the same collective count a probe reads its rank's
     Flight Recorder (half the hang timeout's samples; again each time as many more pass): a read
-    of a full buffer (torch keeps 2000 entries) costs about 30 ms, so a rank that trains never
+    of a full buffer (torch keeps 2000 entries) costs about 45 ms, so a rank that trains never
     pays it."""
     return max(1, int(hang_timeout / interval_for(hang_timeout) / 2))
 
