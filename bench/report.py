@@ -43,8 +43,13 @@ CARD_END = "<!-- end of the card section -->"
 # bench/straggler_detect.py's bench/results/straggler-*.json.
 STRAGGLER_START = "<!-- straggler section: from a bench/straggler_detect.py run (issue 41) -->"
 STRAGGLER_END = "<!-- end of the straggler section -->"
+# What reading a rank's Flight Recorder for the hang report costs (issue 41, point 5), from
+# bench/probe_cost.py's bench/results/probe-*.json.
+HISTORY_START = "<!-- flight recorder section: from a bench/probe_cost.py run (issue 41) -->"
+HISTORY_END = "<!-- end of the flight recorder section -->"
 KEPT = ((SECTION_START, SECTION_END), (SCALE_START, SCALE_END), (EXEC_START, EXEC_END),
-        (SEAL_START, SEAL_END), (CARD_START, CARD_END), (STRAGGLER_START, STRAGGLER_END))
+        (SEAL_START, SEAL_END), (CARD_START, CARD_END), (STRAGGLER_START, STRAGGLER_END),
+        (HISTORY_START, HISTORY_END))
 PHASES = [("proc", "rank 0 process started"), ("body", "work starts"),
           ("import", "torch imported"), ("init", "group formed"),
           ("collective", "all-reduce done")]
