@@ -94,16 +94,7 @@ def _merged_env(entries: Sequence[Dict[str, Any]],
 def planned_nodes(environ: Mapping[str, str], step_name: str) -> Optional[int]:
     """The nodes of the gang when this process is node 0 of `step_name`'s multi-node job, else
     None; a job of another size than planned is refused."""
-    nodes = trampoline.planned_nodes(environ, MAIN_NODE_ENV, step_name)
-    if nodes is None:
-        return None
-    found = int(environ.get(NUM_NODES, "0") or 0)
-    if found != nodes:
-        raise TorchDistributedEnvironmentError(
-            step_name, "the gang needs %d nodes but this AWS Batch job has %s (%s=%r). The "
-            "job was not submitted by this version of @torch_distributed; rerun the step."
-            % (nodes, found, NUM_NODES, environ.get(NUM_NODES)))
-    return nodes
+    return trampoline.checked_plan(environ, MAIN_NODE_ENV, step_name, NUM_NODES, "AWS Batch job")
 
 
 def main_node_address(step_name: str, nodes: int, environ: Mapping[str, str]) -> str:

@@ -53,16 +53,8 @@ MIN_SHARED_MEMORY_MIB = 1024
 def planned_nodes(environ: Mapping[str, str], step_name: str) -> Optional[int]:
     """The nodes of the gang when this process is node 0 (the control pod) of `step_name`'s
     JobSet, else None; a JobSet of another size than planned is refused."""
-    nodes = trampoline.planned_nodes(environ, MAIN_NODE_ENV, step_name)
-    if nodes is None:
-        return None
-    found = environ.get(NUM_NODES)
-    if found != str(nodes):
-        raise TorchDistributedEnvironmentError(
-            step_name, "the gang needs %d nodes but this Kubernetes JobSet has %s (%s=%r). The "
-            "JobSet was not created by this version of @torch_distributed; rerun the step."
-            % (nodes, found, NUM_NODES, found))
-    return nodes
+    return trampoline.checked_plan(environ, MAIN_NODE_ENV, step_name, NUM_NODES,
+                                   "Kubernetes JobSet", made="created")
 
 
 class KubernetesBackend(Backend):

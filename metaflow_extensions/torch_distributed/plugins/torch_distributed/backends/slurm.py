@@ -264,16 +264,8 @@ def node_zero_address(step_name: str, nodes: int, environ: Mapping[str, str],
 def planned_nodes(environ: Mapping[str, str], step_name: str) -> Optional[int]:
     """The nodes of the gang when this process is node 0 of `step_name`'s Slurm job, else
     None; a job of another size than planned is refused."""
-    nodes = trampoline.planned_nodes(environ, MAIN_NODE_ENV, step_name)
-    if nodes is None:
-        return None
-    found = environ.get(NUM_NODES)
-    if found != str(nodes):
-        raise TorchDistributedEnvironmentError(
-            step_name, "the gang needs %d nodes but this Slurm job has %s=%r. The job was not "
-            "submitted by this version of @torch_slurm; rerun the step."
-            % (nodes, NUM_NODES, found))
-    return nodes
+    return trampoline.checked_plan(environ, MAIN_NODE_ENV, step_name, NUM_NODES,
+                                   "Slurm job", decorator="@torch_slurm")
 
 
 class SlurmBackend(Backend):

@@ -44,6 +44,23 @@ def planned_nodes(environ: Mapping[str, str], name: str, step_name: str) -> Opti
     return int(plan["nodes"]) if plan["step"] == step_name else None
 
 
+def checked_plan(environ: Mapping[str, str], name: str, step_name: str, count_var: str,
+                 job: str, made: str = "submitted",
+                 decorator: str = "@torch_distributed") -> Optional[int]:
+    """planned_nodes, with the size the scheduler gave the job (its variable `count_var`)
+    checked against the plan: a `job` (e.g. "AWS Batch job") of another size is refused."""
+    nodes = planned_nodes(environ, name, step_name)
+    if nodes is None:
+        return None
+    found = environ.get(count_var)
+    if found != str(nodes):
+        raise TorchDistributedEnvironmentError(
+            step_name, "the gang needs %d nodes but this %s has %s (%s=%r). The %s was not %s "
+            "by this version of %s; rerun the step." % (
+                nodes, job, found, count_var, found, job.split()[-1], made, decorator))
+    return nodes
+
+
 def attempt_port(step_name: str, identity: TaskIdentity) -> int:
     """The store port of the attempt `identity` of a gang whose nodes are other machines: node
     0 and every agent derive the same from the task's run, id and attempt; a retry another."""
