@@ -856,6 +856,23 @@ def test_a_card_drawn_by_the_task_is_the_one_card_create_saves(monkeypatch, tmp_
             == ("5", "train", "7", "card-info", deco._card_uuid, ["attempt_id:0"])
             and json.loads(datum.value)["type"] == "blank", "plugins.cards.metadata."
             "_save_metadata", "card create registers a card's card-info metadata once")
+    # a card drawn again while the task runs (the gang's live card): `card server` serves the
+    # newest page and the data update whose reload token tells its viewer to reload it
+    from metaflow.plugins.cards.card_server import cards_for_task
+
+    live = internals.card_page([Markdown("drawn again")], "GangFlow/5/train/7", "live-2")
+    internals.save_card(deco, live, "GangFlow/5/train/7", 0)
+    internals.save_card_data(deco, "GangFlow/5/train/7", "live-2", {"torch_distributed": 2})
+    [served] = list(cards_for_task(FlowDataStore("GangFlow", storage_impl=LocalStorage,
+                                                 ds_root=root), "GangFlow/5/train/7"))
+    require('METAFLOW_RELOAD_TOKEN = "live-2"' in served.get()
+            and "drawn again" in card_json(served.get()), "CardDatastore.save_card",
+            "a card saved again under its uuid replaces the page `card server` serves")
+    update = served.get_data()
+    require(update is not None and update["reload_token"] == "live-2"
+            and update["data"] == {"torch_distributed": 2}, "CardDatastore.save_data, "
+            "card_server.get_data", "the viewer reads the card's data update (%r) and reloads "
+            "the page when its reload_token differs from the page's" % (update,))
 
 
 @pytest.mark.parametrize("is_task_ok", [True, False])
@@ -1936,6 +1953,7 @@ CONTRACTS = {
     "finish_card_in_task": "test_a_card_drawn_by_the_task_is_the_one_card_create_saves",
     "card_page": "test_a_card_drawn_by_the_task_is_the_one_card_create_saves",
     "save_card": "test_a_card_drawn_by_the_task_is_the_one_card_create_saves",
+    "save_card_data": "test_a_card_drawn_by_the_task_is_the_one_card_create_saves",
     "card_base": "test_card_types_of_extensions_and_their_base",
     "add_card": "test_card_decorator_counts_the_cards_of_a_step_once",
     "metadata_type": "test_the_metadata_type_of_this_process",

@@ -57,6 +57,11 @@ TORCH_DISTRIBUTED_MAX_RESTARTS = from_conf("TORCH_DISTRIBUTED_MAX_RESTARTS", 0)
 # overrides it per step.
 TORCH_DISTRIBUTED_CARD = from_conf("TORCH_DISTRIBUTED_CARD", True)
 
+# Seconds between two draws of the gang's card while the gang runs (node 0's task draws it in
+# its own process: mf/livecard.py); `card server` and the Metaflow UI reload it. 0 draws it only
+# as the task ends.
+TORCH_DISTRIBUTED_CARD_REFRESH = from_conf("TORCH_DISTRIBUTED_CARD_REFRESH", 10)
+
 # What happens when a rank of a gang ran its step body without joining the gang's process
 # group (its ranks trained independently): "error", "warn" or "off". Unset: "error" on steps
 # that carry @torch_distributed in the flow, "warn" on steps that got it from --with.

@@ -321,6 +321,12 @@ class TorchDistributedDecorator(StepDecorator):
             clock = WhenAll(timer.resume, ("body", "assembled"))
             try:
                 try:
+                    if self.task_card is not None and self.settings.card_refresh_s:
+                        self.task_card.go_live(
+                            leader.live_view, self.settings.card_refresh_s,
+                            bool(self.settings.hang_timeout_s), identity,
+                            "/".join((flow.name, identity.run_id, self.step_name,
+                                      identity.task_id)), retry_count)
                     leader.run(step_func, args, on_body_start=lambda: clock.arrive("body"),
                                on_assembled=lambda: clock.arrive("assembled"),
                                handback=handback)
@@ -517,7 +523,8 @@ internals.check_graph_before_parallel_lint(check_num_parallel)
 def _configured_settings() -> Dict[str, Any]:
     """The METAFLOW_TORCH_DISTRIBUTED_* values settings.resolve reads."""
     from metaflow.metaflow_config import (
-        TORCH_DISTRIBUTED_ABORT_GRACE, TORCH_DISTRIBUTED_CARD, TORCH_DISTRIBUTED_FINISH_TIMEOUT,
+        TORCH_DISTRIBUTED_ABORT_GRACE, TORCH_DISTRIBUTED_CARD, TORCH_DISTRIBUTED_CARD_REFRESH,
+        TORCH_DISTRIBUTED_FINISH_TIMEOUT,
         TORCH_DISTRIBUTED_HANG_TIMEOUT, TORCH_DISTRIBUTED_HEARTBEAT_TIMEOUT,
         TORCH_DISTRIBUTED_MAX_RESTARTS, TORCH_DISTRIBUTED_PREEMPT_GRACE,
         TORCH_DISTRIBUTED_RENDEZVOUS_TIMEOUT, TORCH_DISTRIBUTED_START_METHOD,
@@ -531,6 +538,7 @@ def _configured_settings() -> Dict[str, Any]:
             "HANG_TIMEOUT": TORCH_DISTRIBUTED_HANG_TIMEOUT,
             "PREEMPT_GRACE": TORCH_DISTRIBUTED_PREEMPT_GRACE,
             "CARD": TORCH_DISTRIBUTED_CARD,
+            "CARD_REFRESH": TORCH_DISTRIBUTED_CARD_REFRESH,
             "STRAGGLER_WINDOW": TORCH_DISTRIBUTED_STRAGGLER_WINDOW,
             "MAX_RESTARTS": TORCH_DISTRIBUTED_MAX_RESTARTS}
 

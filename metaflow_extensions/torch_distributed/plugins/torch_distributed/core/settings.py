@@ -35,6 +35,9 @@ class GangSettings:
     preempt_grace_s: float = 25.0
     # Whether the step gets the gang's own card (card.py: GANG_CARD).
     card: bool = True
+    # Seconds between two draws of that card while the gang runs (livecard.py); None: drawn
+    # only as the task ends (0 given).
+    card_refresh_s: Optional[float] = 10.0
     # How many times a failed gang is started again in place, within the attempt, before the
     # attempt fails (gang/leader.py, Leader._restart); 0: never, every failure is the attempt's.
     max_restarts: int = 0
@@ -68,6 +71,8 @@ def resolve(step_name: str, attributes: Mapping[str, Any],
         hang_timeout_s=_seconds_or_off(step_name, "hang_timeout", attributes.get("hang_timeout"),
                                        config["HANG_TIMEOUT"]),
         card=_switch(step_name, "card", attributes.get("card"), config["CARD"]),
+        card_refresh_s=_seconds_or_off(step_name, "card_refresh", None,
+                                       config.get("CARD_REFRESH", 10)),
         max_restarts=_count(step_name, "max_restarts", attributes.get("max_restarts"),
                             config.get("MAX_RESTARTS", 0)),
         straggler_window_s=_seconds_or_off(step_name, "straggler_window", None,

@@ -15,7 +15,7 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from ..core import naming, rounds, stragglers
 from ..core.envcontract import foreign_launcher_vars
@@ -421,28 +421,47 @@ class Leader:
     def _collect(self, attempt: _Attempt) -> Optional[events.GangRecord]:
         """The record of this gang attempt for its card, or None if it cannot be put together
         (which never changes the step's result)."""
-        runner, control = attempt.runner, attempt.store
-        failures = attempt.watch.failures if attempt.round_watch is not None else []
+        control = attempt.store
         try:
             remote: Dict[int, Optional[Dict[str, Any]]] = {}
             if self.remote and control is not None:
                 for node in range(1, self.topology.nodes):
                     remote[node] = control.node_events(node)
-            # restarts in place: the root causes and records of the rounds before the last
-            record = attempt.recorder.collect(
-                attempt.spec.work_dir, runner.slots, runner.spawned, remote, failures,
-                root_cause(failures), list(runner.stopped), restarted=attempt.rounds,
-                rounds=[r for r in attempt.round_records if r is not None])
-            window = attempt.watch.stragglers if attempt.round_watch is not None else None
-            found = window.last if window is not None else None
-            if found is None:
-                return record
-            return dataclasses.replace(record, waiting=dict(found.shares),
-                                       waiting_span_s=found.span_s, straggler=found.straggler)
+            return self._record_now(attempt, remote)
         except Exception as ex:  # noqa: BLE001 - the card is a view; the step's result stands
             print("@torch_distributed on step *%s*: could not record the gang for its card: %s"
                   % (self.step_name, ex), file=sys.stderr, flush=True)
             return None
+
+    def live_view(self) -> Optional[events.LiveView]:
+        """(From the live card's thread, card.LiveCard.) The running gang as its card shows it
+        now: its record so far (the ranks' own files, the last lines node 0 has, what the watch
+        saw) and where each rank stands (the hang probes' last reports); None before the gang
+        started. The other nodes' shares of the record come only at the end."""
+        attempt = self._attempt
+        if attempt is None or not attempt.started:
+            return None
+        at, reports = attempt.watch.live_reports
+        return events.LiveView(self._record_now(attempt, {}), at, reports)
+
+    def _record_now(self, attempt: _Attempt,
+                    remote: Mapping[int, Optional[Dict[str, Any]]]) -> events.GangRecord:
+        """The record of this gang attempt as it stands, with the remote nodes' shares
+        `remote` ({node: JSON form})."""
+        runner = attempt.runner
+        watch = attempt.round_watch
+        failures = list(watch.failures) if watch is not None else []
+        # restarts in place: the root causes and records of the rounds before the last
+        record = attempt.recorder.collect(
+            attempt.spec.work_dir, list(runner.slots), dict(runner.spawned), remote, failures,
+            root_cause(failures), list(runner.stopped), restarted=list(attempt.rounds),
+            rounds=[r for r in attempt.round_records if r is not None])
+        window = watch.stragglers if watch is not None else None
+        found = window.last if window is not None else None
+        if found is None:
+            return record
+        return dataclasses.replace(record, waiting=dict(found.shares),
+                                   waiting_span_s=found.span_s, straggler=found.straggler)
 
     def _bind(self) -> socket.socket:
         """The store's listening socket, on the one address the gang's peers reach (locally

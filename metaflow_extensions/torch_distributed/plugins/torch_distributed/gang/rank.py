@@ -40,7 +40,8 @@ def run_rank_body(spec: GangSpec, topology: Topology, local_rank: int,
         hang_timeout = spec.blueprint.hang_timeout_s
         probe = stacks.Probe(stacks.probe_file(spec.work_dir, rank),
                              stacks.interval_for(hang_timeout), rank,
-                             stacks.history_after(hang_timeout)).start()
+                             stacks.history_after(hang_timeout),
+                             live=functools.partial(events.live_of_rank, rank == 0)).start()
     dumps = stacks.register_dump()  # stacks on demand
     try:
         events.run_recorded(rank, events.rank_file(spec.work_dir, rank),

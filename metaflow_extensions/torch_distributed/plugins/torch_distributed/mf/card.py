@@ -9,10 +9,11 @@ create` does, from the gang records kept with the task (events.py), where the ta
 `card_data` turns those records into what the card shows: plain data, tested by tables.
 `components` turns that into Metaflow card components (Markdown, Table, VegaChart)."""
 
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, TypedDict, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypedDict, Union
 
 from ..mf import events
-from ..mf.events import GangRecord, NodeInfo, RoundRecord, Tails
+from ..mf.events import GangRecord, LiveView, NodeInfo, RoundRecord, Tails
+from ..mf.livecard import LiveCard, LiveData, LiveFigures, live_components
 from ..core import sealed
 from ..core.gangspec import TaskIdentity
 from ..core.failures import Failure, FailureKind
@@ -138,11 +139,16 @@ class CardData(TypedDict):
     waiting_note: str
     waiting: List[List[str]]
     waiting_nodes: List[List[str]]
+    # while the gang runs (LiveCard): where each rank stands now; None on the final card
+    live: Optional[LiveData]
 
 
-def card_data(record: GangRecord, history: Sequence[GangRecord] = ()) -> CardData:
+def card_data(record: GangRecord, history: Sequence[GangRecord] = (),
+              live: Optional[LiveData] = None) -> CardData:
     """What the card of gang attempt `record` shows; `history` holds the earlier attempts'
-    records, oldest first. Times are seconds since the attempt's gang started."""
+    records, oldest first; `live`, while the gang runs, where each rank stands (the record is
+    then the gang's so far: its `ended` is now). Times are seconds since the attempt's gang
+    started."""
     t0 = record.started
     root = record.root_cause
     failed_at = _failed_at(record.failures)
@@ -166,13 +172,18 @@ def card_data(record: GangRecord, history: Sequence[GangRecord] = ()) -> CardDat
     segments = [seg for earlier in record.rounds for seg in _round_segments(record, earlier, t0)]
     segments += [seg for row in ranks for seg in _segments(row)]
     outcome = _outcome(record, ranks, root)
+    markers = _markers(record, ranks, t0)
+    if live is not None:  # the record ends now, not with the gang
+        markers = [Marker(name="now", t=m["t"]) if m["name"] == "gang ended" else m
+                   for m in markers]
     return CardData(
-        title="Gang of step %s, attempt %d" % (record.step, record.attempt),
+        title="Gang of step %s, attempt %d%s" % (record.step, record.attempt,
+                                                  ": running" if live is not None else ""),
         topology=_topology_rows(record),
-        nodes=_node_rows(record),
+        nodes=_node_rows(record, running=live is not None),
         ranks=ranks,
         timeline=segments,
-        markers=_markers(record, ranks, t0),
+        markers=markers,
         outcome=outcome,
         tails=dict(record.tails),
         scalars=_scalars(record),
@@ -181,6 +192,7 @@ def card_data(record: GangRecord, history: Sequence[GangRecord] = ()) -> CardDat
         restarts=[[str(r.round), "%.1f s" % _since(r.at, t0), r.sentence]
                   for r in record.restarts],
         **_waiting(record),
+        live=live,
     )
 
 
@@ -344,7 +356,7 @@ def _topology_rows(record: GangRecord) -> List[List[str]]:
     ]
 
 
-def _node_rows(record: GangRecord) -> List[List[str]]:
+def _node_rows(record: GangRecord, running: bool = False) -> List[List[str]]:
     rows = []
     per = record.nproc_per_node
     for node in range(record.nodes):
@@ -354,7 +366,8 @@ def _node_rows(record: GangRecord) -> List[List[str]]:
         where = [info.batch_node_index and "Batch node index %s" % info.batch_node_index,
                  info.pod and "pod %s" % info.pod]
         rows.append([str(node), "%d-%d" % (node * per, node * per + per - 1),
-                     info.host or "(no word from this node)", info.ip or "",
+                     info.host or ("(told as the gang ends)" if running
+                                   else "(no word from this node)"), info.ip or "",
                      ", ".join(w for w in where if w)])
     return rows
 
@@ -462,7 +475,11 @@ def components(data: CardData) -> List[Any]:
         Markdown("## %s" % data["title"]), Table(data["topology"], headers=["", ""]),
         Table(data["nodes"], headers=["Node", "Ranks", "Host", "IP", "Scheduler's name"]),
         Markdown("### Timeline"), VegaChart(timeline_spec(data))]
-    out += _outcome_components(data["outcome"], Markdown)
+    live = data.get("live")
+    if live is not None:
+        out[1:1] = live_components(live)
+    if live is None or not data["outcome"]["ok"]:  # a running gang has no outcome yet
+        out += _outcome_components(data["outcome"], Markdown)
     if data.get("restarts"):
         out += [Markdown("### Restarts in place\n\nEach round below failed and the gang was "
                          "started again in the same attempt; the timeline shows every round, each "
@@ -567,11 +584,48 @@ class TaskCard:
         self.led = False
         self.record: Optional[GangRecord] = None
         self.identity: Optional[TaskIdentity] = None
+        self.live: Optional[LiveCard] = None  # drawing the card while the gang runs
+
+    def go_live(self, view: Callable[[], Optional[LiveView]], interval: float, probes: bool,
+                identity: TaskIdentity, pathspec: str, attempt: int) -> None:
+        """Draw the card every `interval` s while the gang of attempt `attempt` of task
+        `pathspec` runs (LiveCard), from `view()` (Leader.live_view); `probes`: whether the
+        ranks' hang probes run; `identity` the task's, where the earlier attempts' records
+        are (read once, by the first draw)."""
+        earlier: List[GangRecord] = []
+        read: List[bool] = []
+
+        def draw(now: LiveView, figures: LiveFigures) -> List[Any]:
+            if not read:
+                read.append(True)
+                earlier.extend(events.earlier_attempts(self.flow_datastore, identity,
+                                                       self.step_name, attempt))
+            return components(card_data(now.record, earlier,
+                                        figures.data(now.record, now.reports, probes)))
+
+        def save(parts: Sequence[Any], token: str) -> None:
+            self._save(parts, pathspec, attempt, token)
+
+        self.live = LiveCard(self.step_name, view, draw, save, interval).start()
 
     def keep(self, record: Optional[GangRecord], identity: TaskIdentity) -> None:
         """This attempt led a gang, which ended with `record` (None: it kept none); `identity`
-        is the task's TaskIdentity, where the earlier attempts' records are."""
+        is the task's TaskIdentity, where the earlier attempts' records are. The live card
+        stops."""
+        if self.live is not None:
+            self.live.stop()
         self.led, self.record, self.identity = True, record, identity
+
+    def _save(self, parts: Sequence[Any], pathspec: str, attempt: int, token: str) -> None:
+        """Save the card of `parts` with reload token `token` ("final" as the task ends),
+        and, once a live card was saved, a data update with the same token: a viewer of the
+        live card reloads it, and stops polling at "final"."""
+        from ..mf import internals
+
+        internals.save_card(self.deco, internals.card_page(parts, pathspec, token), pathspec,
+                            attempt)
+        if token != "final" or (self.live is not None and self.live.drawn):
+            internals.save_card_data(self.deco, pathspec, token, {"torch_distributed": token})
 
     def __call__(self, is_task_ok: bool, pathspec: str, attempt: int) -> bool:
         """Draw and save the card (internals.finish_card_in_task); False leaves it to
@@ -586,13 +640,18 @@ class TaskCard:
             history = [] if self.record is None or self.identity is None else (
                 events.earlier_attempts(self.flow_datastore, self.identity, self.step_name,
                                         attempt))
-            html = internals.card_page(_parts(pathspec, attempt, self.record, history),
-                                       pathspec)
-            internals.save_card(self.deco, html, pathspec, attempt)
+            self._save(_parts(pathspec, attempt, self.record, history), pathspec, attempt,
+                       "final")
         except Exception as ex:  # noqa: BLE001 - the card is a view: Metaflow draws it instead
             print("@torch_distributed on step *%s*: could not draw the gang's card in the task "
                   "(%s: %s); Metaflow's `card create` draws it from the gang's record instead."
                   % (self.step_name, type(ex).__name__, ex), file=sys.stderr, flush=True)
+            if self.live is not None and self.live.drawn:
+                try:  # a viewer of the live card stops polling once it reads "final"
+                    internals.save_card_data(self.deco, pathspec, "final",
+                                             {"torch_distributed": "final"})
+                except Exception:  # noqa: BLE001 - as above
+                    pass
             if not is_task_ok:  # Metaflow's @card renders no card of a failed attempt
                 internals.render_failed_card(self.deco)
             return False

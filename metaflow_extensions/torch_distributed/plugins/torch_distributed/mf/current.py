@@ -158,7 +158,8 @@ class TorchDistributedInfo:
         Any rank may call it, as often as it likes (the last 1000 values of each name are
         kept); the card of a step with @card plots the last value of each name per rank, so a
         straggler stands out. It costs no communication: the values travel with the rank's
-        other events after its body ended."""
+        other events after its body ended, and, while the gang runs, the last value of each
+        name (and rank 0's values, to plot) with the rank's hang probe to the live card."""
         from ..mf import events
 
         try:
@@ -173,6 +174,35 @@ class TorchDistributedInfo:
         log = events.current_rank_log()
         if log is not None:
             log.record(name, value)
+
+    def progress(self, step: float, total: Optional[float] = None) -> None:
+        """Say how far this rank is, e.g. progress(step, total=num_steps) once per training
+        step: the gang's live card shows each rank's step and step rate, and rank 0's percent
+        done and time left. Call it as often as you like; it costs no communication (the hang
+        probe, which samples every rank while hang detection is on, carries the last value)."""
+        from metaflow import current
+
+        def number(value: Any) -> Optional[float]:
+            if isinstance(value, bool):
+                return None
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                return None
+            return number if number == number and abs(number) != float("inf") else None
+
+        done, whole = number(step), None if total is None else number(total)
+        if done is None or done < 0 or (total is not None and (whole is None or whole <= 0)):
+            raise TorchDistributedConfigError(
+                current.step_name, "current.torch_distributed.progress(%r, total=%r): the step "
+                "must be a number >= 0 and the total, if given, a number > 0 (e.g. "
+                "progress(step, total=num_steps); for a tensor pass tensor.item())."
+                % (step, total))
+        from ..mf import events
+
+        log = events.current_rank_log()
+        if log is not None:
+            log.report_progress(done, whole)
 
     def _connect(self) -> "ControlPlane":
         if self._control is None:

@@ -27,10 +27,11 @@ import collections
 import json
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import (TYPE_CHECKING, Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional,
-                    Sequence, Tuple, TypeVar)
+from typing import (TYPE_CHECKING, Any, Callable, Deque, Dict, Iterable, List, Mapping,
+                    NamedTuple, Optional, Sequence, Tuple, TypeVar)
 
 from ..mf import internals
 from ..core import sealed
@@ -39,12 +40,22 @@ from ..core.gangspec import GangSpec, TaskIdentity
 from ..core.topology import Topology
 
 if TYPE_CHECKING:
+    from ..runtime.stacks import Report
     from ..runtime.supervisor import Slot
 
 # Lines of each rank's stdout and of its stderr kept for the card.
 TAIL_LINES = 30
 # Values of one scalar a rank may record; older ones are dropped.
 MAX_SCALAR_VALUES = 1000
+# What a rank's probe sends for the live card (RankLog.live): the last value of at most
+# LIVE_SCALARS of its scalars, and, from rank 0 (whose probe node 0 reads from its own disk),
+# at most LIVE_SERIES_VALUES values of each of its first LIVE_SERIES scalars, to plot.
+LIVE_SCALARS = 16
+LIVE_SERIES = 8
+LIVE_SERIES_VALUES = 200
+# Seconds between two writes of node 0's tails file while the gang runs (TailKeeper): the live
+# card shows each rank's last lines from it.
+LIVE_TAILS_INTERVAL = 2.0
 # The attempt file holding a gang attempt's record (internals.save_attempt_file).
 RECORD_FILE = "torch_distributed_record"
 # The version of the record's JSON form (GangRecord.to_dict).
@@ -327,6 +338,17 @@ class GangRecord:
             version=data.get("version", RECORD_VERSION))
 
 
+class LiveView(NamedTuple):
+    """A running gang as its live card shows it (Leader.live_view): its record so far, and
+    where each rank stood when node 0's watch last read the hang probes (`reports`, {rank:
+    stacks report}, read at `at` by the watch's monotonic clock; empty while hang detection
+    is off or before the first read)."""
+
+    record: GangRecord
+    at: float
+    reports: Dict[int, "Report"]
+
+
 def rank_file(work_dir: str, rank: int) -> str:
     return os.path.join(work_dir, "events-rank-%d.json" % rank)
 
@@ -369,6 +391,9 @@ class RankLog:
         self.started = clock()
         self.joined: Optional[float] = None
         self.scalars: Dict[str, ScalarValues] = {}
+        # the last current.torch_distributed.progress(step, total): (step, total or None,
+        # seconds since the rank started)
+        self.progress: Optional[Tuple[float, Optional[float], float]] = None
 
     def joined_group(self, world_size: int) -> None:
         if self.joined is None:
@@ -379,6 +404,29 @@ class RankLog:
         values = self.scalars.setdefault(str(name), [])
         values.append((round(self.clock() - self.started, 6), float(value)))
         del values[:-MAX_SCALAR_VALUES]
+
+    def report_progress(self, step: float, total: Optional[float]) -> None:
+        self.progress = (step, total, round(self.clock() - self.started, 6))
+
+    def live(self, series: bool) -> JsonDict:
+        """What the rank's probe sends for the live card (runtime/stacks.py Probe, read by
+        node 0: card.py LiveCard): its last progress, the last value of its first LIVE_SCALARS
+        scalars and, with `series` (rank 0), the values of its first LIVE_SERIES scalars,
+        thinned to LIVE_SERIES_VALUES. Called from the probe's thread while the body records:
+        it reads copies (list() of a dict or list is one step under the GIL)."""
+        out: JsonDict = {}
+        if self.progress is not None:
+            out["progress"] = list(self.progress)
+        names = list(self.scalars)[:LIVE_SCALARS]
+        last = {name: values[-1][1] for name in names
+                for values in [list(self.scalars.get(name) or ())] if values}
+        if last:
+            out["scalars"] = last
+        if series and last:
+            out["series"] = {name: [list(v) for v in thinned(list(self.scalars[name]),
+                                                             LIVE_SERIES_VALUES)]
+                             for name in names[:LIVE_SERIES]}
+        return out
 
     def finish(self, outcome: str, error: Optional[str] = None,
                symptom: Optional[bool] = None) -> None:
@@ -399,6 +447,20 @@ _current: Optional[RankLog] = None
 def current_rank_log() -> Optional[RankLog]:
     """The RankLog of this process's rank, or None outside a rank's body."""
     return _current
+
+
+def live_of_rank(series: bool) -> Optional[JsonDict]:
+    """RankLog.live of this process's rank (None outside its body): what its probe sends."""
+    log = _current
+    return None if log is None else log.live(series)
+
+
+def thinned(values: Sequence[_T], most: int) -> List[_T]:
+    """At most `most` of `values`, evenly spread, the last one always kept."""
+    if len(values) <= most:
+        return list(values)
+    step = (len(values) - 1) / (most - 1)
+    return [values[round(i * step)] for i in range(most)]
 
 
 def note_join(world_size: int) -> None:
@@ -506,32 +568,60 @@ def _task_records(task: Any, attempts: Iterable[int]) -> List[Optional[GangRecor
 
 class TailKeeper:
     """A pump sink keeping the last TAIL_LINES lines of each rank's stdout and stderr (lines
-    are told apart by their `[rank N]` prefix); `close` writes them to `path`."""
+    are told apart by their `[rank N]` prefix); with a `path`, it writes them there every
+    `interval` seconds while lines come (the live card reads them; the pump calls `tick` when
+    `due` says) and when it is closed. Node 0's log receiver feeds one from its own thread
+    while the live card reads it: a lock keeps the two apart."""
 
-    def __init__(self, path: Optional[str] = None) -> None:
+    def __init__(self, path: Optional[str] = None, interval: float = LIVE_TAILS_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
+        self.interval = interval
+        self.clock = clock
         self.tails: Dict[Tuple[int, str], Deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=TAIL_LINES))
+        self._lock = threading.Lock()
+        self._written = clock()  # when the file was last written
+        self._dirty = False  # lines came since
 
     def __call__(self, target_fd: int, data: bytes) -> None:
         stream = "stdout" if target_fd == 1 else "stderr"
-        for line in data.split(b"\n"):
-            if not line.startswith(_RANK_PREFIX):
-                continue
-            label, _, text = line.partition(b"] ")
-            rank = label[len(_RANK_PREFIX):]
-            if rank.isdigit():
-                self.tails[(int(rank), stream)].append(text.decode("utf-8", "replace"))
+        with self._lock:
+            for line in data.split(b"\n"):
+                if not line.startswith(_RANK_PREFIX):
+                    continue
+                label, _, text = line.partition(b"] ")
+                rank = label[len(_RANK_PREFIX):]
+                if rank.isdigit():
+                    self.tails[(int(rank), stream)].append(text.decode("utf-8", "replace"))
+                    self._dirty = True
+        self.tick(self.clock())
+
+    def due(self) -> Optional[float]:
+        """When the file is next to be written (by this sink's clock), or None: nothing new."""
+        return self._written + self.interval if self._dirty and self.path is not None else None
+
+    def tick(self, now: float) -> None:
+        """Write the file if new lines came and it was last written `interval` s ago."""
+        due = self.due()
+        if due is not None and now >= due:
+            self._write()
 
     def by_rank(self) -> Tails:
         out: Tails = {}
-        for (rank, stream), lines in self.tails.items():
-            out.setdefault(rank, {})[stream] = list(lines)
+        with self._lock:
+            for (rank, stream), lines in self.tails.items():
+                out.setdefault(rank, {})[stream] = list(lines)
         return out
 
     def close(self) -> None:
         if self.path is not None:
-            write_json(self.path, {str(rank): streams for rank, streams in self.by_rank().items()})
+            self._write()
+
+    def _write(self) -> None:
+        assert self.path is not None  # due() and close() say so
+        self._written, self._dirty = self.clock(), False
+        write_json(self.path, {str(rank): streams for rank, streams in self.by_rank().items()})
 
 
 class GangRecorder:

@@ -466,12 +466,13 @@ def finish_card_in_task(deco: Any, finish: Callable[[bool, str, int], bool]) -> 
     deco.task_finished = task_finished
 
 
-def card_page(components: Sequence[Any], pathspec: str) -> str:
-    """The HTML of a blank card of `components` on task `pathspec`, as `card create` saves the
-    final render of a card. Why: a card type's render is given a client Task, of which
-    BlankCard.render reads only the pathspec (card_modules/basic.py); `card create` then puts
-    the reload token in the page (card_cli.py: update_card, _extract_reload_token: "final" for
-    the final render at the end of a task)."""
+def card_page(components: Sequence[Any], pathspec: str, token: str = "final") -> str:
+    """The HTML of a blank card of `components` on task `pathspec`, as `card create` saves a
+    render of a card, with reload token `token`. Why: a card type's render is given a client
+    Task, of which BlankCard.render reads only the pathspec (card_modules/basic.py); `card
+    create` then puts the reload token in the page (card_cli.py: update_card,
+    _extract_reload_token: "final" for the final render at the end of a task, another for
+    each render while it runs)."""
     from metaflow.cards import BlankCard
     from metaflow.plugins.cards.card_modules.card import MetaflowCard
 
@@ -480,7 +481,7 @@ def card_page(components: Sequence[Any], pathspec: str) -> str:
             self.pathspec = path
 
     html: str = BlankCard(components=list(components)).render(TaskPath(pathspec))
-    return html.replace(MetaflowCard.RELOAD_POLICY_TOKEN, "final")
+    return html.replace(MetaflowCard.RELOAD_POLICY_TOKEN, token)
 
 
 def save_card(deco: Any, html: str, pathspec: str, attempt: int) -> None:
@@ -492,21 +493,44 @@ def save_card(deco: Any, html: str, pathspec: str, attempt: int) -> None:
     storage of its own, as the task still uses its own), then registers the card's `card-info`
     metadata once per card (plugins/cards/metadata.py: _save_metadata, asked of @card's
     MetadataStateManager)."""
-    from metaflow.datastore import FlowDataStore
-    from metaflow.plugins.cards.card_datastore import CardDatastore
     from metaflow.plugins.cards.metadata import _save_metadata
 
-    storage = deco._flow_datastore._storage_impl
-    root = CardDatastore.get_storage_root(storage.TYPE) or storage.datastore_root
-    cards = FlowDataStore(deco._flow_datastore.flow_name, environment=None,
-                          storage_impl=type(storage), ds_root=root)
-    CardDatastore(cards, pathspec=pathspec).save_card(
+    _card_store(deco, pathspec).save_card(
         deco._card_uuid, deco.attributes["type"], html, card_id=deco._user_set_card_id)
     save, info = deco._metadata_state_manager.register_metadata(deco._card_uuid)
     if save:
         _, run_id, step_name, task_id = pathspec.split("/")
         _save_metadata(deco._metadata, run_id, step_name, task_id, attempt, deco._card_uuid,
                        info)
+
+
+def save_card_data(deco: Any, pathspec: str, token: str, data: Dict[str, Any]) -> None:
+    """Save a data update of @card `deco`'s card on task `pathspec` saying that its page now
+    has reload token `token`, as `card create --mode refresh` saves one. Why: `card server`'s
+    viewer (plugins/cards/card_viewer/viewer.html) polls the card's data update
+    (card_server.py: get_data, CardDatastore.save_data under the card's runtime path) and
+    reloads the page when the update's `reload_token` differs from the page's, stopping once
+    it reads "final"; the update's `data` must not be empty (it is handed to the page's
+    metaflow_card_update, which ignores entries that name none of its components)."""
+    import time
+
+    _card_store(deco, pathspec).save_data(
+        deco._card_uuid, deco.attributes["type"],
+        {"reload_token": token, "data": data, "created_on": time.time()},
+        card_id=deco._user_set_card_id)
+
+
+def _card_store(deco: Any, pathspec: str) -> Any:
+    """The CardDatastore of @card `deco`'s cards on task `pathspec`: the flow datastore's
+    storage moved to the card root, as card_cli.py's `card` group makes it."""
+    from metaflow.datastore import FlowDataStore
+    from metaflow.plugins.cards.card_datastore import CardDatastore
+
+    storage = deco._flow_datastore._storage_impl
+    root = CardDatastore.get_storage_root(storage.TYPE) or storage.datastore_root
+    cards = FlowDataStore(deco._flow_datastore.flow_name, environment=None,
+                          storage_impl=type(storage), ds_root=root)
+    return CardDatastore(cards, pathspec=pathspec)
 
 
 # -- AWS Batch: the `batch step` trampoline and the Step Functions compiler ------------------------

@@ -337,6 +337,10 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+# A Sink may also write on a clock of its own: `due()` says when next (time.monotonic(), or None
+# for nothing to do), and the pump then calls `tick(now)` (events.TailKeeper).
+
+
 class OutputPump:
     """Copies many pipes into target fds, prefixing each line, from a forked process of its own.
 
@@ -442,6 +446,14 @@ class _NoteOnOrphan:
     def __call__(self, target: int, data: bytes) -> None:
         if self.inner is not None:
             self.inner(target, data)
+
+    def due(self) -> Optional[float]:
+        inner_due = getattr(self.inner, "due", None)
+        return inner_due() if inner_due is not None else None
+
+    def tick(self, now: float) -> None:
+        if hasattr(self.inner, "tick"):
+            self.inner.tick(now)  # type: ignore[union-attr]  # checked just above
 
     def close(self) -> None:
         os.set_blocking(self.alive_fd, False)
@@ -550,8 +562,12 @@ def _pump(streams: Iterable[Tuple[int, bytes, int]], sink: Optional[Sink] = None
         stream = _Stream(prefix, target)
         selector.register(fd, selectors.EVENT_READ, stream)
         open_streams[fd] = stream
+    # a sink that writes on a clock of its own (events.TailKeeper) says when, and is ticked
+    sink_due = getattr(sink, "due", None)
     while open_streams:
         dues = [d for d in (s.due(interval) for s in open_streams.values()) if d is not None]
+        if sink_due is not None and sink_due() is not None:
+            dues.append(sink_due())
         timeout = max(0.0, min(dues) - time.monotonic()) if dues else None
         for key, _ in selector.select(timeout):
             stream = key.data
@@ -568,6 +584,8 @@ def _pump(streams: Iterable[Tuple[int, bytes, int]], sink: Optional[Sink] = None
         now = time.monotonic()
         for stream in open_streams.values():
             write(stream, stream.snapshot(now, interval))
+        if sink_due is not None:
+            sink.tick(now)  # type: ignore[union-attr]  # a sink with `due` has `tick`
     if sink is not None:
         sink.close()
 

@@ -93,6 +93,8 @@ class Report(TypedDict):
     # its last collectives (torch's Flight Recorder), or why there are none; None: not read
     # (it issued a collective within half the hang timeout)
     history: Union[List["Collective"], str, None]
+    # what the rank tells the live card (events.RankLog.live: progress, scalars), or None
+    live: Optional[Dict[str, Any]]
 
 
 class Collective(TypedDict):
@@ -216,11 +218,13 @@ class Probe:
     main-thread stack to `path` (what `NodeProgress` reads), and its last collectives once the
     count stood still for `history_after` samples."""
 
-    def __init__(self, path: str, interval: float, rank: int, history_after: int) -> None:
+    def __init__(self, path: str, interval: float, rank: int, history_after: int,
+                 live: Optional[Callable[[], Optional[Dict[str, Any]]]] = None) -> None:
         self.path = path
         self.interval = interval
         self.rank = rank
         self.history_after = history_after
+        self.live = live  # what the rank tells the live card (events.live_of_rank)
         self._main = cast(int, threading.main_thread().ident)  # started, so never None
         self._fd: Optional[int] = None
         # the collective count of the last sample, and how many samples in a row had it
@@ -255,6 +259,9 @@ class Probe:
         history = self._history_at(seq) if not done else None
         if history is not None:
             sample["history"] = history
+        told = self._told()
+        if told:
+            sample["live"] = told
         with self._lock:  # the thread and stop() may both write
             try:
                 if self._fd is None:
@@ -268,6 +275,16 @@ class Probe:
             except OSError:  # the work dir is gone: the gang is tearing down
                 pass
 
+
+    def _told(self) -> Optional[Dict[str, Any]]:
+        """What the rank tells the live card now; None if nothing (or it cannot be read: the
+        card is a view, the probe's sample is the hang watch's)."""
+        if self.live is None:
+            return None
+        try:
+            return self.live()
+        except Exception:  # noqa: BLE001 - see above
+            return None
 
     def _history_at(self, seq: Optional[int]) -> Union[List[Collective], str, None]:
         """The rank's last collectives once its count `seq` stood still for `history_after`
@@ -413,7 +430,8 @@ def report_of(sample: Mapping[str, Any], quiet_s: float) -> Report:
     return {"quiet_s": round(quiet_s, 3), "seq": sample.get("seq"),
             "waiting": waiting_call(frames), "where": user_frame(frames),
             "stack": format_stack(frames), "age_s": round(max(0.0, time.time() - sample["at"]), 3),
-            "done": bool(sample.get("done")), "history": sample.get("history")}
+            "done": bool(sample.get("done")), "history": sample.get("history"),
+            "live": sample.get("live")}
 
 
 def _in_torch(filename: str, part: Optional[str] = None) -> bool:

@@ -464,6 +464,8 @@ class LeaderWatch(Watch):
         self.hang_timeout = hang_timeout
         self._next_hang_check = clock()
         self._last_reports: Dict[int, Report] = {}  # {rank: stacks report} as last read
+        # (when, by the watch's clock, {rank: report}) of the last read: the live card's
+        self.live_reports: Tuple[float, Dict[int, Report]] = (clock(), {})
         self.assembled = threading.Event()
         self.join_timeout = join_timeout
         self.join_deadline = clock() + join_timeout if join_timeout is not None else None
@@ -594,6 +596,7 @@ class LeaderWatch(Watch):
             if tampered is not None:
                 return tampered
         self._last_reports = reports
+        self.live_reports = (self.clock(), dict(reports))
         self._look_for_straggler(reports)
         found = stacks.verdict(reports, self.topology.world_size, self.hang_timeout,
                                self.topology.locate)
