@@ -278,8 +278,10 @@ class LiveCard:
         return self
 
     def stop(self) -> None:
+        """No draw after this returns (one under way ends first)."""
         self._stop.set()
-        self._thread.join(timeout=30)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=30)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
