@@ -89,20 +89,73 @@ def test_bad_option_is_refused_before_any_job(slurm_runner, slurm_cluster):
     assert job_ids(result.output) == []
 
 
-def test_scancel_mid_step_fails_the_step_as_cancelled(slurm_runner, slurm_cluster):
-    run = slurm_runner.popen("slurm_gang_flow.py", env={"TD_BUSY": "120"})
+def _wait_training(marks, ranks=4, timeout=120.0):
+    """{rank: pid} once every rank of the gang wrote its mark in its training loop."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {int(p.name.split("-")[1]): int(p.read_text() or 0)
+                 for p in marks.glob("training-*")}
+        if len(found) == ranks and all(found.values()):
+            return found
+        time.sleep(0.2)
+    pytest.fail("not every rank trained after %s s: %s" % (timeout, sorted(marks.iterdir())))
+
+
+def _preempted_run(slurm_runner, tmp_path, signal_it):
+    """A 2 x 2 gang that trains until it sees current.torch_distributed.preempted; once every
+    rank trains, signal_it({rank: pid}) is called. (returncode, output)."""
+    marks = tmp_path / "training-marks"
+    marks.mkdir()
+    run = slurm_runner.popen("slurm_gang_flow.py", env={
+        "TD_BUSY": "120", "TD_MARK_DIR": str(marks), "TD_PREEMPT_GRACE": "20"})
     try:
-        job_id = wait_running(slurm_cluster, ".train.")
-        time.sleep(3)  # the ranks are in their all-reduces
-        slurm_cluster.query("scancel", job_id)
+        pids = _wait_training(marks)
+        signal_it(pids)
         out, err = run.communicate(timeout=90)
     finally:
         if run.poll() is None:
             run.kill()
-    assert run.returncode != 0, out + err
+    return run.returncode, out + err
+
+
+def test_scancel_mid_step_preempts_every_rank(slurm_runner, slurm_cluster, tmp_path):
+    """scancel signals every process of the job at once (the ranks before their supervisors
+    could tell them): every rank still gets current.torch_distributed.preempted and leaves its
+    loop, and the attempt fails as preempted, then as Slurm's CANCELLED."""
+    job = []
+
+    def cancel(pids):
+        job.append(wait_running(slurm_cluster, ".train."))
+        slurm_cluster.query("scancel", job[0])
+
+    code, out = _preempted_run(slurm_runner, tmp_path, cancel)
+    assert code != 0, out
+    for rank in range(4):
+        assert "rank %d saw the preemption" % rank in out, out
+    assert "killed by SIGTERM" not in out, out
+    assert "was preempted (SIGTERM to node" in out, out
+    # the grace fits in the cluster's KillWait (.ci/slurm: 5 s), or Slurm's SIGKILL would end
+    # node 0's task before it recorded the attempt
+    assert "preempt_grace is cut from 20s to 2s: Slurm sends SIGKILL to every process of the " \
+        "job KillWait=5 s after" in out, out
+    assert "given 2s (preempt_grace) to save" in out, out
     # the task's log, as Metaflow's runtime shows it
-    assert "Slurm job %s was cancelled" % job_id in out, out + err
-    assert "JobState=CANCELLED" in out, out + err
+    assert "Slurm job %s was cancelled" % job[0] in out, out
+    assert "JobState=CANCELLED" in out, out
+    assert slurm_cluster.wait_queue_empty(timeout=10) == []
+
+
+def test_a_sigterm_to_one_rank_preempts_the_whole_gang(slurm_runner, slurm_cluster,
+                                                       tmp_path):
+    """A SIGTERM that only rank 3 (node 1) got is passed on to its node's agent, and the whole
+    gang is preempted: every rank sees the event, none is killed by it."""
+    code, out = _preempted_run(slurm_runner, tmp_path,
+                               lambda pids: os.kill(pids[3], signal.SIGTERM))
+    assert code != 0, out
+    for rank in range(4):
+        assert "rank %d saw the preemption" % rank in out, out
+    assert "killed by SIGTERM" not in out, out
+    assert "node 1 was preempted (SIGTERM to node 1)" in out, out
     assert slurm_cluster.wait_queue_empty(timeout=10) == []
 
 

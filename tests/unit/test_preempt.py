@@ -56,6 +56,62 @@ def test_a_handler_of_the_users_is_left_in_place(tmp_path):
     assert code == 0 and "left alone" in out and "own handler" in out, out
 
 
+def _scheduled_rank(work_dir, stop_marked):
+    """As Slurm's nodes run them: a supervisor process (it notes the SIGTERMs it gets) and its
+    child, a rank with the handler of a scheduler that signals every process; the rank gets
+    one SIGTERM (after the gang's stop mark, if `stop_marked`). (the rank's returncode, the
+    rank's word, the supervisor's)."""
+    script = textwrap.dedent('''
+        import os, signal, sys, time
+        sys.path.insert(0, %r)
+        from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import preempt
+        heard = []
+        signal.signal(signal.SIGTERM, lambda s, f: heard.append(s))
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            preempt.install_rank_handler(%r, scheduler_signals_all=True)
+            if %r:
+                preempt.leave_stop_mark(%r)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            os.write(write, b"preempted" if preempt.PREEMPTED.is_set() else b"not preempted")
+            os._exit(0)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        word = os.read(read, 100).decode() or "-"
+        time.sleep(0.1)
+        print(os.waitstatus_to_exitcode(status), word,
+              "told" if heard else "not-told", flush=True)
+    ''' % (REPO, work_dir, stop_marked, work_dir))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    code, word, told = proc.stdout.split()
+    return int(code), word, told
+
+
+def test_a_schedulers_sigterm_to_a_rank_preempts_and_tells_its_supervisor(tmp_path):
+    """Slurm signals a rank before its supervisor could leave the mark: the rank is preempted,
+    not ended, and its supervisor hears it (a SIGTERM only the rank got preempts the gang)."""
+    assert _scheduled_rank(str(tmp_path), stop_marked=False) == (0, "preempted", "told")
+
+
+def test_the_gangs_own_stop_still_ends_a_rank_where_the_scheduler_signals_all(tmp_path):
+    assert _scheduled_rank(str(tmp_path), stop_marked=True) == (-signal.SIGTERM, "-",
+                                                                "not-told")
+
+
+def test_a_new_round_clears_the_stop_mark(tmp_path):
+    preempt.leave_stop_mark(str(tmp_path))
+    assert os.path.exists(preempt.stop_mark_file(str(tmp_path)))
+    preempt.clear_stop_mark(str(tmp_path))
+    preempt.clear_stop_mark(str(tmp_path))  # twice: nothing to clear is fine
+    assert not os.path.exists(preempt.stop_mark_file(str(tmp_path)))
+
+
 def _watch():
     clock, members = Clock(), [FakeMember(), FakeMember()]
     watch = LeaderWatch([Slot(m, 0, r, r) for r, m in enumerate(members, 1)], None,

@@ -173,3 +173,48 @@ def test_the_interface_toward_an_address_is_the_one_that_holds_the_route():
         interface_toward, loopback_interface)
 
     assert interface_toward("127.0.0.1") == loopback_interface()
+
+
+CONFIG = """Configuration data as of 2026-12-06T17:00:00
+JobAcctGatherType       = jobacct_gather/none
+KillOnBadExit           = 0
+KillWait                = 30 sec
+MinJobAge               = 300 sec
+"""
+
+
+def test_the_clusters_kill_wait_is_read_from_scontrol_and_bounds_the_grace():
+    assert slurm.kill_wait(lambda argv: CONFIG) == 30.0
+    assert slurm.kill_wait(lambda argv: CONFIG.replace("30 sec", "5 sec")) == 5.0
+    assert slurm.grace_limit(30.0) == 27.0
+    assert slurm.grace_limit(2.0) == 1.0  # never below a second
+    assert slurm.grace_limit(None) is None
+
+
+def test_an_unreadable_kill_wait_leaves_the_grace_alone():
+    def fails(argv):
+        raise OSError("scontrol: not found")
+
+    assert slurm.kill_wait(fails) is None
+    assert slurm.kill_wait(lambda argv: "no such line") is None
+
+
+def test_a_grace_longer_than_the_schedulers_limit_is_cut_and_said(capsys):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.gangspec import \
+        NodeZero
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.decorator import \
+        _within_grace_limit
+    from tests.unit.test_spinstep import BLUEPRINT
+
+    place = NodeZero("10.0.0.1", 1234, "s", "slurm", grace_limit_s=2.0,
+                     grace_limit_why="Slurm sends SIGKILL ... KillWait=5 s after ...")
+    cut = _within_grace_limit(BLUEPRINT, place)
+    assert BLUEPRINT.preempt_grace_s > 2.0 and cut.preempt_grace_s == 2.0
+    assert cut.step_name == BLUEPRINT.step_name and cut.nodes == BLUEPRINT.nodes
+    said = capsys.readouterr().err
+    assert "preempt_grace is cut from %gs to 2s: Slurm sends SIGKILL" \
+        % BLUEPRINT.preempt_grace_s in said
+    for limit in (None, BLUEPRINT.preempt_grace_s):
+        same = NodeZero("10.0.0.1", 1234, "s", "slurm", grace_limit_s=limit)
+        assert _within_grace_limit(BLUEPRINT, same) is BLUEPRINT
+    assert capsys.readouterr().err == ""

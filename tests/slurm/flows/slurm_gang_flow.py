@@ -3,7 +3,10 @@ of .ci/slurm. TD_FAIL_RANK raises on that rank after the all-reduce (in attempt
 TD_FAIL_ATTEMPT and restart round TD_FAIL_ROUND only, if set; TD_RETRIES is the step's @retry,
 TD_MAX_RESTARTS its max_restarts); TD_HANG_RANK sleeps on that rank while the others wait in
 all_reduce (TD_HANG_TIMEOUT is the step's hang_timeout); TD_BUSY keeps every rank
-in all-reduces for that many seconds (a test cancels the job meanwhile)."""
+in all-reduces for that many seconds (a test cancels the job meanwhile), or until any rank sees
+current.torch_distributed.preempted: then every rank prints that it saw it and leaves its body
+(TD_PREEMPT_GRACE is the step's preempt_grace). With TD_MARK_DIR, each rank writes
+TD_MARK_DIR/training-<rank> (its pid) once it is in that loop."""
 
 import os
 import socket
@@ -27,6 +30,8 @@ class SlurmGangFlow(FlowSpec):
     @torch_distributed(nodes=NODES, nproc_per_node=NPROC, rendezvous_timeout=60,
                        max_restarts=int(TD.get("TD_MAX_RESTARTS", "0")),
                        hang_timeout=float(TD["TD_HANG_TIMEOUT"]) if TD.get("TD_HANG_TIMEOUT")
+                       else None,
+                       preempt_grace=float(TD["TD_PREEMPT_GRACE"]) if TD.get("TD_PREEMPT_GRACE")
                        else None)
     @step
     def train(self):
@@ -42,9 +47,19 @@ class SlurmGangFlow(FlowSpec):
             time.sleep(3600)
         dist.all_reduce(total)
         deadline = time.time() + float(TD.get("TD_BUSY", "0"))
+        preempted = current.torch_distributed.preempted
+        if TD.get("TD_MARK_DIR"):
+            with open(os.path.join(TD["TD_MARK_DIR"], "training-%d" % rank), "w") as f:
+                f.write(str(os.getpid()))
         while True:  # every rank makes as many all_reduces: rank 0's clock decides when to stop
             busy = torch.tensor([float(time.time() < deadline)])
             dist.broadcast(busy, src=0)
+            told = torch.tensor([float(preempted.is_set())])
+            dist.all_reduce(told, op=dist.ReduceOp.MAX)
+            if told.item():
+                print("rank %d saw the preemption (its own event %s)"
+                      % (rank, "set" if preempted.is_set() else "not set yet"), flush=True)
+                return  # what a loop that saves on preemption does, after its save
             if not busy.item():
                 break
             time.sleep(0.05)

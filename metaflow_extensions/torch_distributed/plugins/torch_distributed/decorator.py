@@ -25,6 +25,7 @@ from .core.gangspec import (
     Attempt,
     Blueprint,
     GangSpec,
+    NodeZero,
     Role,
     TaskIdentity,
     current_task_identity,
@@ -44,6 +45,20 @@ from .runtime import interrupt
 spinstep.quiet_if_member(os.environ)
 # and the preflight runs where Metaflow has no S3 datastore yet, to say so (preflight/early.py)
 preflight_early.install(sys.argv)
+
+
+def _within_grace_limit(blueprint: Blueprint, place: NodeZero) -> Blueprint:
+    """The blueprint node 0 leads the gang with: its preemption grace cut to what the scheduler
+    leaves (Slurm's KillWait), said once, so that the gang stops what is left and records the
+    attempt as preempted before the scheduler's SIGKILL."""
+    limit = place.grace_limit_s
+    if limit is None or blueprint.preempt_grace_s <= limit:
+        return blueprint
+    print("@torch_distributed on step *%s*: preempt_grace is cut from %gs to %gs: %s, and the "
+          "gang keeps the rest to stop what is left and record the attempt."
+          % (blueprint.step_name, blueprint.preempt_grace_s, limit, place.grace_limit_why),
+          file=sys.stderr, flush=True)
+    return dataclasses.replace(blueprint, preempt_grace_s=limit)
 
 
 class TorchDistributedDecorator(StepDecorator):
@@ -302,7 +317,8 @@ class TorchDistributedDecorator(StepDecorator):
             attempt_secret.publish(self.flow_datastore, identity, self.step_name,
                                    attempt.gang_id, attempt.secret)
         start_method = devices.resolve_start_method(self.settings.start_method)
-        leader = Leader(self.blueprint, self.topology, attempt, accelerator, start_method,
+        leader = Leader(_within_grace_limit(self.blueprint, place), self.topology, attempt,
+                        accelerator, start_method,
                         self.settings.abort_grace_s, self.name, blocks)
         leader.checkpoint_policy = checkpoints.load_policy(self.step_decorators)
         leader.on_restart = self._record_restart

@@ -261,6 +261,30 @@ def node_zero_address(step_name: str, nodes: int, environ: Mapping[str, str],
     return address.check_resolved(step_name, nodes, name, found)
 
 
+# Seconds the gang keeps, within the cluster's KillWait, to stop what is left after the
+# preemption's grace and record the attempt before Slurm's SIGKILL.
+KILL_WAIT_MARGIN_S = 3.0
+_KILL_WAIT = re.compile(r"^KillWait\s*=\s*(\d+)", re.MULTILINE)
+
+
+def kill_wait(run: Callable[[List[str]], str] = _scontrol) -> Optional[float]:
+    """The cluster's KillWait in seconds (`scontrol show config`): how long Slurm waits after
+    the SIGTERM of a scancel, a preemption or a time limit before its SIGKILL. None when it
+    cannot be read."""
+    try:
+        found = _KILL_WAIT.search(run(["scontrol", "show", "config"]))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return float(found.group(1)) if found else None
+
+
+def grace_limit(kill_wait_s: Optional[float]) -> Optional[float]:
+    """The longest preemption grace a gang can have under KillWait `kill_wait_s`."""
+    if kill_wait_s is None:
+        return None
+    return max(1.0, kill_wait_s - KILL_WAIT_MARGIN_S)
+
+
 def planned_nodes(environ: Mapping[str, str], step_name: str) -> Optional[int]:
     """The nodes of the gang when this process is node 0 of `step_name`'s Slurm job, else
     None; a job of another size than planned is refused."""
@@ -278,9 +302,13 @@ class SlurmBackend(Backend):
         nodes = planned_nodes(environ, step.step_name)
         if nodes is None:
             return None
+        waits = kill_wait()
         return NodeZero(node_zero_address(step.step_name, nodes, environ),
                         trampoline.attempt_port(step.step_name, identity),
-                        naming.new_secret(), self.name)
+                        naming.new_secret(), self.name, grace_limit_s=grace_limit(waits),
+                        grace_limit_why="Slurm sends SIGKILL to every process of the job "
+                        "KillWait=%g s after the SIGTERM of a scancel or a preemption" % (
+                            waits or 0))
 
     def agent_place(self, order: AgentOrder, environ: Mapping[str, str]) -> AgentPlace:
         step_name = order.blueprint.step_name

@@ -166,12 +166,16 @@ class AgentOrder:
 @dataclass(frozen=True)
 class NodeZero:
     """Where node 0 hosts the gang's store, as its backend placed it: the address the other
-    nodes reach, the port (0: any free one, on this host), the attempt's secret, the backend."""
+    nodes reach, the port (0: any free one, on this host), the attempt's secret, the backend,
+    and the longest preemption grace the scheduler leaves the gang (None: no limit known), with
+    why."""
 
     master_addr: str
     port: int
     secret: str
     backend: str
+    grace_limit_s: Optional[float] = None
+    grace_limit_why: str = ""
 
 
 def current_task_identity(step_kwargs: Mapping[str, Any], retry_count: int,

@@ -10,7 +10,7 @@ from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from ..core import naming
 from ..core.errors import TorchDistributedAborted
-from ..core.gangspec import GangSpec
+from ..core.gangspec import SLURM_BACKEND, GangSpec
 from ..core.topology import Topology
 from ..mf import current as current_mod
 from ..mf import events, groupcheck, internals
@@ -32,7 +32,8 @@ def run_rank_body(spec: GangSpec, topology: Topology, local_rank: int,
     # node 0's rank 0 unwinds on the gang's stop (its finally blocks run, what @catch keeps is
     # handed back); every other rank ends at once
     preempt.install_rank_handler(spec.work_dir, on_stop=_raise_aborted
-                                 if (spec.node, local_rank) == (0, 0) else None)
+                                 if (spec.node, local_rank) == (0, 0) else None,
+                                 scheduler_signals_all=spec.attempt.backend == SLURM_BACKEND)
     if spec.node == 0 and topology.nodes > 1 and not spec.restart_count:
         _wait_for_every_node(spec, topology)
     probe = None

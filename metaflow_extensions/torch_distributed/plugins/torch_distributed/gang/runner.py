@@ -20,7 +20,7 @@ from ..core.topology import Topology
 from ..mf import current as current_mod
 from ..mf import events
 from ..mf.spinstep import member_command
-from ..runtime import interrupt, stacks
+from ..runtime import interrupt, preempt, stacks
 from ..runtime.control import interface_toward, loopback_interface
 from ..runtime.procs import (
     OutputPump,
@@ -162,6 +162,7 @@ class NodeRunner:
         """Forget the ranks of the round that ended (every one stopped): the next round's are
         started with `spec`, its restart_count one more."""
         self.spec = spec
+        preempt.clear_stop_mark(spec.work_dir)
         self.slots = [s for s in self.slots if s.rank is None]
         self.stop_started = None
         self.stopped = []
@@ -238,6 +239,7 @@ class NodeRunner:
             if self.stop_started is None:
                 self.stop_started = time.time()
             agents = {id(s.member) for s in self.slots if s.rank is None}
+            preempt.leave_stop_mark(self.spec.work_dir)
             self.stopped += stop_members(
                 [s.member for s in self.slots if s.rank is not None or not ranks_only],
                 lambda m: AGENT_STOP_GRACE if id(m) in agents else STOP_GRACE)

@@ -15,6 +15,15 @@ may replace it or chain it), sets the event when the mark is there, and otherwis
 as the default action always did. Only a handler nobody else installed is ever replaced, and
 ours are removed exactly when the gang ends.
 
+Slurm signals every process of a job at once (`scancel`, a preemption, the end of its time
+limit: slurmstepd sends SIGCONT and SIGTERM to each process of each step, then SIGKILL after the
+cluster's KillWait), so a rank hears the scheduler's SIGTERM before its supervisor could leave
+the mark. On such a backend (`install_rank_handler(..., scheduler_signals_all=True)`) the gang's
+own stop leaves a mark of its own first (`leave_stop_mark`, NodeRunner.stop), and a SIGTERM
+with neither mark came from outside the gang: the rank sets PREEMPTED and passes the SIGTERM on
+to its supervisor (the process that started it), which preempts the gang as for its own
+SIGTERM (it usually had one already: the second counts for nothing).
+
 On AWS Batch and Kubernetes a scheduler's SIGTERM goes to the container's main process (PID 1)
 only, which is Metaflow's `bash -c "..."`: bash as PID 1 has no handler for it, so the kernel
 drops it, and the step would hear of its stop only as the SIGKILL at the end of the grace. So
@@ -124,6 +133,28 @@ def mark_file(work_dir: str) -> str:
     return os.path.join(work_dir, "preempted")
 
 
+def stop_mark_file(work_dir: str) -> str:
+    return os.path.join(work_dir, "stopping")
+
+
+def leave_stop_mark(work_dir: str) -> None:
+    """Before the gang's own stop sends its SIGTERMs: the ranks that hear one take it for the
+    stop, not for a scheduler's preemption (`install_rank_handler`)."""
+    try:
+        with open(stop_mark_file(work_dir), "w"):
+            pass
+    except OSError:  # the work dir is gone: the gang is tearing down
+        pass
+
+
+def clear_stop_mark(work_dir: str) -> None:
+    """A new round in place starts: its ranks were not stopped."""
+    try:
+        os.unlink(stop_mark_file(work_dir))
+    except OSError:
+        pass
+
+
 def leave_mark(work_dir: str) -> None:
     try:
         with open(mark_file(work_dir), "w"):
@@ -132,18 +163,29 @@ def leave_mark(work_dir: str) -> None:
         pass
 
 
-def install_rank_handler(work_dir: str, on_stop: Optional[Callable[[], object]] = None
+def install_rank_handler(work_dir: str, on_stop: Optional[Callable[[], object]] = None,
+                         scheduler_signals_all: bool = False
                          ) -> Optional[Callable[[int, Optional[FrameType]], None]]:
     """In a rank's process, from its main thread: a SIGTERM with the mark sets PREEMPTED; one
     without is the gang's stop, which ends the rank, or calls `on_stop()` (rank 0's: it raises
-    in the body, whose results are handed back). None if SIGTERM already has a handler of
-    someone else's (it stays)."""
+    in the body, whose results are handed back). With `scheduler_signals_all` (Slurm), a
+    SIGTERM without the stop's mark either is the scheduler's: PREEMPTED, and the supervisor
+    is told. None if SIGTERM already has a handler of someone else's (it stays)."""
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return None
 
     def on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
         if os.path.exists(mark_file(work_dir)):
             PREEMPTED.set()
+            return
+        if scheduler_signals_all and not os.path.exists(stop_mark_file(work_dir)):
+            PREEMPTED.set()
+            supervisor = os.getppid()
+            if supervisor != 1:  # (1: the supervisor is gone, and PDEATHSIG ends this rank)
+                try:
+                    os.kill(supervisor, signal.SIGTERM)
+                except OSError:
+                    pass
             return
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if on_stop is not None:
