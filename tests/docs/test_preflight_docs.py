@@ -38,7 +38,7 @@ def test_every_preflight_message_is_quoted(module, message):
         "%r)" % (module, message, quotes(message)[:3]))
 
 
-@pytest.mark.parametrize("page", ["aws-batch.md", "kubernetes.md"])
+@pytest.mark.parametrize("page", ["aws-batch.md", "kubernetes.md", "slurm.md"])
 def test_the_backend_pages_start_with_the_preflight(page):
     text = (REPO / "docs" / page).read_text()
     first = text.split("\n## ", 2)[1]

@@ -17,6 +17,7 @@ from ..preflight import (
     config as preflight_config,
     early,
     kubernetes as preflight_kubernetes,
+    slurm as preflight_slurm,
     smoke as preflight_smoke,
 )
 from ..core.errors import TorchDistributedPreflightFailed
@@ -73,15 +74,22 @@ def kubernetes_findings(needs: preflight.GangNeeds, datastore_root: str,
     return preflight_kubernetes.check(needs, facts)
 
 
+def slurm_findings(needs: preflight.GangNeeds, datastore_root: str,
+                   run: Callable[[List[str]], str] = preflight_slurm.run_here
+                   ) -> List[preflight.Finding]:
+    return preflight_slurm.check(needs, preflight_slurm.gather(run), datastore_root)
+
+
 def _config_error() -> Type[Exception]:
     from kubernetes.config import ConfigException
 
     return ConfigException
 
 
-BACKEND_NAMES = {"batch": "AWS Batch", "kubernetes": "Kubernetes"}
+BACKEND_NAMES = {"batch": "AWS Batch", "kubernetes": "Kubernetes", "torch_slurm": "Slurm"}
 BACKENDS: Dict[str, BackendFindings] = {"batch": batch_findings,
-                                        "kubernetes": kubernetes_findings}
+                                        "kubernetes": kubernetes_findings,
+                                        "torch_slurm": slurm_findings}
 
 
 # The values a step's checks read, each with its source: (needs, decorators) -> lines.
@@ -170,11 +178,13 @@ def torch_distributed() -> None:
 
 
 @torch_distributed.command(name="preflight", help="Check, without changing anything, that the infrastructure "
-                                "each gang step runs on (--with batch or --with kubernetes) "
+                                "each gang step runs on (--with batch, --with kubernetes or "
+                                "--with torch_slurm) "
                                 "can run it: exits non-zero when a check fails.")
 @click.option("--smoke", is_flag=True, default=False,
-              help="Then RUN one small job per gang step (2 nodes, its queue or namespace and "
-                   "image): torch, CUDA, NCCL and /dev/shm on every node, one all-reduce.")
+              help="Then RUN one small job per gang step (2 nodes, its queue, namespace or "
+                   "partition and image): torch, CUDA, NCCL and /dev/shm on every node, one "
+                   "all-reduce.")
 @click.option("--smoke-timeout", default=preflight_smoke.DEFAULT_TIMEOUT_S, show_default=True,
               type=int, help="Seconds the smoke job may take, waiting for instances included.")
 @click.option("--yes", is_flag=True, default=False,

@@ -64,16 +64,17 @@ class GangNeeds:
     shared_memory: Union[int, float, str, None] = None
     image: str = ""
     options: Dict[str, Any] = field(default_factory=dict)
+    preempt_grace: float = 0.0  # the step's preempt_grace, seconds
 
     def per_node(self) -> str:
-        return "%g CPU, %d MiB%s" % (self.cpu, self.memory,
-                                     ", %d GPU" % self.gpu if self.gpu else "")
+        return "%g CPU%s%s" % (self.cpu, ", %d MiB" % self.memory if self.memory else "",
+                               ", %d GPU" % self.gpu if self.gpu else "")
 
     def describe(self) -> str:
         return "%d node%s x (%s)" % (self.nodes, "" if self.nodes == 1 else "s", self.per_node())
 
 
-BACKEND_DECORATORS = ("batch", "kubernetes")
+BACKEND_DECORATORS = ("batch", "kubernetes", "torch_slurm")
 
 
 def _number(value: Union[int, float, str, None], default: float = 0.0) -> float:
@@ -83,19 +84,25 @@ def _number(value: Union[int, float, str, None], default: float = 0.0) -> float:
 def step_needs(step_name: str, topology: Topology, decorators: Iterable[Any]) -> GangNeeds:
     """The GangNeeds of a gang step of `topology` from its decorators, as their step_init left
     their attributes (@resources merged into @batch's and @kubernetes')."""
+    decorators = list(decorators)
     backend = next((d for d in decorators if d.name in BACKEND_DECORATORS), None)
     if backend is None:
         return GangNeeds(step_name, "", topology.nodes, topology.nproc_per_node, 0, 0, 0)
     attributes = dict(backend.attributes)
+    ours = next((d for d in decorators if d.name == "torch_distributed"), None)
+    settings = getattr(ours, "settings", None)
     return GangNeeds(
         step=step_name, backend=backend.name, nodes=topology.nodes,
         nproc_per_node=topology.nproc_per_node,
         cpu=_number(attributes.get("cpu"), 1.0),
-        memory=int(_number(attributes.get("memory"), 4096)),
+        # (@torch_slurm asks for no memory: its nodes' own)
+        memory=int(_number(attributes.get("memory"), 0 if backend.name == "torch_slurm"
+                           else 4096)),
         gpu=int(_number(attributes.get("gpu"))),
         shared_memory=attributes.get("shared_memory"),
         image=attributes.get("image") or "",
-        options=attributes)
+        options=attributes,
+        preempt_grace=float(getattr(settings, "preempt_grace_s", 0.0) or 0.0))
 
 
 def check_backend(needs: GangNeeds) -> List[Finding]:
@@ -103,9 +110,10 @@ def check_backend(needs: GangNeeds) -> List[Finding]:
     if needs.backend:
         return []
     return [failed(needs.step, "backend", "the step runs on this machine: neither @batch nor "
-                   "@kubernetes is on it, so there is no remote infrastructure to check",
+                   "@kubernetes nor @torch_slurm is on it, so there is no remote infrastructure "
+                   "to check",
                    "python flow.py --with batch torch-distributed preflight (or --with "
-                   "kubernetes), the same --with you give `run`")]
+                   "kubernetes, --with torch_slurm), the same --with you give `run`")]
 
 
 def check_shared_memory(needs: GangNeeds, attribute: str) -> List[Finding]:

@@ -142,5 +142,7 @@ def check_node_size(needs: GangNeeds) -> List[Finding]:
         return []
     return [warned(needs.step, "node size", "each node runs %d processes on the %g vCPUs it asks "
                    "for, so they share them" % (needs.nproc_per_node, needs.cpu),
-                   "@batch(cpu=%d) or @resources(cpu=%d), or fewer processes per node"
-                   % (needs.nproc_per_node, needs.nproc_per_node))]
+                   ("@torch_slurm(cpu=%d), or fewer processes per node" % needs.nproc_per_node
+                    if needs.backend == "torch_slurm" else
+                    "@%s(cpu=%d) or @resources(cpu=%d), or fewer processes per node"
+                    % (needs.backend, needs.nproc_per_node, needs.nproc_per_node)))]

@@ -44,6 +44,7 @@ KEPT = {
               "shared_memory", "efa"),
     "kubernetes": ("image", "namespace", "service_account", "cpu", "memory", "gpu",
                    "gpu_vendor", "shared_memory", "labels", "node_selector", "tolerations"),
+    "torch_slurm": ("partition", "account", "qos", "time", "constraint", "gres", "gpu", "cpu"),
 }
 FLOW_NAME = "TorchDistributedSmokeFlow"
 
@@ -110,9 +111,15 @@ def flow_source(needs: GangNeeds, timeout_s: int) -> str:
 
 def announcement(needs: GangNeeds, timeout_s: int, placement: str = "") -> str:
     """What the smoke job starts, on what, and for how long, said before it is submitted."""
+    nodes = smoke_nodes(needs)
+    if needs.backend == "torch_slurm":
+        return ("smoke: this RUNS one job: a gang of %d node%s x (%s) on Slurm partition %s, "
+                "for up to %d s (Ctrl-C stops it and cancels its job)\n"
+                "smoke: expect %s" % (nodes, "s" if nodes > 1 else "", needs.per_node(),
+                                      needs.options.get("partition") or "(the default)",
+                                      timeout_s, EXPECTED_SLURM))
     where = ("AWS Batch queue %s" % needs.options.get("queue") if needs.backend == "batch"
              else "Kubernetes namespace %s" % (needs.options.get("namespace") or "default"))
-    nodes = smoke_nodes(needs)
     return ("smoke: this RUNS one job: a gang of %d node%s x (%s) on %s with image %s, for up "
             "to %d s (Ctrl-C stops it and its job)\n"
             "smoke: it starts %d instance%s (%s); expect %s"
@@ -125,6 +132,14 @@ def announcement(needs: GangNeeds, timeout_s: int, placement: str = "") -> str:
 # environment's minimum, often 0) and the image pull dominate; the work is a minute.
 EXPECTED = ("about 5 to 15 minutes: instances to start, the image to pull on each, then about a "
             "minute of work; billed for that time")
+# On Slurm the nodes are there: the queue's wait for two free nodes, then the work (about 20 s
+# on the CI cluster, mostly `import torch` on each node).
+EXPECTED_SLURM = ("the queue's wait for 2 free nodes, then under a minute of work; it counts "
+                  "against the account's allocation")
+# Where to look at a smoke job that did not finish, by backend.
+LOOK = {"batch": "look at the job in the AWS Batch console",
+        "kubernetes": "look at its pods (`kubectl get pods`)",
+        "torch_slurm": "look at its job (`squeue --me`, `scontrol show job`)"}
 
 
 # -- the verdict (pure) ------------------------------------------------------------------------
@@ -148,8 +163,7 @@ def verdict(needs: GangNeeds, returncode: Optional[int], output: str,
                        "waits for instances stays RUNNABLE (or its pods Pending), one whose "
                        "nodes cannot reach each other hangs at the rendezvous. Its last lines:\n%s"
                        % (timeout_s, _tail(output)),
-                       "look at the job in the AWS Batch console (or `kubectl get pods`), and "
-                       "at the capacity and security group checks above")]
+                       "%s, and at the checks above" % LOOK.get(needs.backend, "look at the job"))]
     report = report_of(output)
     if report is None:
         missing = re.search(r"No module named '([^']+)'", output)
@@ -245,7 +259,13 @@ def smoke(needs: GangNeeds, echo: Callable[[str], object], timeout_s: int = DEFA
     if confirm is not None and not confirm("smoke: submit it?"):
         return [unknown(needs.step, "smoke", "not run: the job was not confirmed",
                         "answer y, or pass --yes to run it without asking")]
-    folder = tempfile.mkdtemp(prefix="torch-distributed-smoke-")
+    # On Slurm the job's nodes read the flow and its local datastore from this folder: under
+    # the working directory, on the filesystem they share (as the user's own flow is), not /tmp
+    shared = os.path.join(os.getcwd(), ".torch_slurm") if needs.backend == "torch_slurm" \
+        else None
+    if shared is not None:
+        os.makedirs(shared, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="torch-distributed-smoke-", dir=shared)
     started = time.monotonic()
     flow = os.path.join(folder, "smoke_flow.py")
     with open(flow, "w") as f:
@@ -260,4 +280,8 @@ def smoke(needs: GangNeeds, echo: Callable[[str], object], timeout_s: int = DEFA
     else:
         shutil.rmtree(folder, ignore_errors=True)
         echo("smoke: passed in %.0f s" % (time.monotonic() - started))
+        if shared is not None:
+            findings.append(passed(needs.step, "datastore", "the smoke job's nodes read its "
+                                   "flow and local datastore from %s, beside this flow's"
+                                   % shared))
     return findings
