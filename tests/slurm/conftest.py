@@ -47,6 +47,10 @@ class Cluster:
         subprocess.run([str(SCRIPT), "slurmd", self.state, host, action], check=True,
                        timeout=30)
 
+    def link(self, host: str, action: str) -> None:
+        """Cut (down) or mend (up) `host`'s link to the other hosts."""
+        subprocess.run([str(SCRIPT), "link", self.state, host, action], check=True, timeout=30)
+
     def daemon_pid(self, host: str) -> int:
         """The pid of the daemon .ci/slurm started on `host` (ctl: slurmctld)."""
         pids = [line.split()[0] for line in Path(self.state, "pids").read_text().splitlines()

@@ -244,11 +244,50 @@ def test_a_lost_node_fails_the_step_as_node_fail_within_slurmd_timeout(slurm_run
     assert run.returncode != 0, out + err
     assert "Slurm job %s lost a node" % job_id in out, out + err
     assert "JobState=NODE_FAIL" in out, out + err
+    assert "The lost node: node 1 (%s, State=DOWN" % lost in out, out + err
     # Slurm marks the node down SlurmdTimeout after its last answer, then fails the job;
     # the bound leaves 20 s for the controller's ping cycle and the job's end
     assert took < SLURMD_TIMEOUT_S + 20, took
     print("node lost: the step failed %.1f s after slurmd was killed" % took)
     assert lost in slurm_cluster.idle_nodes(), slurm_cluster.query("sinfo")
+
+
+def test_a_cut_link_fails_the_step_naming_the_node(slurm_runner, slurm_cluster, tmp_path):
+    """Node 1's link is cut while the gang trains (a partition: its slurmd, its agent and its
+    ranks run on, cut off). The step fails within the heartbeat timeout or Slurm's node
+    timeout, whichever comes first, naming node 1."""
+    marks = tmp_path / "training-marks"
+    marks.mkdir()
+    run = slurm_runner.popen("slurm_gang_flow.py", env={"TD_BUSY": "120",
+                                                       "TD_MARK_DIR": str(marks)})
+    cut = None
+    try:
+        job_id = wait_running(slurm_cluster, ".train.")
+        _wait_training(marks)
+        fields = dict(w.split("=", 1) for w in slurm_cluster.job(job_id).split() if "=" in w)
+        hosts = slurm_cluster.query("scontrol", "show", "hostnames", fields["NodeList"]).split()
+        cut = hosts[1]
+        slurm_cluster.link(cut, "down")
+        at = time.monotonic()
+        out, err = run.communicate(timeout=150)
+        took = time.monotonic() - at
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if cut:
+            slurm_cluster.link(cut, "up")
+            deadline = time.monotonic() + 90
+            while cut not in slurm_cluster.idle_nodes() and time.monotonic() < deadline:
+                time.sleep(0.5)
+    print("link cut: the step failed %.1f s after node 1's link went down" % took)
+    assert run.returncode != 0, out + err
+    # Slurm stops hearing the node's slurmd (SlurmdTimeout=10 on the CI cluster) before node 0
+    # misses its agent's heartbeats for 30 s: the job ends as NODE_FAIL, naming the node
+    assert ("node 1 stopped sending heartbeats" in out
+            or "The lost node: node 1 (%s, State=DOWN" % cut in out), out + err
+    # the heartbeat timeout (30 s) bounds it, with 20 s for the job's end to be seen
+    assert took < 30 + 20, (took, out + err)
+    assert cut in slurm_cluster.idle_nodes(), slurm_cluster.query("sinfo")
 
 
 def test_two_gangs_of_a_foreach_run_at_once(slurm_runner, slurm_cluster):

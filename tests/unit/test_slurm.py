@@ -218,3 +218,26 @@ def test_a_grace_longer_than_the_schedulers_limit_is_cut_and_said(capsys):
         same = NodeZero("10.0.0.1", 1234, "s", "slurm", grace_limit_s=limit)
         assert _within_grace_limit(BLUEPRINT, same) is BLUEPRINT
     assert capsys.readouterr().err == ""
+
+
+SHOW_NODES = (
+    "NodeName=n1 Arch=x86_64 CPUTot=2 NodeAddr=10.78.0.11 OS=Linux 6.18.44 #1 SMP "
+    "PREEMPT_DYNAMIC @0  RealMemory=1000 State=ALLOCATED ThreadsPerCore=1 Partitions=debug  "
+    "BootTime=2026-12-06T16:40:07 ExtSensorsTemp=n/s\n"
+    "NodeName=n2 Arch=x86_64 CPUTot=2 NodeAddr=10.78.0.12 OS=Linux 6.18.44 #1 SMP "
+    "PREEMPT_DYNAMIC @0  RealMemory=1000 State=DOWN+NOT_RESPONDING ThreadsPerCore=1 "
+    "Partitions=debug  BootTime=2026-12-06T16:40:07 ExtSensorsTemp=n/s "
+    "Reason=Not responding [root@2026-12-06T16:59:53]\n")
+
+
+def test_the_nodes_a_node_fail_lost_are_named_by_their_index():
+    """(`scontrol show node -o` of a 2-node job whose node n2 stopped answering, as the CI
+    cluster printed it.)"""
+    assert slurm.down_nodes(["n1", "n2"], SHOW_NODES) == [
+        "node 1 (n2, State=DOWN+NOT_RESPONDING, Reason=Not responding "
+        "[root@2026-12-06T16:59:53])"]
+    assert slurm.down_nodes(["n2", "n1"], SHOW_NODES)[0].startswith("node 0 (n2, ")
+    assert slurm.down_nodes(["n1"], SHOW_NODES) == []
+    assert slurm.down_nodes(["n1", "n2"], SHOW_NODES.replace(
+        "DOWN+NOT_RESPONDING", "IDLE*")) == ["node 1 (n2, State=IDLE*, Reason=Not responding "
+                                             "[root@2026-12-06T16:59:53])"]

@@ -223,6 +223,26 @@ def ending(step_name: str, job_id: str, fields: Mapping[str, str]) -> Optional[s
                                fields.get("ExitCode", "?"), fields.get("NodeList", "?")))
 
 
+def down_nodes(hosts: Sequence[str], nodes_text: str) -> List[str]:
+    """Which of the job's hosts (in node order: node 0 first) Slurm holds down, from `scontrol
+    show node -o` of them: "node 1 (n2, State=DOWN+NOT_RESPONDING, Reason=Not responding)"."""
+    states = {}
+    for line in nodes_text.splitlines():
+        fields = parse_job(line)
+        name = fields.get("NodeName")
+        if name:
+            reason = re.search(r"\bReason=(.*?)(?: \w+=|$)", line)
+            states[name] = (fields.get("State", "?"), reason.group(1).strip() if reason else "")
+    found = []
+    for node, host in enumerate(hosts):
+        state, reason = states.get(host, ("", ""))
+        if any(word in state for word in ("DOWN", "FAIL", "NOT_RESPONDING")) or \
+                state.endswith("*"):
+            found.append("node %d (%s, State=%s%s)" % (node, host, state,
+                                                      ", Reason=%s" % reason if reason else ""))
+    return found
+
+
 # -- on the nodes: node 0's place and the agents' ---------------------------------------------
 
 def first_host(step_name: str, node_list: str,

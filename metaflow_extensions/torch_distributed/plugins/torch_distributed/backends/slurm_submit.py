@@ -20,8 +20,8 @@ import time
 from types import FrameType
 from typing import BinaryIO, Dict, List, Optional, Sequence
 
-from .slurm import SlurmJob, batch_script, ending, job_state, node_script, parse_job, \
-    partition_refusal, sbatch_argv
+from .slurm import SlurmJob, batch_script, down_nodes, ending, job_state, node_script, \
+    parse_job, partition_refusal, sbatch_argv
 
 POLL_S = 0.5
 # How long a cancelled job may stay in the queue (COMPLETING) before this process gives up
@@ -176,12 +176,30 @@ def watch(job: SlurmJob, job_id: str, tails: List[Tail]) -> int:
             for tail in tails:
                 tail.pump()
             if message:
+                if job_state(fields) == "NODE_FAIL":
+                    message += lost_nodes(fields.get("NodeList", ""))
                 agents = ", ".join(job.node_log(n) for n in range(1, job.nodes))
                 print(message + (" The other nodes' own output: %s." % agents if agents
                                  else ""), file=sys.stderr, flush=True)
                 return 1
             return 0
         time.sleep(POLL_S)
+
+
+def lost_nodes(node_list: str) -> str:
+    """" The lost node: node 1 (n2, State=DOWN*, Reason=...)." for a job that ended in NODE_FAIL
+    on `node_list`, or "" when Slurm does not say."""
+    try:
+        hosts = subprocess.run(["scontrol", "show", "hostnames", node_list], check=True,
+                               capture_output=True, text=True, timeout=30).stdout.split()
+        nodes = subprocess.run(["scontrol", "show", "node", "-o", node_list], check=True,
+                               capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    found = down_nodes(hosts, nodes)
+    if not found:
+        return ""
+    return " The lost node%s: %s." % ("s" if len(found) > 1 else "", "; ".join(found))
 
 
 def main(argv: Sequence[str]) -> int:
