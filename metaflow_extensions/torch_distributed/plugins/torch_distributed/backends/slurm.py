@@ -231,8 +231,8 @@ def down_nodes(hosts: Sequence[str], nodes_text: str) -> List[str]:
         fields = parse_job(line)
         name = fields.get("NodeName")
         if name:
-            reason = re.search(r"\bReason=(.*?)(?: \w+=|$)", line)
-            states[name] = (fields.get("State", "?"), reason.group(1).strip() if reason else "")
+            why = re.search(r"\bReason=(.*?)(?: \w+=|$)", line)
+            states[name] = (fields.get("State", "?"), why.group(1).strip() if why else "")
     found = []
     for node, host in enumerate(hosts):
         state, reason = states.get(host, ("", ""))
