@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tests.emulation.probes import wait_for
+from tests.support import same_weights
 
 RANKS = range(4)
 # seconds from the SIGTERM to a rank's save: the 1 s, plus one training step and the
@@ -135,7 +136,8 @@ def test_the_checkpoint_saved_in_the_preemptions_window_is_the_one_every_node_re
     whole = flow_runner.run("checkpoint_flow.py", env=gang)
     assert whole.returncode == 0, whole
     uninterrupted = flow_runner.client(train + "result = t['weights'].data")
-    assert json.loads(resumed["w"]) == json.loads(uninterrupted)
+    # which checkpoint was loaded is asserted exactly above; the weights but for the last bits
+    assert same_weights(json.loads(resumed["w"]), json.loads(uninterrupted))
     flow_runner.assert_no_leftovers()
 
 
@@ -167,3 +169,4 @@ def test_a_lightning_trainer_hears_the_sigterm_through_its_own_handler(flow_runn
     assert got["attempt"] == 1 and got["end"] == got["at"] + 5, got
     assert (got["at"] > 1) == got["saved"], got  # resumed from it when Lightning saved one
     flow_runner.assert_no_leftovers()
+
