@@ -5,6 +5,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -282,6 +283,39 @@ def test_a_cut_link_fails_the_step_naming_the_node(slurm_runner, slurm_cluster, 
             or "The lost node: node 1 (%s, State=DOWN" % cut in out), out
     # the heartbeat timeout (30 s) bounds it, with 20 s for the job's end to be seen
     assert took < 30 + 20, (took, out)
+
+
+def test_a_setup_and_an_interpreter_of_the_nodes_own(slurm_runner, slurm_cluster, tmp_path):
+    """METAFLOW_TORCH_SLURM_SETUP runs on every node before the task or the agent, in their
+    shell (what it exports reaches every rank); METAFLOW_TORCH_SLURM_PYTHON=python runs them
+    with the `python` the setup put on PATH (here a shim that notes each use)."""
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    used = tmp_path / "shim-used"
+    shim = shims / "python"
+    shim.write_text("#!/bin/sh\nhostname >> %s\nexec %s \"$@\"\n" % (used, sys.executable))
+    shim.chmod(0o755)
+    result = slurm_runner.run("slurm_gang_flow.py", env={
+        "METAFLOW_TORCH_SLURM_SETUP": "export PATH=%s:$PATH; export TD_FROM_SETUP=yes" % shims,
+        "METAFLOW_TORCH_SLURM_PYTHON": "python"})
+    assert result.returncode == 0, result
+    places = slurm_runner.client(
+        "result = Flow('SlurmGangFlow').latest_run['train'].task.data.places")
+    assert [p["from_setup"] for p in places] == ["yes"] * 4, places
+    assert len({p["host"] for p in places}) == 2, places
+    # every job's node ran its command through the shim: start, the gang's 2 nodes, end
+    assert len(used.read_text().split()) == 4, used.read_text()
+    assert len(set(used.read_text().split())) >= 2
+
+
+def test_a_failed_setup_fails_the_step_naming_the_node(slurm_runner, slurm_cluster):
+    result = slurm_runner.run("slurm_plain_flow.py", env={
+        "METAFLOW_TORCH_SLURM_SETUP": "module load no-such-module 2>/dev/null"})
+    assert result.returncode != 0, result
+    assert re.search(r"@torch_slurm on step \*start\*: the setup command failed with exit "
+                     r"status \d+ on node 0 \(n\d\): module load no-such-module", result.output), \
+        result
+    assert slurm_cluster.wait_queue_empty(timeout=10) == []
 
 
 def test_two_gangs_of_a_foreach_run_at_once(slurm_runner, slurm_cluster):

@@ -241,3 +241,65 @@ def test_the_nodes_a_node_fail_lost_are_named_by_their_index():
     assert slurm.down_nodes(["n1", "n2"], SHOW_NODES.replace(
         "DOWN+NOT_RESPONDING", "IDLE*")) == ["node 1 (n2, State=IDLE*, Reason=Not responding "
                                              "[root@2026-12-06T16:59:53])"]
+
+
+def _node(tmp_path, node, **changes):
+    """Run the node script of a job (changes applied) as node `node` of it would, with node
+    0's task `sh -c 'echo task ...'` and the agent `sh -c 'echo agent ...'`: (status, stdout,
+    stderr, the agent's log)."""
+    import subprocess
+
+    work = tmp_path / "job"
+    work.mkdir(exist_ok=True)
+    fields = dict(work_dir=str(work), cwd=str(tmp_path),
+                  agent_argv=["sh", "-c", "echo agent from=${TD_FROM_SETUP:-none}"],
+                  agent_shell_words=[])
+    fields.update(changes)
+    script = tmp_path / "node.sh"
+    script.write_text(slurm.node_script(job(**fields), [
+        "sh", "-c", "echo task from=${TD_FROM_SETUP:-none}"]))
+    done = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin",
+                                                      slurm.NODE_ID: str(node)},
+                          capture_output=True, text=True, timeout=30)
+    log = work / ("node-%d.log" % node)
+    return done.returncode, done.stdout, done.stderr, log.read_text() if log.exists() else ""
+
+
+def test_the_setup_runs_first_on_every_node_in_the_shell_of_the_task_and_the_agent(tmp_path):
+    setup = "export TD_FROM_SETUP=setup # a comment ends the line"
+    assert _node(tmp_path, 0, setup=setup)[:2] == (0, "task from=setup\n")
+    code, _, _, log = _node(tmp_path, 1, setup=setup)
+    assert code == 0 and log.startswith("agent from=setup\n"), log
+    assert _node(tmp_path, 0)[:2] == (0, "task from=none\n")  # no setup: as before
+
+
+def test_a_failed_setup_ends_the_node_naming_it_and_runs_nothing(tmp_path):
+    code, out, err, log = _node(tmp_path, 1, setup='echo "loading $HOME" && false')
+    assert code == 1 and out == "loading \n" and log == "", (out, log)  # the setup's own
+    assert err.strip().endswith(
+        "@torch_slurm on step *train*: the setup command failed with exit status 1 on node 1 "
+        "(%s): echo \"loading $HOME\" && false" % __import__("socket").gethostname()), err
+
+
+def test_the_nodes_interpreter_replaces_the_login_nodes(tmp_path):
+    text = slurm.node_script(job(python="python"), ["/login/venv/bin/python", "flow.py",
+                                                     "step", "train"])
+    assert "exec python flow.py step train" in text
+    assert "\npython flow.py spin-step train" in text  # the agent's too
+    assert "/login/venv/bin/python" not in text
+
+
+def test_setup_and_python_come_from_the_attributes_else_their_variables():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends.slurm_decorator \
+        import node_environment
+
+    env = {"METAFLOW_TORCH_SLURM_SETUP": "module load cuda",
+           "METAFLOW_TORCH_SLURM_PYTHON": "python3"}
+    assert node_environment("train", {}, env) == ("module load cuda", "python3")
+    assert node_environment("train", {"setup": "source a/bin/activate", "python": "python"},
+                            env) == ("source a/bin/activate", "python")
+    assert node_environment("train", {"setup": None, "python": ""}, {}) == ("", "")
+    with pytest.raises(TorchSlurmConfigError, match="python='python -u' is not one word"):
+        node_environment("train", {"python": "python -u"}, {})
+    with pytest.raises(TorchSlurmConfigError, match="setup=3 is not text"):
+        node_environment("train", {"setup": 3}, {})

@@ -70,6 +70,7 @@ class SlurmGangFlow(FlowSpec):
             raise ValueError("injected failure on rank %d" % rank)
         self.places = current.torch_distributed.gather(dict(
             rank=rank, host=socket.gethostname(), world_size=dist.get_world_size(),
+            from_setup=os.environ.get("TD_FROM_SETUP"),
             slurm=sorted(k for k in os.environ if k.startswith("SLURM_")),
             interfaces=(os.environ.get("GLOO_SOCKET_IFNAME"),
                         os.environ.get("NCCL_SOCKET_IFNAME"))))

@@ -84,6 +84,10 @@ class SlurmJob:
     # the indices of agent_argv's words the node's shell expands (spinstep.Shell words)
     agent_shell_words: List[int] = field(default_factory=list)
     agent_env: Dict[str, str] = field(default_factory=dict)
+    # shell lines every node runs first (`module load ...`, `source .../activate`), or ""
+    setup: str = ""
+    # the interpreter every node runs the task and the agent with ("": the login node's)
+    python: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -133,18 +137,35 @@ def node_script(job: SlurmJob, task_argv: Sequence[str]) -> str:
     node's: an agent's exit status ends the script with 0, or `srun --kill-on-bad-exit`
     would kill node 0 while it reports the gang's root cause (an agent exits non-zero as soon
     as node 0 aborts the gang). Node 0's own failure still ends every node."""
+    def interpreted(argv: Sequence[str]) -> List[str]:
+        return [job.python, *argv[1:]] if job.python and argv else list(argv)
+
+    agent_argv = interpreted(job.agent_argv)
     agent = " ".join(w if i in job.agent_shell_words else shlex.quote(w)
-                     for i, w in enumerate(job.agent_argv))
-    lines = ["#!/bin/bash", "cd %s || exit 1" % shlex.quote(job.cwd),
-             'if [ "$%s" = 0 ]; then' % NODE_ID]
+                     for i, w in enumerate(agent_argv))
+    lines = ["#!/bin/bash", "cd %s || exit 1" % shlex.quote(job.cwd)]
+    if job.setup:
+        # in this shell, so that what it loads or activates holds for the task and the agent
+        lines += ["{", job.setup, "}", "status=$?", 'if [ "$status" != 0 ]; then',
+                  '    echo "@torch_slurm on step *%s*: the setup command failed with exit '
+                  'status $status on node $%s ($(hostname)): %s" >&2'
+                  % (job.step_name, NODE_ID, _echoable(job.setup)),
+                  "    exit 1", "fi"]
+    lines += ['if [ "$%s" = 0 ]; then' % NODE_ID]
     lines += ["    export %s=%s" % (k, shlex.quote(v)) for k, v in sorted(job.task_env.items())]
-    lines += ["    exec %s" % " ".join(shlex.quote(w) for w in task_argv), "fi"]
+    lines += ["    exec %s" % " ".join(shlex.quote(w) for w in interpreted(task_argv)), "fi"]
     lines += ["unset %s" % k for k in sorted(job.task_env)]
     lines += ["export %s=%s" % (k, shlex.quote(v)) for k, v in sorted(job.agent_env.items())]
     lines += ['exec >> %s/node-"$%s".log 2>&1' % (shlex.quote(job.work_dir), NODE_ID),
               agent, 'echo "[node $%s] the node agent exited with status $?"' % NODE_ID,
               "exit 0", ""]
     return "\n".join(lines)
+
+
+def _echoable(text: str) -> str:
+    """`text` on one line, safe inside the double quotes of an echo."""
+    flat = " ".join(text.split())
+    return "".join("\\" + c if c in '"$`\\' else c for c in flat)
 
 
 def partition_refusal(step_name: str, nodes: int, wanted: Optional[str],

@@ -15,13 +15,21 @@ gpu : int, optional
     GPUs per node (`--gpus-per-node`); a @torch_distributed gang starts one rank per GPU.
 cpu : int, optional
     CPUs per node (`--cpus-per-task`, one Slurm task per node).
+setup : str, optional
+    Shell lines every node of the job runs first, in the shell that then runs the task or the
+    node agent (`module load cuda/12.4 && source /shared/envs/train/bin/activate`); a setup
+    that fails ends the job, naming the node. Default: METAFLOW_TORCH_SLURM_SETUP, else none.
+python : str, optional
+    The interpreter the nodes run the task and the node agent with (`python`: the one the
+    setup put on PATH). Default: METAFLOW_TORCH_SLURM_PYTHON, else the interpreter of the run
+    on the login node (its path must then exist on every node).
 """
 
 import dataclasses
 import os
 import re
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from metaflow.decorators import StepDecorator
 
@@ -38,6 +46,9 @@ SUBMITTER = __name__.rsplit(".", 1)[0] + ".slurm_submit"
 # Where each attempt's job folder is made; it must be on a filesystem every node shares.
 WORK_ROOT_ENV = "METAFLOW_TORCH_SLURM_WORK_ROOT"
 DEFAULT_WORK_ROOT = ".torch_slurm"
+# Defaults of @torch_slurm(setup=..., python=...).
+SETUP_ENV = "METAFLOW_TORCH_SLURM_SETUP"
+PYTHON_ENV = "METAFLOW_TORCH_SLURM_PYTHON"
 # Decorators that send a step to another scheduler (metaflow-slurm's is `slurm`).
 OTHER_SENDERS = ("batch", "kubernetes", "slurm")
 _TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}(:\d{1,2})?)?)$")
@@ -85,6 +96,28 @@ def _count(step_name: str, name: str, value: Any) -> int:
     return count
 
 
+def node_environment(step_name: str, attributes: Dict[str, Any],
+                     environ: Mapping[str, str]) -> Tuple[str, str]:
+    """(setup, python) of the step's nodes: its attributes, else their variables."""
+    found = []
+    for name, variable in (("setup", SETUP_ENV), ("python", PYTHON_ENV)):
+        value = attributes.get(name)
+        if value in (None, ""):
+            value = environ.get(variable, "")
+        if not isinstance(value, str):
+            raise TorchSlurmConfigError(
+                step_name, "%s=%r is not text: give it as a string, e.g. %s." % (
+                    name, value, 'setup="source /shared/envs/train/bin/activate"'
+                    if name == "setup" else 'python="python"'))
+        found.append(value.strip())
+    if found[1] and any(c.isspace() for c in found[1]):
+        raise TorchSlurmConfigError(
+            step_name, "python=%r is not one word: name the interpreter only (a path, or "
+            "`python` as the setup puts it on PATH); what must run first goes in setup=."
+            % found[1])
+    return found[0], found[1]
+
+
 def refuse_other_senders(step_name: str, decorators: List[Any]) -> None:
     for deco in decorators:
         if deco.name in OTHER_SENDERS:
@@ -107,7 +140,8 @@ def gang_of(decorators: List[Any]) -> Any:
 class TorchSlurmDecorator(StepDecorator):
     name = "torch_slurm"
     defaults = {"partition": None, "account": None, "qos": None, "time": None,
-                "constraint": None, "gres": None, "gpu": None, "cpu": None}
+                "constraint": None, "gres": None, "gpu": None, "cpu": None, "setup": None,
+                "python": None}
 
     def step_init(self, flow: Any, graph: Any, step_name: str, decorators: List[Any],
                   environment: Any, flow_datastore: Any, logger: Any) -> None:
@@ -116,6 +150,7 @@ class TorchSlurmDecorator(StepDecorator):
         self.flow_datastore = flow_datastore
         refuse_other_senders(step_name, decorators)
         self.options = slurm_options(step_name, self.attributes)
+        self.setup, self.python = node_environment(step_name, self.attributes, os.environ)
         if flow_datastore.TYPE != "local":
             raise TorchSlurmConfigError(
                 step_name, "the datastore is %r; @torch_slurm runs with Metaflow's local "
@@ -134,7 +169,8 @@ class TorchSlurmDecorator(StepDecorator):
         job = slurm.SlurmJob(
             step_name=self.step_name, name="%s.%s.%s" % (task.flow.name, self.step_name,
                                                          task.task_id),
-            nodes=1, work_dir=work_dir, cwd=os.getcwd(), options=self.options)
+            nodes=1, work_dir=work_dir, cwd=os.getcwd(), options=self.options,
+            setup=self.setup, python=self.python)
         gang = gang_of(self.decorators)
         if gang is not None:
             job = self._gang_job(job, gang, cli_args, retry_count, max_user_code_retries)
