@@ -48,8 +48,13 @@ class Cluster:
                        timeout=30)
 
     def link(self, host: str, action: str) -> None:
-        """Cut (down) or mend (up) `host`'s link to the other hosts."""
+        """Cut (down) or mend (up) `host`'s link to the other hosts. A mended host is resumed
+        at once (Slurm holds a node it stopped hearing DOWN until its next ping cycle, about
+        a minute; `scontrol update ... State=RESUME` makes it idle within a second)."""
         subprocess.run([str(SCRIPT), "link", self.state, host, action], check=True, timeout=30)
+        if action == "up":  # (refused, and nothing to do, when Slurm had not marked it down)
+            subprocess.run(self.on_controller("scontrol", "update", "NodeName=%s" % host,
+                                              "State=RESUME"), capture_output=True, timeout=30)
 
     def daemon_pid(self, host: str) -> int:
         """The pid of the daemon .ci/slurm started on `host` (ctl: slurmctld)."""
