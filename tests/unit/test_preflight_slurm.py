@@ -149,11 +149,14 @@ def test_gather_keeps_each_refusal_by_its_question():
             raise subprocess.CalledProcessError(1, argv, "", "slurm_load_ctl_conf error\n")
         if argv[0] == "sbatch":
             raise FileNotFoundError(2, "No such file or directory", "sbatch")
+        if argv[-1] == "-o" and argv[2] == "node":
+            raise subprocess.TimeoutExpired(argv, 30)
         return "answer of %s" % " ".join(argv)
 
     facts = preflight_slurm.gather(run)
     assert facts.refused["ping"] == "slurm_load_ctl_conf error"
     assert facts.refused["version"].startswith("FileNotFoundError")
+    assert facts.refused["nodes"] == "no answer in 30 s"
     assert facts.answers["config"] == "answer of scontrol show config"
     assert set(facts.answers) | set(facts.refused) == set(preflight_slurm.QUESTIONS)
 

@@ -168,17 +168,25 @@ def _echoable(text: str) -> str:
     return "".join("\\" + c if c in '"$`\\' else c for c in flat)
 
 
+def chosen_partition(wanted: Optional[str], partitions: str) -> Optional[Dict[str, str]]:
+    """The fields of partition `wanted` (None: the cluster's default one) in `scontrol show
+    partition -o`'s output, or None when there is no such partition."""
+    for line in partitions.splitlines():
+        fields = parse_job(line)
+        if fields and (fields.get("PartitionName") == wanted if wanted
+                       else fields.get("Default") == "YES"):
+            return fields
+    return None
+
+
 def partition_refusal(step_name: str, nodes: int, wanted: Optional[str],
                       partitions: str) -> Optional[str]:
     """Why a job of `nodes` nodes in partition `wanted` (None: the default one) could never
     start, from `scontrol show partition -o` (`partitions`), or None. Slurm itself accepts
     such a job and leaves it PENDING (Reason=PartitionConfig) for ever."""
-    found = [parse_job(line) for line in partitions.splitlines() if line.strip()]
-    chosen = [p for p in found if (p.get("PartitionName") == wanted if wanted
-                                   else p.get("Default") == "YES")]
-    if not chosen:
+    fields = chosen_partition(wanted, partitions)
+    if fields is None:
         return None  # sbatch names an unknown partition itself
-    fields = chosen[0]
     limits = [int(fields[k]) for k in ("TotalNodes", "MaxNodes") if fields.get(k, "").isdigit()]
     if not limits or nodes <= min(limits):
         return None
@@ -266,11 +274,16 @@ def down_nodes(hosts: Sequence[str], nodes_text: str) -> List[str]:
 
 # -- on the nodes: node 0's place and the agents' ---------------------------------------------
 
+def hostnames(node_list: str, run: Callable[[List[str]], str]) -> List[str]:
+    """The host names of a node list (`n[1-2]`) in order, as `scontrol show hostnames`
+    expands it."""
+    return run(["scontrol", "show", "hostnames", node_list]).split()
+
+
 def first_host(step_name: str, node_list: str,
                run: Callable[[List[str]], str]) -> str:
-    """The first host name of the job's node list (`n[1-2]`), as `scontrol show hostnames`
-    expands it on the node."""
-    names = run(["scontrol", "show", "hostnames", node_list]).split()
+    """The first host name of the job's node list, on the node."""
+    names = hostnames(node_list, run)
     if not names:
         raise TorchDistributedEnvironmentError(
             step_name, "`scontrol show hostnames %s` named no host on this Slurm node: "
@@ -278,12 +291,15 @@ def first_host(step_name: str, node_list: str,
     return names[0]
 
 
-def _scontrol(argv: List[str]) -> str:
-    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+def run_slurm(argv: List[str]) -> str:
+    """The output of one of Slurm's commands here; raises (OSError, CalledProcessError,
+    TimeoutExpired) when it cannot be run, fails or hangs for 30 s."""
+    return subprocess.run(argv, check=True, capture_output=True, text=True,
+                          timeout=30).stdout
 
 
 def node_zero_address(step_name: str, nodes: int, environ: Mapping[str, str],
-                      run: Callable[[List[str]], str] = _scontrol,
+                      run: Callable[[List[str]], str] = run_slurm,
                       resolve: Callable[[str], str] = socket.gethostbyname) -> str:
     """Node 0's address: the first host of the job's node list, resolved on this node
     (never SLURM_LAUNCH_NODE_IPADDR, the host srun ran on); loopback is refused."""
@@ -308,7 +324,7 @@ KILL_WAIT_MARGIN_S = 3.0
 _KILL_WAIT = re.compile(r"^KillWait\s*=\s*(\d+)", re.MULTILINE)
 
 
-def kill_wait(run: Callable[[List[str]], str] = _scontrol) -> Optional[float]:
+def kill_wait(run: Callable[[List[str]], str] = run_slurm) -> Optional[float]:
     """The cluster's KillWait in seconds (`scontrol show config`): how long Slurm waits after
     the SIGTERM of a scancel, a preemption or a time limit before its SIGKILL. None when it
     cannot be read."""

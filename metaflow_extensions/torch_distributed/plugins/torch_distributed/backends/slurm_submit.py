@@ -20,8 +20,8 @@ import time
 from types import FrameType
 from typing import BinaryIO, Dict, List, Optional, Sequence
 
-from .slurm import SlurmJob, batch_script, down_nodes, ending, job_state, node_script, \
-    parse_job, partition_refusal, sbatch_argv
+from .slurm import SlurmJob, batch_script, down_nodes, ending, hostnames, job_state, \
+    node_script, parse_job, partition_refusal, run_slurm, sbatch_argv
 
 POLL_S = 0.5
 # How long a cancelled job may stay in the queue (COMPLETING) before this process gives up
@@ -190,10 +190,8 @@ def lost_nodes(node_list: str) -> str:
     """" The lost node: node 1 (n2, State=DOWN*, Reason=...)." for a job that ended in NODE_FAIL
     on `node_list`, or "" when Slurm does not say."""
     try:
-        hosts = subprocess.run(["scontrol", "show", "hostnames", node_list], check=True,
-                               capture_output=True, text=True, timeout=30).stdout.split()
-        nodes = subprocess.run(["scontrol", "show", "node", "-o", node_list], check=True,
-                               capture_output=True, text=True, timeout=30).stdout
+        hosts = hostnames(node_list, run_slurm)
+        nodes = run_slurm(["scontrol", "show", "node", "-o", node_list])
     except (OSError, subprocess.SubprocessError):
         return ""
     found = down_nodes(hosts, nodes)

@@ -10,6 +10,7 @@ non-zero when a check fails.
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type
 
+from ..backends.slurm import run_slurm
 from ..mf import internals
 from ..preflight import (
     common as preflight,
@@ -75,7 +76,7 @@ def kubernetes_findings(needs: preflight.GangNeeds, datastore_root: str,
 
 
 def slurm_findings(needs: preflight.GangNeeds, datastore_root: str,
-                   run: Callable[[List[str]], str] = preflight_slurm.run_here
+                   run: Callable[[List[str]], str] = run_slurm
                    ) -> List[preflight.Finding]:
     return preflight_slurm.check(needs, preflight_slurm.gather(run), datastore_root)
 

@@ -50,13 +50,11 @@ def gather(run: Callable[[List[str]], str]) -> SlurmFacts:
         except subprocess.CalledProcessError as ex:
             facts.refused[name] = ((ex.stderr or "") if isinstance(ex.stderr, str)
                                    else "").strip() or "exit code %d" % ex.returncode
+        except subprocess.TimeoutExpired as ex:
+            facts.refused[name] = "no answer in %g s" % ex.timeout
         except OSError as ex:  # not installed here
             facts.refused[name] = "%s: %s" % (type(ex).__name__, ex)
     return facts
-
-
-def run_here(argv: List[str]) -> str:
-    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30).stdout
 
 
 # -- the checks (pure) -----------------------------------------------------------------------
@@ -65,7 +63,8 @@ def check(needs: GangNeeds, facts: SlurmFacts, datastore_root: str) -> List[Find
     findings = check_reach(needs, facts)
     if any(f.status == "FAILED" for f in findings):
         return findings  # nothing else could be asked
-    partition = chosen_partition(needs, facts)
+    partition = slurm.chosen_partition(needs.options.get("partition"),
+                                       facts.answers.get("partitions", ""))
     found = check_partition(needs, facts, partition)
     findings += found
     if not any(f.status == "FAILED" for f in found):
@@ -97,16 +96,6 @@ def check_reach(needs: GangNeeds, facts: SlurmFacts) -> List[Finding]:
 
 def _records(text: str) -> List[Dict[str, str]]:
     return [slurm.parse_job(line) for line in text.splitlines() if line.strip()]
-
-
-def chosen_partition(needs: GangNeeds, facts: SlurmFacts) -> Optional[Dict[str, str]]:
-    """The fields of the partition the step's job goes to (its own, else the default)."""
-    wanted = needs.options.get("partition")
-    for fields in _records(facts.answers.get("partitions", "")):
-        if (fields.get("PartitionName") == wanted if wanted
-                else fields.get("Default") == "YES"):
-            return fields
-    return None
 
 
 def check_partition(needs: GangNeeds, facts: SlurmFacts,
