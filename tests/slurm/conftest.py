@@ -23,10 +23,16 @@ FLOWS = (Path(__file__).parent / "flows", ROOT / "tests" / "e2e" / "flows",
          ROOT / "tests" / "emulation" / "flows")
 
 
+# This machine's own address on the cluster's bridge (`.ci/slurm up N host-link`): a server
+# the tests start there (an S3 of moto's) is reachable from every host of the cluster.
+HOST_LINK_ADDRESS = "10.78.0.1"
+
+
 class Cluster:
     def __init__(self, state: str, up_s: float) -> None:
         self.state = state
         self.up_s = up_s
+        self.host_address = HOST_LINK_ADDRESS
 
     def on_controller(self, *argv: str) -> list[str]:
         """argv run on the controller host, SLURM_CONF set."""
@@ -88,7 +94,8 @@ def slurm_cluster() -> Iterator[Cluster]:
     if reason:
         pytest.skip(reason)
     started = time.monotonic()
-    up = subprocess.run([str(SCRIPT), "up", "4"], capture_output=True, text=True, timeout=600)
+    up = subprocess.run([str(SCRIPT), "up", "4", "host-link"], capture_output=True, text=True,
+                        timeout=600)
     assert up.returncode == 0, up.stderr
     cluster = Cluster(up.stdout.strip().splitlines()[-1], time.monotonic() - started)
     print("slurm cluster up in %.2f s: %s" % (cluster.up_s, cluster.state), file=sys.stderr)

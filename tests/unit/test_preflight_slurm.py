@@ -137,10 +137,15 @@ def test_a_short_min_job_age_warns_and_an_unreadable_config_is_unknown():
     assert found["KillWait"].status == UNKNOWN and found["MinJobAge"].status == UNKNOWN
 
 
-def test_an_s3_datastore_fails():
+def test_an_s3_datastore_is_known_by_the_smoke_job_and_another_object_store_fails():
     found = by_check(preflight_slurm.check(needs(), answers(), "s3://bucket/metaflow"))
+    assert found["datastore"].status == UNKNOWN
+    assert "whether every compute node reaches s3://bucket/metaflow" in \
+        found["datastore"].message
+    assert "--smoke" in found["datastore"].fix
+    found = by_check(preflight_slurm.check(needs(), answers(), "gs://bucket/metaflow"))
     assert found["datastore"].status == FAILED
-    assert "the datastore is s3://bucket/metaflow" in found["datastore"].message
+    assert "the datastore is gs://bucket/metaflow" in found["datastore"].message
 
 
 def test_gather_keeps_each_refusal_by_its_question():

@@ -303,3 +303,22 @@ def test_setup_and_python_come_from_the_attributes_else_their_variables():
         node_environment("train", {"python": "python -u"}, {})
     with pytest.raises(TorchSlurmConfigError, match="setup=3 is not text"):
         node_environment("train", {"setup": 3}, {})
+
+
+@pytest.mark.parametrize("datastore, refused", [("local", False), ("s3", False),
+                                                ("azure", True), ("gs", True)])
+def test_the_nodes_use_the_local_datastore_or_s3(datastore, refused):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends \
+        .slurm_decorator import TorchSlurmDecorator
+
+    class Datastore:
+        TYPE = datastore
+
+    deco = TorchSlurmDecorator(attributes={})
+    if refused:
+        with pytest.raises(TorchSlurmConfigError, match=r"on step \*?train\*?: the datastore is "
+                           r"'%s'; .* or with S3" % datastore):
+            deco.step_init(None, None, "train", [deco], None, Datastore(), None)
+    else:
+        deco.step_init(None, None, "train", [deco], None, Datastore(), None)
+        assert deco.flow_datastore.TYPE == datastore

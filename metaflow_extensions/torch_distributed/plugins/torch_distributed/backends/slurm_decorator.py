@@ -49,6 +49,10 @@ DEFAULT_WORK_ROOT = ".torch_slurm"
 # Defaults of @torch_slurm(setup=..., python=...).
 SETUP_ENV = "METAFLOW_TORCH_SLURM_SETUP"
 PYTHON_ENV = "METAFLOW_TORCH_SLURM_PYTHON"
+# The datastores a job's nodes can use: the local one on the filesystem they share with the
+# login node, and S3, reached with the environment the job inherits (--export=ALL) or the
+# shared home's ~/.aws. (Azure and GCS would go the same way, untested: refused.)
+DATASTORES = ("local", "s3")
 # Decorators that send a step to another scheduler (metaflow-slurm's is `slurm`).
 OTHER_SENDERS = ("batch", "kubernetes", "slurm")
 _TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}(:\d{1,2})?)?)$")
@@ -151,11 +155,11 @@ class TorchSlurmDecorator(StepDecorator):
         refuse_other_senders(step_name, decorators)
         self.options = slurm_options(step_name, self.attributes)
         self.setup, self.python = node_environment(step_name, self.attributes, os.environ)
-        if flow_datastore.TYPE != "local":
+        if flow_datastore.TYPE not in DATASTORES:
             raise TorchSlurmConfigError(
                 step_name, "the datastore is %r; @torch_slurm runs with Metaflow's local "
-                "datastore on a filesystem every node shares (--datastore=local, the flow's "
-                "folder on the shared home)." % flow_datastore.TYPE)
+                "datastore on a filesystem every node shares, or with S3 (--datastore=local, "
+                "the flow's folder on the shared home; or --datastore=s3)." % flow_datastore.TYPE)
 
     def runtime_step_cli(self, cli_args: Any, retry_count: int, max_user_code_retries: int,
                          ubf_context: Any) -> None:

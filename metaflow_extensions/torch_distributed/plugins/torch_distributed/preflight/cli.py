@@ -7,6 +7,7 @@ runs, the top-level --with included), so each gang step's topology and its @batc
 non-zero when a check fails.
 """
 
+import os
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type
 
@@ -226,9 +227,18 @@ def preflight_command(obj: Any, smoke: bool, smoke_timeout: int, yes: bool) -> N
 
     run_preflight(steps, root, echo, smoke=(
         lambda needs, placement: preflight_smoke.smoke(
-            needs, echo, smoke_timeout, placement=placement,
-            confirm=None if yes else confirm)) if smoke else None,
+            needs, echo, smoke_timeout, environ=smoke_environ(os.environ, kind, root),
+            placement=placement, confirm=None if yes else confirm)) if smoke else None,
         first=first, values=values, offline=offline)
+
+
+def smoke_environ(environ: Mapping[str, str], kind: str, root: str) -> Dict[str, str]:
+    """The smoke job's environment: this one, with the preflight's own datastore when it is
+    S3 (chosen with --datastore=s3 rather than by configuration, the smoke would otherwise
+    run with the local one)."""
+    if kind != "s3":
+        return dict(environ)
+    return {**environ, "METAFLOW_DEFAULT_DATASTORE": "s3", "METAFLOW_DATASTORE_SYSROOT_S3": root}
 
 
 def aws_session() -> Tuple[Optional[str], Optional[str]]:

@@ -219,12 +219,18 @@ def check_min_job_age(needs: GangNeeds, config: Mapping[str, str]) -> List[Findi
 
 
 def check_datastore(needs: GangNeeds, datastore_root: str) -> List[Finding]:
+    smoke = "python flow.py --with torch_slurm torch-distributed preflight --smoke"
+    if datastore_root.startswith("s3://"):
+        return [unknown(needs.step, "datastore", "whether every compute node reaches %s (with "
+                        "the environment a job inherits, or the shared home's ~/.aws) and sees "
+                        "the flow's folder is known only by running a job" % datastore_root,
+                        smoke)]
     if "://" in datastore_root:
         return [failed(needs.step, "datastore", "the datastore is %s; @torch_slurm runs with "
-                       "Metaflow's local datastore on a filesystem every node shares"
+                       "Metaflow's local datastore on a filesystem every node shares, or S3"
                        % datastore_root,
-                       "--datastore=local, with the flow's folder on the shared home")]
+                       "--datastore=local, with the flow's folder on the shared home; or "
+                       "--datastore=s3")]
     return [unknown(needs.step, "datastore", "whether every compute node sees %s (the flow's "
                     "local datastore, and the jobs' folders beside it) is known only by running "
-                    "a job" % datastore_root,
-                    "python flow.py --with torch_slurm torch-distributed preflight --smoke")]
+                    "a job" % datastore_root, smoke)]

@@ -270,8 +270,9 @@ def smoke(needs: GangNeeds, echo: Callable[[str], object], timeout_s: int = DEFA
     flow = os.path.join(folder, "smoke_flow.py")
     with open(flow, "w") as f:
         f.write(flow_source(needs, timeout_s))
-    returncode, output = runner([sys.executable, flow, "--no-pylint", "run"], folder,
-                                dict(os.environ if environ is None else environ), timeout_s, echo)
+    env = dict(os.environ if environ is None else environ)
+    returncode, output = runner([sys.executable, flow, "--no-pylint", "run"], folder, env,
+                                timeout_s, echo)
     findings = verdict(needs, returncode, output, timeout_s)
     if any(f.status == FAILED for f in findings):
         # its flow and local metadata, for `python smoke_flow.py logs ...`
@@ -281,7 +282,15 @@ def smoke(needs: GangNeeds, echo: Callable[[str], object], timeout_s: int = DEFA
         shutil.rmtree(folder, ignore_errors=True)
         echo("smoke: passed in %.0f s" % (time.monotonic() - started))
         if shared is not None:
-            findings.append(passed(needs.step, "datastore", "the smoke job's nodes read its "
-                                   "flow and local datastore from %s, beside this flow's"
-                                   % shared))
+            findings.append(passed(needs.step, "datastore", _shared_seen(shared, env)))
     return findings
+
+
+def _shared_seen(shared: str, env: Mapping[str, str]) -> str:
+    """What a passed Slurm smoke job showed of the datastore its nodes used."""
+    if env.get("METAFLOW_DEFAULT_DATASTORE") == "s3":
+        return ("the smoke job's nodes read its flow from %s, beside this flow's, and wrote "
+                "its artifacts to %s" % (shared, env.get("METAFLOW_DATASTORE_SYSROOT_S3")
+                                         or "the configured S3 datastore"))
+    return "the smoke job's nodes read its flow and local datastore from %s, beside this " \
+        "flow's" % shared
