@@ -176,3 +176,14 @@ def test_step_needs_reads_torch_slurm_and_the_steps_grace():
             found.memory, found.preempt_grace) == ("torch_slurm", 2, 4, 4, 16.0, 0, 40.0)
     assert found.options["partition"] == "gpu"
     assert found.per_node() == "16 CPU, 4 GPU"
+
+
+def test_sbatch_that_ssh_cannot_run_on_the_login_node_says_how_to_reach_it():
+    facts = answers()
+    facts.refused["version"] = "ssh: connect to host login1 port 22: No route to host"
+    facts.ssh = "-J bastion login1"
+    found = by_check(preflight_slurm.check(needs(), facts, "/x"))
+    assert found["Slurm"].status == FAILED
+    assert found["Slurm"].message.startswith(
+        "sbatch could not be run on the login node over `ssh -J bastion login1` (ssh: connect")
+    assert "`ssh -J bastion login1 sbatch --version` must work" in found["Slurm"].fix

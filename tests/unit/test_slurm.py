@@ -322,3 +322,44 @@ def test_the_nodes_use_the_local_datastore_or_s3(datastore, refused):
     else:
         deco.step_init(None, None, "train", [deco], None, Datastore(), None)
         assert deco.flow_datastore.TYPE == datastore
+
+
+def test_slurm_commands_go_to_the_login_node_over_ssh_when_it_is_named():
+    argv = ["scontrol", "show", "job", "-o", "7"]
+    assert slurm.on_login_node(argv, {}) == argv
+    ssh = {slurm.SSH_ENV: "-F '/my cfg' -J bastion me@login1"}
+    assert slurm.on_login_node(argv, ssh) == [
+        "ssh", "-o", "BatchMode=yes", "-F", "/my cfg", "-J", "bastion", "me@login1", "--",
+        "scontrol show job -o 7"]
+    # one command line for the remote shell, each word quoted; over the open connection
+    assert slurm.on_login_node(["sbatch", "--job-name=a b", "/x/job.sh"], ssh, "/c/m")[1:7] == [
+        "-o", "BatchMode=yes", "-o", "ControlPath=/c/m", "-o", "ControlMaster=no"]
+    assert slurm.on_login_node(["sbatch", "--job-name=a b"], ssh)[-1] == \
+        "sbatch '--job-name=a b'"
+
+
+def test_a_job_over_ssh_gets_metaflows_awss_and_the_steps_own_variables_only():
+    environ = {"METAFLOW_HOME": "/h", "AWS_PROFILE": "p", "USERNAME": "me", "PATH": "/bin",
+               "HOME": "/root", "WANDB_KEY": "it's", "OTHER": "x", "bad-name": "y"}
+    text = slurm.exported_env(environ, ["WANDB_KEY", "bad-name"])
+    assert text == ("export AWS_PROFILE=p\nexport METAFLOW_HOME=/h\nexport USERNAME=me\n"
+                    "export WANDB_KEY='it'\"'\"'s'\n")
+    script = slurm.node_script(job(env_file="/shared/j/env.sh"), ["py", "flow.py"])
+    lines = script.splitlines()
+    # read first, before the setup and either command
+    assert lines[2] == ". /shared/j/env.sh || exit 1", lines
+    assert ". /shared" not in slurm.node_script(job(), ["py", "flow.py"])
+
+
+@pytest.mark.parametrize("value, message", [
+    ("-J 'bastion", "is not shell words"),
+    ("-v", "names no host"),
+])
+def test_a_login_node_setting_ssh_cannot_use_is_refused(value, message):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends \
+        .slurm_decorator import check_ssh
+
+    with pytest.raises(TorchSlurmConfigError, match=r"METAFLOW_TORCH_SLURM_SSH=.* %s" % message):
+        check_ssh("train", {slurm.SSH_ENV: value})
+    check_ssh("train", {})
+    check_ssh("train", {slurm.SSH_ENV: "-J bastion me@login1"})

@@ -12,12 +12,16 @@ Batch (batch.py). The agents ship their ranks' output to node 0; their own outpu
 file per node in the job's folder.
 
 Code and data reach the nodes the HPC way: the job's folder, the flow's folder and Metaflow's
-local datastore are on a filesystem every node shares, and every node runs the same
-interpreter path. Node 0's address is the first name of the job's node list, resolved on the
+local datastore (or S3) are on a filesystem every node shares, and every node runs the same
+interpreter path. The login node may be another machine than the one the flow runs on
+(METAFLOW_TORCH_SLURM_SSH): Slurm's commands then run there over ssh (on_login_node), and the
+job's environment comes from a file of the job's folder (exported_env), not from the ssh
+session's. Node 0's address is the first name of the job's node list, resolved on the
 node (never SLURM_LAUNCH_NODE_IPADDR, the host srun ran on); a loopback answer is refused.
 """
 
 import json
+import os
 import re
 import shlex
 import socket
@@ -31,6 +35,14 @@ from ..core.gangspec import SLURM_BACKEND, AgentOrder, NodeZero, TaskIdentity
 from . import address, trampoline
 from .base import AgentPlace, Backend, GangStep
 
+# Where the login node is, when it is not this machine: ssh's destination and options, as
+# written after `ssh` ("login1", or "-F ~/.ssh/hpc -J bastion me@login1").
+SSH_ENV = "METAFLOW_TORCH_SLURM_SSH"
+# What a job submitted over ssh gets of the submitting machine's environment (the ssh session's
+# own is the login node's): Metaflow's settings, AWS's (an S3 datastore), the user's name, and
+# the step's @environment variables (SlurmJob.exported).
+EXPORTED_PREFIXES = ("METAFLOW_", "AWS_")
+EXPORTED_NAMES = ("USERNAME",)
 # In the job's environment on node 0 only: the gang's plan (trampoline.plan_env).
 MAIN_NODE_ENV = "METAFLOW_TORCH_DISTRIBUTED_SLURM_MAIN"
 NODE_ID = "SLURM_NODEID"
@@ -88,6 +100,12 @@ class SlurmJob:
     setup: str = ""
     # the interpreter every node runs the task and the agent with ("": the login node's)
     python: str = ""
+    # the step's @environment variables' names: a job submitted over ssh gets them from
+    # `env_file`, with the rest of exported_env
+    exported: List[str] = field(default_factory=list)
+    # a file of `export NAME=value` lines every node reads first, or "" (sbatch --export=ALL
+    # gives the job the submitting shell's environment)
+    env_file: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -144,6 +162,8 @@ def node_script(job: SlurmJob, task_argv: Sequence[str]) -> str:
     agent = " ".join(w if i in job.agent_shell_words else shlex.quote(w)
                      for i, w in enumerate(agent_argv))
     lines = ["#!/bin/bash", "cd %s || exit 1" % shlex.quote(job.cwd)]
+    if job.env_file:
+        lines += [". %s || exit 1" % shlex.quote(job.env_file)]
     if job.setup:
         # in this shell, so that what it loads or activates holds for the task and the agent
         lines += ["{", job.setup, "}", "status=$?", 'if [ "$status" != 0 ]; then',
@@ -296,6 +316,36 @@ def run_slurm(argv: List[str]) -> str:
     TimeoutExpired) when it cannot be run, fails or hangs for 30 s."""
     return subprocess.run(argv, check=True, capture_output=True, text=True,
                           timeout=30).stdout
+
+
+def ssh_words(environ: Mapping[str, str]) -> List[str]:
+    """ssh's destination and options for the login node (SSH_ENV), or [] when Slurm's commands
+    run on this machine."""
+    return shlex.split(environ.get(SSH_ENV, ""))
+
+
+def on_login_node(argv: Sequence[str], environ: Mapping[str, str],
+                  control: Optional[str] = None) -> List[str]:
+    """`argv` as run on the login node: itself, or through ssh (never asking for a password:
+    BatchMode), over the connection whose ControlPath is `control` when one is open."""
+    words = ssh_words(environ)
+    if not words:
+        return list(argv)
+    shared = ["-o", "ControlPath=%s" % control, "-o", "ControlMaster=no"] if control else []
+    return ["ssh", "-o", "BatchMode=yes", *shared, *words, "--", shlex.join(argv)]
+
+
+def run_login(argv: List[str]) -> str:
+    """run_slurm on the login node (on_login_node)."""
+    return run_slurm(on_login_node(argv, os.environ))
+
+
+def exported_env(environ: Mapping[str, str], names: Sequence[str]) -> str:
+    """The lines of a job's env_file: what a job submitted over ssh gets of `environ`."""
+    chosen = sorted(k for k in environ if k.startswith(EXPORTED_PREFIXES)
+                    or k in EXPORTED_NAMES or k in names)
+    return "".join("export %s=%s\n" % (k, shlex.quote(environ[k])) for k in chosen
+                   if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k))
 
 
 def node_zero_address(step_name: str, nodes: int, environ: Mapping[str, str],

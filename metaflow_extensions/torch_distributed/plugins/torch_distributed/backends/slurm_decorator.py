@@ -100,6 +100,22 @@ def _count(step_name: str, name: str, value: Any) -> int:
     return count
 
 
+def check_ssh(step_name: str, environ: Mapping[str, str]) -> None:
+    """METAFLOW_TORCH_SLURM_SSH, when set, is ssh's destination and options as shell words."""
+    value = environ.get(slurm.SSH_ENV, "")
+    try:
+        words = slurm.ssh_words(environ)
+    except ValueError as ex:
+        raise TorchSlurmConfigError(
+            step_name, "%s=%r is not shell words (%s): give ssh's destination and options as "
+            "you would write them after `ssh`, e.g. %s=login1 or %s=\"-J bastion me@login1\"."
+            % (slurm.SSH_ENV, value, ex, slurm.SSH_ENV, slurm.SSH_ENV)) from ex
+    if value.strip() and not any(not w.startswith("-") for w in words):
+        raise TorchSlurmConfigError(
+            step_name, "%s=%r names no host: give ssh's destination (and its options), e.g. "
+            "%s=login1." % (slurm.SSH_ENV, value, slurm.SSH_ENV))
+
+
 def node_environment(step_name: str, attributes: Dict[str, Any],
                      environ: Mapping[str, str]) -> Tuple[str, str]:
     """(setup, python) of the step's nodes: its attributes, else their variables."""
@@ -155,6 +171,7 @@ class TorchSlurmDecorator(StepDecorator):
         refuse_other_senders(step_name, decorators)
         self.options = slurm_options(step_name, self.attributes)
         self.setup, self.python = node_environment(step_name, self.attributes, os.environ)
+        check_ssh(step_name, os.environ)
         if flow_datastore.TYPE not in DATASTORES:
             raise TorchSlurmConfigError(
                 step_name, "the datastore is %r; @torch_slurm runs with Metaflow's local "
@@ -174,7 +191,9 @@ class TorchSlurmDecorator(StepDecorator):
             step_name=self.step_name, name="%s.%s.%s" % (task.flow.name, self.step_name,
                                                          task.task_id),
             nodes=1, work_dir=work_dir, cwd=os.getcwd(), options=self.options,
-            setup=self.setup, python=self.python)
+            setup=self.setup, python=self.python,
+            exported=sorted(name for deco in self.decorators if deco.name == "environment"
+                            for name in (deco.attributes.get("vars") or {})))
         gang = gang_of(self.decorators)
         if gang is not None:
             job = self._gang_job(job, gang, cli_args, retry_count, max_user_code_retries)

@@ -12,25 +12,103 @@ over (Metaflow's runtime ends its workers with SIGKILL).
     python -m <this module> --guard JOB_ID
 """
 
+import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from types import FrameType
-from typing import BinaryIO, Dict, List, Optional, Sequence
+from typing import BinaryIO, Dict, List, Mapping, Optional, Sequence
 
-from .slurm import SlurmJob, batch_script, down_nodes, ending, hostnames, job_state, \
-    node_script, parse_job, partition_refusal, run_slurm, sbatch_argv
+from .slurm import SlurmJob, batch_script, down_nodes, ending, exported_env, hostnames, \
+    job_state, node_script, on_login_node, parse_job, partition_refusal, run_slurm, \
+    sbatch_argv, ssh_words
 
 POLL_S = 0.5
 # How long a cancelled job may stay in the queue (COMPLETING) before this process gives up
 # waiting for it: the cluster's KillWait (30 s by default) and then some.
 CANCEL_WAIT_S = 60.0
 GUARD_DONE = b"done\n"
+# The longest one of Slurm's commands may take here or over ssh before it counts as failed.
+COMMAND_TIMEOUT_S = 60.0
 # How long `scontrol show job` may keep failing (the controller restarting, a network blip)
 # before the watch gives up and cancels the job.
 SCONTROL_PATIENCE_S = 60.0
+
+
+class Login:
+    """Where the job's Slurm commands run: on this machine, or on the login node over ssh
+    (METAFLOW_TORCH_SLURM_SSH), through one connection kept open while the job is watched
+    (`open`; its socket in a folder of mkdtemp's, which only this user can enter)."""
+
+    def __init__(self, step_name: str, environ: Mapping[str, str]) -> None:
+        self.step_name = step_name
+        self.environ = environ
+        self.words = ssh_words(environ)
+        self.control: Optional[str] = None
+        self._folder: Optional[str] = None
+
+    def open(self) -> None:
+        if not self.words:
+            return
+        self._folder = tempfile.mkdtemp(prefix="torch-slurm-ssh-")
+        control = os.path.join(self._folder, "master")
+        # ssh -f stays in the background holding its stderr: a file, never a pipe to wait on
+        said = os.path.join(self._folder, "ssh.err")
+        with open(said, "w") as err:
+            done = subprocess.run(
+                ["ssh", "-o", "BatchMode=yes", "-o", "ControlMaster=yes", "-o",
+                 "ControlPath=%s" % control, "-o", "ControlPersist=yes", "-f", "-N",
+                 *self.words], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=err, timeout=60)
+        if done.returncode != 0:
+            with open(said) as err:
+                why = err.read().strip() or "exit status %d" % done.returncode
+            self.close()
+            raise SystemExit(
+                "@torch_slurm on step *%s*: the login node could not be reached over ssh "
+                "(`ssh %s`: %s). %s must name a host this machine reaches with ssh without a "
+                "password (a key of ssh-agent or of ~/.ssh/config): `ssh %s true` must work."
+                % (self.step_name, " ".join(self.words), why, "METAFLOW_TORCH_SLURM_SSH",
+                   " ".join(self.words)))
+        self.control = control
+
+    def run(self, argv: List[str], timeout: float = COMMAND_TIMEOUT_S
+            ) -> "subprocess.CompletedProcess[str]":
+        """`argv`'s outcome on the login node; one that hangs (a network that went away under
+        ssh) ends as exit status 124, "no answer in N s"."""
+        command = on_login_node(argv, self.environ, self.control)
+        try:
+            return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(command, 124, "", "no answer in %g s" % timeout)
+
+    def close(self) -> None:
+        if self.control is not None:
+            subprocess.run(["ssh", "-o", "ControlPath=%s" % self.control, "-O", "exit",
+                            *self.words], stdin=subprocess.DEVNULL, capture_output=True,
+                           timeout=30)
+            self.control = None
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+
+def with_env_file(job: SlurmJob, environ: Mapping[str, str]) -> SlurmJob:
+    """`job`, reading what it needs of `environ` from a file of its folder (readable by this
+    user only) when it is submitted over ssh: sbatch --export=ALL would give it the ssh
+    session's environment, the login node's."""
+    if not ssh_words(environ):
+        return job
+    path = os.path.join(job.work_dir, "env.sh")
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as f:
+        f.write(exported_env(environ, job.exported))
+    return dataclasses.replace(job, env_file=path)
 
 
 class ScontrolFailed(Exception):
@@ -56,7 +134,7 @@ class Tail:
             self.out.flush()
 
 
-def submit(job: SlurmJob, task_argv: Sequence[str]) -> str:
+def submit(job: SlurmJob, task_argv: Sequence[str], login: Login) -> str:
     """Write the job's scripts and submit it; its id."""
     node = os.path.join(job.work_dir, "node.sh")
     batch = os.path.join(job.work_dir, "job.sh")
@@ -66,13 +144,12 @@ def submit(job: SlurmJob, task_argv: Sequence[str]) -> str:
         f.write(batch_script(job, node))
     argv = sbatch_argv(job, batch)
     if job.nodes > 1:
-        shown = subprocess.run(["scontrol", "show", "partition", "-o"], capture_output=True,
-                               text=True)
+        shown = login.run(["scontrol", "show", "partition", "-o"])
         refusal = partition_refusal(job.step_name, job.nodes, job.options.partition,
                                     shown.stdout)
         if refusal:
             raise SystemExit(refusal)
-    done = subprocess.run(argv, capture_output=True, text=True)
+    done = login.run(argv)
     if done.returncode != 0:
         raise SystemExit("@torch_slurm on step *%s*: sbatch refused the job of %d node(s): %s"
                          "\nThe command was: %s\nCheck the step's @torch_slurm options "
@@ -82,10 +159,9 @@ def submit(job: SlurmJob, task_argv: Sequence[str]) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def show_job(job_id: str) -> Optional[Dict[str, str]]:
+def show_job(job_id: str, login: Login) -> Optional[Dict[str, str]]:
     """The job's fields, or None when Slurm no longer knows it (after MinJobAge)."""
-    done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
-                          text=True)
+    done = login.run(["scontrol", "show", "job", "-o", job_id])
     if done.returncode != 0:
         if "Invalid job id" in done.stderr:
             return None
@@ -93,9 +169,8 @@ def show_job(job_id: str) -> Optional[Dict[str, str]]:
     return parse_job(done.stdout)
 
 
-def in_queue(job_id: str) -> bool:
-    done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
-                          text=True)
+def in_queue(job_id: str, login: Login) -> bool:
+    done = login.run(["squeue", "-h", "-j", job_id, "-o", "%T"])
     return done.returncode == 0 and bool(done.stdout.strip())
 
 
@@ -108,7 +183,7 @@ def start_guard(job_id: str) -> subprocess.Popen:
 def guard(job_id: str) -> int:
     said = sys.stdin.buffer.read()
     if said != GUARD_DONE:
-        subprocess.run(["scancel", job_id], capture_output=True)
+        Login("", os.environ).run(["scancel", job_id])
     return 0
 
 
@@ -122,13 +197,13 @@ def _interrupt(signum: int, frame: Optional[FrameType]) -> None:
     raise SlurmWatchInterrupted(signum)
 
 
-def cancel(job: SlurmJob, job_id: str, why: str, tails: List[Tail]) -> None:
+def cancel(job: SlurmJob, job_id: str, why: str, tails: List[Tail], login: Login) -> None:
     """scancel the job and wait until it has left the queue, forwarding what it still says."""
     print("@torch_slurm on step *%s*: %s: cancelling Slurm job %s (scancel)."
           % (job.step_name, why, job_id), file=sys.stderr, flush=True)
-    subprocess.run(["scancel", job_id], capture_output=True)
+    login.run(["scancel", job_id])
     deadline = time.monotonic() + CANCEL_WAIT_S
-    while in_queue(job_id) and time.monotonic() < deadline:
+    while in_queue(job_id, login) and time.monotonic() < deadline:
         for tail in tails:
             tail.pump()
         time.sleep(POLL_S)
@@ -136,7 +211,7 @@ def cancel(job: SlurmJob, job_id: str, why: str, tails: List[Tail]) -> None:
         tail.pump()
 
 
-def watch(job: SlurmJob, job_id: str, tails: List[Tail]) -> int:
+def watch(job: SlurmJob, job_id: str, tails: List[Tail], login: Login) -> int:
     """Forward the job's output until it has ended; 0 when it COMPLETED."""
     state = None
     failing_since: Optional[float] = None
@@ -144,7 +219,7 @@ def watch(job: SlurmJob, job_id: str, tails: List[Tail]) -> int:
         for tail in tails:
             tail.pump()
         try:
-            fields = show_job(job_id)
+            fields = show_job(job_id, login)
         except ScontrolFailed as ex:
             now = time.monotonic()
             if failing_since is None:
@@ -153,7 +228,7 @@ def watch(job: SlurmJob, job_id: str, tails: List[Tail]) -> int:
                       file=sys.stderr, flush=True)
             if now - failing_since > SCONTROL_PATIENCE_S:
                 cancel(job, job_id, "the job's state could not be read for %d s (%s)"
-                       % (SCONTROL_PATIENCE_S, ex), tails)
+                       % (SCONTROL_PATIENCE_S, ex), tails, login)
                 return 1
             time.sleep(POLL_S)
             continue
@@ -177,7 +252,7 @@ def watch(job: SlurmJob, job_id: str, tails: List[Tail]) -> int:
                 tail.pump()
             if message:
                 if job_state(fields) == "NODE_FAIL":
-                    message += lost_nodes(fields.get("NodeList", ""))
+                    message += lost_nodes(fields.get("NodeList", ""), login)
                 agents = ", ".join(job.node_log(n) for n in range(1, job.nodes))
                 print(message + (" The other nodes' own output: %s." % agents if agents
                                  else ""), file=sys.stderr, flush=True)
@@ -186,12 +261,15 @@ def watch(job: SlurmJob, job_id: str, tails: List[Tail]) -> int:
         time.sleep(POLL_S)
 
 
-def lost_nodes(node_list: str) -> str:
+def lost_nodes(node_list: str, login: Login) -> str:
     """" The lost node: node 1 (n2, State=DOWN*, Reason=...)." for a job that ended in NODE_FAIL
     on `node_list`, or "" when Slurm does not say."""
+    def run(argv: List[str]) -> str:
+        return run_slurm(on_login_node(argv, login.environ, login.control))
+
     try:
-        hosts = hostnames(node_list, run_slurm)
-        nodes = run_slurm(["scontrol", "show", "node", "-o", node_list])
+        hosts = hostnames(node_list, run)
+        nodes = run(["scontrol", "show", "node", "-o", node_list])
     except (OSError, subprocess.SubprocessError):
         return ""
     found = down_nodes(hosts, nodes)
@@ -211,22 +289,28 @@ def main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     tails = [Tail(job.stdout, sys.stdout.buffer), Tail(job.stderr, sys.stderr.buffer)]
-    job_id = submit(job, task_argv)
-    keeper = start_guard(job_id)
-    assert keeper.stdin is not None
+    login = Login(job.step_name, os.environ)
+    login.open()
     try:
-        print("[slurm] submitted job %s: %d node(s), folder %s" % (job_id, job.nodes,
-                                                                    job.work_dir), flush=True)
-        status = watch(job, job_id, tails)
-    except SlurmWatchInterrupted as ex:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        cancel(job, job_id, "interrupted (%s)" % ex, tails)
-        status = 128 + ex.signum
-    # Only a job known to be over is left alone: on any other way out, the guard cancels it.
-    keeper.stdin.write(GUARD_DONE)
-    keeper.stdin.close()
-    return status
+        job_id = submit(with_env_file(job, os.environ), task_argv, login)
+        keeper = start_guard(job_id)
+        assert keeper.stdin is not None
+        try:
+            print("[slurm] submitted job %s: %d node(s), folder %s%s" % (
+                job_id, job.nodes, job.work_dir,
+                ", over ssh %s" % " ".join(login.words) if login.words else ""), flush=True)
+            status = watch(job, job_id, tails, login)
+        except SlurmWatchInterrupted as ex:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            cancel(job, job_id, "interrupted (%s)" % ex, tails, login)
+            status = 128 + ex.signum
+        # Only a job known to be over is left alone: on any other way out, the guard cancels it.
+        keeper.stdin.write(GUARD_DONE)
+        keeper.stdin.close()
+        return status
+    finally:
+        login.close()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import os
 from types import ModuleType
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type
 
-from ..backends.slurm import run_slurm
+from ..backends.slurm import run_login, ssh_words
 from ..mf import internals
 from ..preflight import (
     common as preflight,
@@ -77,9 +77,10 @@ def kubernetes_findings(needs: preflight.GangNeeds, datastore_root: str,
 
 
 def slurm_findings(needs: preflight.GangNeeds, datastore_root: str,
-                   run: Callable[[List[str]], str] = run_slurm
+                   run: Callable[[List[str]], str] = run_login
                    ) -> List[preflight.Finding]:
-    return preflight_slurm.check(needs, preflight_slurm.gather(run), datastore_root)
+    facts = preflight_slurm.gather(run, " ".join(ssh_words(os.environ)))
+    return preflight_slurm.check(needs, facts, datastore_root)
 
 
 def _config_error() -> Type[Exception]:

@@ -40,10 +40,13 @@ class SlurmFacts:
 
     answers: Dict[str, str] = field(default_factory=dict)
     refused: Dict[str, str] = field(default_factory=dict)
+    # ssh's destination and options when the questions went to the login node over ssh
+    # (METAFLOW_TORCH_SLURM_SSH), "" when they were asked on this machine
+    ssh: str = ""
 
 
-def gather(run: Callable[[List[str]], str]) -> SlurmFacts:
-    facts = SlurmFacts()
+def gather(run: Callable[[List[str]], str], ssh: str = "") -> SlurmFacts:
+    facts = SlurmFacts(ssh=ssh)
     for name, argv in QUESTIONS.items():
         try:
             facts.answers[name] = run(argv)
@@ -78,12 +81,19 @@ def check(needs: GangNeeds, facts: SlurmFacts, datastore_root: str) -> List[Find
 
 def check_reach(needs: GangNeeds, facts: SlurmFacts) -> List[Finding]:
     """sbatch on this machine's PATH, and a controller that answers."""
+    if "version" in facts.refused and facts.ssh:
+        return [failed(needs.step, "Slurm", "sbatch could not be run on the login node over "
+                       "`ssh %s` (%s)" % (facts.ssh, facts.refused["version"]),
+                       "`ssh %s sbatch --version` must work without a password (BatchMode): "
+                       "a key of ssh-agent or of ~/.ssh/config, and Slurm's commands on the "
+                       "login node's PATH" % facts.ssh)]
     if "version" in facts.refused:
         return [failed(needs.step, "Slurm", "sbatch could not be run on this machine (%s): "
                        "`run --with torch_slurm` submits with the local sbatch"
                        % facts.refused["version"],
-                       "run the flow on a login node of the cluster, or put Slurm's commands "
-                       "on PATH (`which sbatch`)")]
+                       "run the flow on a login node of the cluster, put Slurm's commands "
+                       "on PATH (`which sbatch`), or name the login node in "
+                       "METAFLOW_TORCH_SLURM_SSH")]
     version = facts.answers.get("version", "").strip()
     if "ping" in facts.refused or " is UP" not in facts.answers.get("ping", ""):
         said = facts.refused.get("ping") or facts.answers.get("ping", "").strip()
