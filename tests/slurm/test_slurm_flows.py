@@ -68,6 +68,7 @@ def test_gang_2x2_runs_on_two_nodes(slurm_runner, slurm_cluster):
     train_job = job_ids(result.output)[1]
     shown = slurm_cluster.job(train_job)
     assert "NumNodes=2 " in shown and "JobState=COMPLETED" in shown, shown
+    assert "CPUs/Task=2 " in shown, shown  # a CPU per process of a node (no cpu= given)
     print("2x2 gang flow: %.1f s from run to done (3 jobs); the gang's job ran %s"
           % (result.elapsed, re.search(r"RunTime=(\S+)", shown).group(1)))
 

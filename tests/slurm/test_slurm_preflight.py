@@ -15,7 +15,8 @@ def preflight(runner, with_="torch_slurm", env=None, timeout=120):
 def test_the_preflight_reads_the_cluster(slurm_runner, slurm_cluster):
     code, out = preflight(slurm_runner)
     assert code == 0, out
-    assert "checking step train: a gang of 2 nodes x (1 CPU) on Slurm" in out, out
+    assert "checking step train: a gang of 2 nodes x (2 CPU) on Slurm" in out, out
+    assert "node size" not in out, out  # it asks for a CPU per process
     assert "[ok] Slurm: slurm-wlm 22.05.8; Slurmctld(primary) at ctl is UP" in out, out
     assert "[ok] partition: partition debug (the default) is up, with 4 nodes" in out, out
     assert "[ok] nodes: 4 nodes of partition debug have 2 CPUs and take jobs now" in out, out
@@ -46,7 +47,7 @@ def test_smoke_runs_a_two_node_job_and_reads_its_nodes(slurm_runner, slurm_clust
     proc, _ = run_bounded(argv, slurm_runner.root, slurm_runner.env(None), 180)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert "smoke: this RUNS one job: a gang of 2 nodes x (1 CPU) on Slurm partition " \
+    assert "smoke: this RUNS one job: a gang of 2 nodes x (2 CPU) on Slurm partition " \
         "(the default)" in out, out
     assert "[ok] smoke node 0: torch" in out and "[ok] smoke node 1: torch" in out, out
     assert "[ok] smoke: a process group formed across 2 nodes and all-reduced once (2 ranks)" \

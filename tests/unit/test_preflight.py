@@ -385,6 +385,14 @@ def test_smoke_flow_keeps_the_backend_attributes():
         in ps.flow_source(k8s, 600)
 
 
+def test_a_slurm_smoke_job_asks_for_the_cpus_of_the_steps_nodes():
+    slurm = preflight.GangNeeds("train", "torch_slurm", 2, 4, 4, 0, 0,
+                                options={"partition": "cpu", "cpu": None})
+    assert ps.kept_attributes(slurm) == {"partition": "cpu", "cpu": 4}
+    named = preflight.GangNeeds("train", "torch_slurm", 2, 4, 16, 0, 0, options={"cpu": 16})
+    assert ps.kept_attributes(named) == {"cpu": 16}
+
+
 def test_smoke_announces_then_runs_and_keeps_a_failed_job_folder():
     said, ran = [], []
 

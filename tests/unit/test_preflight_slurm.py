@@ -10,7 +10,7 @@ import pytest
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.topology import \
     Topology
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight import \
-    slurm as preflight_slurm
+    config as preflight_config, slurm as preflight_slurm
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.preflight.common import (
     FAILED, PASSED, UNKNOWN, WARNED, GangNeeds, step_needs)
 
@@ -176,6 +176,15 @@ def test_step_needs_reads_torch_slurm_and_the_steps_grace():
             found.memory, found.preempt_grace) == ("torch_slurm", 2, 4, 4, 16.0, 0, 40.0)
     assert found.options["partition"] == "gpu"
     assert found.per_node() == "16 CPU, 4 GPU"
+
+
+def test_a_cpu_gang_naming_no_cpus_is_checked_with_the_one_per_process_it_asks_for():
+    ours = SimpleNamespace(name="torch_distributed", settings=None)
+    bare = SimpleNamespace(name="torch_slurm", attributes={"cpu": None, "gpu": None})
+    found = step_needs("train", Topology(2, 4), [ours, bare])
+    assert found.cpu == 4.0 and preflight_config.check_node_size(found) == []
+    on_gpus = SimpleNamespace(name="torch_slurm", attributes={"cpu": None, "gpu": 4})
+    assert step_needs("train", Topology(2, 4), [ours, on_gpus]).cpu == 1.0
 
 
 def test_sbatch_that_ssh_cannot_run_on_the_login_node_says_how_to_reach_it():

@@ -363,3 +363,12 @@ def test_a_login_node_setting_ssh_cannot_use_is_refused(value, message):
         check_ssh("train", {slurm.SSH_ENV: value})
     check_ssh("train", {})
     check_ssh("train", {slurm.SSH_ENV: "-J bastion me@login1"})
+
+
+def test_a_cpu_gang_asks_for_a_cpu_per_process_unless_it_names_cpus_or_gpus():
+    bare = slurm.SlurmOptions()
+    assert slurm.gang_options(bare, 4).sbatch_words() == ["--cpus-per-task=4"]
+    assert slurm.gang_options(bare, 1) == bare  # Slurm's default is one already
+    for named in (slurm.SlurmOptions(cpu=16), slurm.SlurmOptions(gpu=4),
+                  slurm.SlurmOptions(gres="gpu:a100:4")):
+        assert slurm.gang_options(named, 4) == named

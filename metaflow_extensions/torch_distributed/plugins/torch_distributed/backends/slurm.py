@@ -26,7 +26,7 @@ import re
 import shlex
 import socket
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..core import naming
@@ -78,6 +78,15 @@ class SlurmOptions:
         if self.cpu:
             words.append("--cpus-per-task=%d" % self.cpu)
         return words
+
+
+def gang_options(options: SlurmOptions, nproc_per_node: int) -> SlurmOptions:
+    """A gang's job options: a CPU gang that names no CPUs asks for one per process of a node
+    (Slurm's default, one CPU per task, would have the node's processes share one CPU where
+    the cluster binds tasks to their CPUs). A GPU gang keeps the cluster's CPUs per GPU."""
+    if options.cpu or options.gpu or options.gres or nproc_per_node <= 1:
+        return options
+    return replace(options, cpu=nproc_per_node)
 
 
 @dataclass(frozen=True)

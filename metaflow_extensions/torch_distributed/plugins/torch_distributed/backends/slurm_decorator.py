@@ -221,7 +221,7 @@ class TorchSlurmDecorator(StepDecorator):
                 *spin_step_words(self.step_name, spin)]
         nodes = gang.topology.nodes
         return dataclasses.replace(
-            job, nodes=nodes,
+            job, nodes=nodes, options=slurm.gang_options(job.options, gang.topology.nproc_per_node),
             task_env=trampoline.plan_env(slurm.MAIN_NODE_ENV, self.step_name, nodes),
             agent_env=spin_env_additions(os.environ, AgentOrder(gang.blueprint,
                                                                 slurm.BACKEND.name), gang.name),

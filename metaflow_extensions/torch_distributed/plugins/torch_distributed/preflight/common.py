@@ -9,8 +9,9 @@ this module holds what they share: a step's needs, the findings, the report.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
+from ..backends import slurm
 from ..backends.kubernetes import MIN_SHARED_MEMORY_MIB
 from ..core.topology import Topology
 
@@ -94,7 +95,7 @@ def step_needs(step_name: str, topology: Topology, decorators: Iterable[Any]) ->
     return GangNeeds(
         step=step_name, backend=backend.name, nodes=topology.nodes,
         nproc_per_node=topology.nproc_per_node,
-        cpu=_number(attributes.get("cpu"), 1.0),
+        cpu=_number(attributes.get("cpu"), _default_cpu(backend.name, attributes, topology)),
         # (@torch_slurm asks for no memory: its nodes' own)
         memory=int(_number(attributes.get("memory"), 0 if backend.name == "torch_slurm"
                            else 4096)),
@@ -103,6 +104,16 @@ def step_needs(step_name: str, topology: Topology, decorators: Iterable[Any]) ->
         image=attributes.get("image") or "",
         options=attributes,
         preempt_grace=float(getattr(settings, "preempt_grace_s", 0.0) or 0.0))
+
+
+def _default_cpu(backend: str, attributes: Mapping[str, Any], topology: Topology) -> float:
+    """The CPUs a node of the gang asks for when its decorator names none: on Slurm a CPU
+    gang's one per process (slurm.gang_options), elsewhere 1."""
+    if backend != "torch_slurm":
+        return 1.0
+    options = slurm.SlurmOptions(gpu=int(_number(attributes.get("gpu"))),
+                                 gres=attributes.get("gres"))
+    return float(slurm.gang_options(options, topology.nproc_per_node).cpu or 1)
 
 
 def check_backend(needs: GangNeeds) -> List[Finding]:

@@ -97,9 +97,14 @@ if __name__ == "__main__":
 
 
 def kept_attributes(needs: GangNeeds) -> Dict[str, Any]:
-    """The backend decorator's attributes of the gang step that the smoke job gets."""
-    return {k: needs.options[k] for k in KEPT[needs.backend]
+    """The backend decorator's attributes of the gang step that the smoke job gets: on Slurm
+    also the CPUs the step's CPU gang asks for without naming them (slurm.gang_options), so the
+    smoke job's nodes are the size of the step's."""
+    kept = {k: needs.options[k] for k in KEPT[needs.backend]
             if needs.options.get(k) not in (None, "", {}, [])}
+    if needs.backend == "torch_slurm" and "cpu" not in kept and needs.cpu > 1:
+        kept["cpu"] = int(needs.cpu)
+    return kept
 
 
 def flow_source(needs: GangNeeds, timeout_s: int) -> str:
