@@ -161,21 +161,27 @@ def test_a_sigterm_to_one_rank_preempts_the_whole_gang(slurm_runner, slurm_clust
     assert slurm_cluster.wait_queue_empty(timeout=10) == []
 
 
-def test_ctrl_c_leaves_the_queue_empty(slurm_runner, slurm_cluster):
-    run = subprocess.Popen(slurm_runner.argv("slurm_gang_flow.py", "run", "--with",
-                                             "torch_slurm"),
-                           cwd=slurm_runner.root, env=slurm_runner.env({"TD_BUSY": "120"}),
+def ctrl_c_while_training(runner, cluster):
+    """A gang run stopped by a terminal's Ctrl-C once its job runs: its output, after checking
+    that it failed and left the queue empty."""
+    run = subprocess.Popen(runner.argv("slurm_gang_flow.py", "run", "--with", "torch_slurm"),
+                           cwd=runner.root, env=runner.env({"TD_BUSY": "120"}),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
     try:
-        wait_running(slurm_cluster, ".train.")
+        wait_running(cluster, ".train.")
         os.killpg(run.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
         out, err = run.communicate(timeout=90)
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode != 0, out + err
-    assert slurm_cluster.wait_queue_empty(timeout=30) == [], out + err
+    assert cluster.wait_queue_empty(timeout=30) == [], out + err
+    return out + err
+
+
+def test_ctrl_c_leaves_the_queue_empty(slurm_runner, slurm_cluster):
+    ctrl_c_while_training(slurm_runner, slurm_cluster)
 
 
 def test_a_gang_larger_than_the_partition_is_refused_at_submission(slurm_runner,

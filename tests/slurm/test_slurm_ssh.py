@@ -4,13 +4,10 @@ Slurm command goes to the controller host over ssh (METAFLOW_TORCH_SLURM_SSH, an
 `sbatch`, `scontrol`, `squeue` and `scancel` are shims that leave a mark and fail, so a
 command run here instead of over ssh shows."""
 
-import os
-import signal
 import stat
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -18,7 +15,7 @@ import pytest
 from tests.support import run_bounded
 
 from .conftest import SCRIPT, SlurmFlowRunner
-from .test_slurm_flows import NODES, job_ids, wait_running
+from .test_slurm_flows import NODES, ctrl_c_while_training, job_ids
 
 SHIMMED = ("sbatch", "scontrol", "squeue", "scancel", "sinfo")
 
@@ -103,20 +100,8 @@ def test_a_gang_submitted_over_ssh_runs_on_two_nodes(off_cluster, slurm_cluster)
 
 
 def test_ctrl_c_over_ssh_leaves_the_queue_empty(off_cluster, slurm_cluster):
-    run = subprocess.Popen(off_cluster.argv("slurm_gang_flow.py", "run", "--with", "torch_slurm"),
-                           cwd=off_cluster.root, env=off_cluster.env({"TD_BUSY": "120"}),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
-    try:
-        wait_running(slurm_cluster, ".train.")
-        os.killpg(run.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group
-        out, err = run.communicate(timeout=90)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-    assert run.returncode != 0, out + err
-    assert slurm_cluster.wait_queue_empty(timeout=30) == [], out + err
-    assert off_cluster.ran_here() == [], out + err
+    out = ctrl_c_while_training(off_cluster, slurm_cluster)
+    assert off_cluster.ran_here() == [], out
 
 
 def test_a_login_node_ssh_cannot_reach_fails_at_once_with_nothing_queued(off_cluster,
