@@ -48,6 +48,7 @@ from . import netns
 from .jobset_controller import GROUP, VERSION, InvalidJobSet, JobSetController, Pod
 from .k8s_cluster import ClusterApi, forbidden
 from .k8s_policies import NetworkPolicies
+from .batch_jobs import DEBIAN_HOSTNAME_ADDRESS
 from .node_process import NodeProcess
 
 DNS_SHIM = Path(__file__).parent / "k8s_dns"
@@ -129,13 +130,17 @@ class KubernetesEmulator:
     shared : folders under /tmp that pods as hosts (TD_EMULATION_HOSTS=1) still see through
         their private /tmp (the emulator's own folder always): a test's folder where its
         flows keep Metaflow's local metadata. A real pod shares no disk with the launcher.
+    loopback_hostname_pods : (replicated job, job index) pairs whose pods' /etc/hosts maps
+        their names to 127.0.1.1, as a Debian or Ubuntu image's does where nothing rewrites
+        it (pods as hosts only).
     """
 
     def __init__(self, *, image_env: dict[str, str] | None = None,
                  hold_pods: Collection[tuple[str, int]] = (), workdir: Path | None = None,
                  stop_grace_s: float | None = None, poll_s: float = 0.05,
                  queue_admission_s: float | None = None,
-                 cluster: ClusterApi | None = None, shared: Collection[Path] = ()) -> None:
+                 cluster: ClusterApi | None = None, shared: Collection[Path] = (),
+                 loopback_hostname_pods: Collection[tuple[str, int]] = ()) -> None:
         self.cluster = cluster if cluster is not None else ClusterApi()
         self._image_env = dict(image_env or {})
         self._owns_root = workdir is None
@@ -143,6 +148,9 @@ class KubernetesEmulator:
         self._poll_s = poll_s
         self._shared = tuple(Path(p) for p in shared)
         self._hosts = netns.network() if netns.enabled() else None
+        self._loopback_hostname_pods = frozenset(loopback_hostname_pods)
+        if self._loopback_hostname_pods and self._hosts is None:
+            raise ValueError("loopback_hostname_pods needs pods as hosts (%s=1)" % netns.ENV)
         self._pod_hosts: dict[str, netns.Host] = {}  # pod name -> its host, until it starts
         self.controller = JobSetController(
             self._start_pod, hold_pods=hold_pods, stop_grace_s=stop_grace_s,
@@ -353,9 +361,11 @@ class KubernetesEmulator:
             return NodeProcess.start(argv, work, full_env, pod_dir / "log",
                                      marker=("K8S_EMULATOR_POD", str(pod_dir)))
         # the kubelet's /etc/hosts: the pod's hostname (and FQDN) at its own IP
-        container = netns.container_spec(host, pod_dir, pod.hostname, work,
-                                         shared=(self._root, *self._shared),
-                                         names=tuple(n for n in (pod.fqdn, pod.hostname) if n))
+        loopback = (pod.replicated_job, pod.job_index) in self._loopback_hostname_pods
+        container = netns.container_spec(
+            host, pod_dir, pod.hostname, work, shared=(self._root, *self._shared),
+            names=tuple(n for n in (pod.fqdn, pod.hostname) if n),
+            hostname_address=DEBIAN_HOSTNAME_ADDRESS if loopback else None)
         return NodeProcess.start(argv, work, full_env, pod_dir / "log",
                                  marker=("K8S_EMULATOR_POD", str(pod_dir)), host=host,
                                  container=container)
