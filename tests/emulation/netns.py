@@ -223,11 +223,17 @@ def container_spec(host: Host, folder: Path, hostname: str, cwd: Path,
     etc_hosts = folder / "etc-hosts"
     etc_hosts.write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
                          "%s\t%s\n" % (hostname_address or host.address, " ".join(names)))
+    # No DNS server runs on the bridge: a query is refused at once (ICMP port unreachable)
+    # instead of waiting out the resolver's timeouts for this machine's nameserver, which a
+    # node cannot reach (gloo's and the TCPStore's reverse lookups would eat a short timeout).
+    resolv_conf = folder / "resolv.conf"
+    resolv_conf.write_text("nameserver %s\noptions timeout:1 attempts:1\n" % host.gateway)
     tmp = folder / "tmp"
     tmp.mkdir(exist_ok=True)
     under_tmp = sorted({p.resolve() for p in shared if p.resolve().is_relative_to("/tmp")})
     # a folder inside another shared one is visible through it already
     outermost = [p for p in under_tmp if not any(p != q and p.is_relative_to(q)
                                                    for q in under_tmp)]
-    return {"hostname": hostname, "etc_hosts": str(etc_hosts), "tmp": str(tmp),
+    return {"hostname": hostname, "etc_hosts": str(etc_hosts),
+            "resolv_conf": str(resolv_conf), "tmp": str(tmp),
             "shared": [str(p) for p in outermost], "cwd": str(cwd)}

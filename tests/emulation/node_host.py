@@ -4,8 +4,9 @@
 
 (tests/emulation/netns.py builds that line.) In the host's network namespace, this process
 unshares a UTS, mount and PID namespace and forks the container: PID 1, which sets the
-hostname, binds the host's /etc/hosts, puts a private folder over /tmp (the `shared` folders
-under /tmp stay visible at their own paths), mounts the namespace's /proc, and execs COMMAND with the environment in SPEC.
+hostname, binds the host's /etc/hosts and /etc/resolv.conf, puts a private folder over /tmp
+(the `shared` folders under /tmp stay visible at their own paths), mounts the namespace's
+/proc, and execs COMMAND with the environment in SPEC.
 It writes "pid N" (PID 1 as this machine sees it) to REPORT_FD, or "error ..." when the
 container could not start; the fd closes when COMMAND is running.
 
@@ -54,6 +55,7 @@ def become_host(spec):
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing of this host's mounts leaks out
     socket.sethostname(spec["hostname"])
     _mount(spec["etc_hosts"], "/etc/hosts", None, MS_BIND)
+    _mount(spec["resolv_conf"], "/etc/resolv.conf", None, MS_BIND)
     for path in spec["shared"]:
         inside = os.path.join(spec["tmp"], os.path.relpath(path, "/tmp"))
         os.makedirs(inside, exist_ok=True)

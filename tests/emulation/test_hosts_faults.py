@@ -1,7 +1,8 @@
 """Faults a cluster has, with every node its own host (TD_EMULATION_HOSTS=1, netns.py): a 2 x 2
-gang on the AWS Batch and the Kubernetes emulation whose node 1 loses its link, whose node 1's
-PID 1 gets the SIGTERM of a TerminateJob or a pod deletion, or whose node 0 has an image that
-maps its hostname to 127.0.1.1. Each test prints its fault's time to failure (shown with -s).
+gang on the AWS Batch and the Kubernetes emulation whose node 1 loses its link (during
+training, or as soon as its container runs: during the rendezvous), whose node 1's PID 1 gets
+the SIGTERM of a TerminateJob or a pod deletion, or whose node 0 has an image that maps its
+hostname to 127.0.1.1. Each test prints its fault's time to failure (shown with -s).
 
 The module sets TD_EMULATION_HOSTS=1 itself, and is skipped, with the reason, where nodes
 cannot be hosts (not root, no iproute2)."""
@@ -51,27 +52,26 @@ def _in_background(run, **td):
 
 
 def _batch_node(batch, index):
-    """Node `index` of the train job once its ranks run: (its NodeProcess, its log)."""
+    """The NodeProcess of node `index` of the train job, once node 1's ranks train."""
     job_id = wait_for(lambda: _train_job_id(batch), START_S, "the train job")
     wait_for(lambda: batch.api.find(job_id).nodes[index].process is not None, START_S,
              "node %d to start" % index)
-    wait_for(lambda: "[rank 3] rank 3 says hello" in batch.node_log(job_id, 1), START_S,
-             "node 1's ranks to start")
+    wait_for(lambda: "[rank 3] rank 3 all-reduced once" in batch.node_log(job_id, 1), START_S,
+             "node 1's ranks to train")
     return batch.api.find(job_id).nodes[index].process
 
 
 def _worker_pod(kubernetes):
-    """The train JobSet's worker pod (node 1) once its ranks run."""
+    """The train JobSet's worker pod (node 1) once its ranks train."""
     worker = wait_for(lambda: next((p for js in list(kubernetes.controller.jobsets.values())
                                     for p in js.pods if p.replicated_job == "worker"
                                     and p.process is not None), None), START_S, "the worker pod")
-    wait_for(lambda: "[rank 3] rank 3 says hello" in kubernetes.pod_log(worker.name), START_S,
-             "node 1's ranks to start")
+    wait_for(lambda: "[rank 3] rank 3 all-reduced once" in kubernetes.pod_log(worker.name),
+             START_S, "node 1's ranks to train")
     return worker
 
 
 def _cut_and_time(process, finish, what):
-    time.sleep(2.0)  # a few all-reduces across the link
     process.host.cut()
     cut_at = time.monotonic()
     res = finish()
@@ -83,7 +83,6 @@ def _cut_and_time(process, finish, what):
 
 
 def _sigterm_and_time(process, finish, what):
-    time.sleep(2.0)
     os.kill(process.pid, signal.SIGTERM)  # PID 1 of node 1, as TerminateJob or the kubelet
     sent = time.monotonic()
     res = finish()
@@ -155,3 +154,38 @@ def test_kubernetes_node_0_whose_etc_hosts_maps_its_name_to_loopback_fails_at_on
     gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
     res = gang.run(TD_RENDEZVOUS_TIMEOUT=240, timeout_s=400)
     _assert_loopback_refused(res, "Kubernetes")
+
+
+def _cut_at_start_and_time(process, finish, what):
+    """Node 1's link cut as soon as its container runs: it never reaches node 0 (nor S3)."""
+    process.host.cut()
+    cut_at = time.monotonic()
+    res = finish()
+    took = time.monotonic() - cut_at
+    print("%s: link of node 1 cut during the rendezvous, the run failed %.1f s later"
+          % (what, took))
+    assert res.returncode != 0, res.output
+    assert "did not join the gang within the rendezvous timeout of 30.0s" in res.output, \
+        res.output
+    assert "Missing: node 1 (ranks 2-3)" in res.output, res.output
+    assert took < 30 + LOST_BOUND_S, took
+
+
+def test_batch_node_1_cut_off_during_the_rendezvous_is_named_at_its_timeout(
+        aws, batch, tmp_path):
+    gang = BatchRun(aws, batch, tmp_path, "batch_gang_flow.py")
+    finish = _in_background(gang, TD_RENDEZVOUS_TIMEOUT=30, timeout_s=500)
+    job_id = wait_for(lambda: _train_job_id(batch), START_S, "the train job")
+    process = wait_for(lambda: batch.api.find(job_id).nodes[1].process, START_S,
+                       "node 1 to start")
+    _cut_at_start_and_time(process, finish, "AWS Batch")
+
+
+def test_kubernetes_node_1_cut_off_during_the_rendezvous_is_named_at_its_timeout(
+        aws, kubernetes, tmp_path):
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    finish = _in_background(gang, TD_RENDEZVOUS_TIMEOUT=30, timeout_s=500)
+    worker = wait_for(lambda: next((p for js in list(kubernetes.controller.jobsets.values())
+                                    for p in js.pods if p.replicated_job == "worker"
+                                    and p.process is not None), None), START_S, "the worker pod")
+    _cut_at_start_and_time(worker.process, finish, "Kubernetes")
