@@ -24,8 +24,9 @@ from .test_k8s_gang import KubernetesRun
 pytestmark = pytest.mark.skipif(netns.unavailable() is not None,
                                 reason="nodes as hosts: %s" % netns.unavailable())
 
-# The package's default heartbeat timeout is 30 s; the issue measured 31 s from the cut.
-LOST_BOUND_S = 90
+# The package's default heartbeat timeout is 30 s; the issue measured 31 s from the cut on a
+# quiet machine, 37 to 57 s were measured at a load average of 7 on 2 cores, 109 s at 18.
+LOST_BOUND_S = 180
 # A node's container up to its ranks' first lines, on a loaded 2-core machine.
 START_S = 240
 
