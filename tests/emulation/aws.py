@@ -1,4 +1,5 @@
-"""A moto server on 127.0.0.1 with what Metaflow's `--with batch` needs already created.
+"""A moto server on 127.0.0.1 (with TD_EMULATION_HOSTS=1, on the bridge nodes reach: netns.py)
+with what Metaflow's `--with batch` needs already created.
 
     with moto_aws() as aws:
         aws.env            # for the test's Metaflow run (client side)
@@ -18,6 +19,8 @@ import boto3
 import requests
 from moto.core.config import default_user_config
 from moto.server import ThreadedMotoServer
+
+from . import netns
 
 REGION = "us-east-1"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
@@ -157,7 +160,7 @@ def moto_aws() -> Iterator[AwsEmulation]:
     # moto's docker-free Batch backend: it never runs a container (the emulator does).
     default_user_config["batch"] = {"use_docker": False}
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = ThreadedMotoServer(ip_address=netns.listen_address(), port=0, verbose=False)
     server.start()
     try:
         host, port = server.get_host_and_port()

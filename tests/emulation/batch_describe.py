@@ -35,8 +35,8 @@ def _runtime(job: Job, node: Node) -> dict:
             "reason": node.container_reason,
             "taskArn": _task_arn(job, node),
             "logStreamName": log_stream_name(job, node),
-            # every emulated node stands on this host, at its private address (hosts.py)
-            "networkInterfaces": [{"privateIpv4Address": host_address()}],
+            # the node's own address (nodes as hosts), else this host's (hosts.py)
+            "networkInterfaces": [{"privateIpv4Address": node.address or host_address()}],
         }
     )
 

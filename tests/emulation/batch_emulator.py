@@ -7,7 +7,8 @@ Batch operations (job queues, compute environments) to moto unchanged.
 
 It also stands in for the network a container sees: nodes get `http_proxy` pointing here,
 so calls to the EC2 instance metadata service (169.254.169.254, which Metaflow's @batch
-makes from inside the job) are answered 404 locally and nothing leaves 127.0.0.1.
+makes from inside the job) are answered 404 locally and nothing leaves 127.0.0.1 (with
+TD_EMULATION_HOSTS=1, the emulation's bridge: netns.py).
 
     with BatchEmulator(aws.endpoint_url, image_env=aws.container_env) as batch:
         env = {**aws.env, **batch.env}   # for boto3 clients or a Metaflow run
@@ -31,12 +32,12 @@ from urllib.parse import urlsplit
 
 import boto3
 
+from . import netns
 from .batch_api import BatchApi, upstream_queue_lookup
 from .batch_jobs import JobBoard, NodeRunner
 from .batch_spec import BatchClientError
 from .hosts import host_address
 
-LOOPBACK = "127.0.0.1"
 UPSTREAM_TIMEOUT_S = 30
 # Hop-by-hop or recomputed headers that must not be copied from moto's response.
 _DROPPED_HEADERS = {"connection", "content-length", "transfer-encoding", "keep-alive"}
@@ -113,7 +114,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class BatchEmulator:
-    """AWS Batch on 127.0.0.1 that runs every node of a job as a local process group.
+    """AWS Batch on 127.0.0.1 that runs every node of a job as a local process group, or,
+    with TD_EMULATION_HOSTS=1, on the bridge of netns.py, every node a host of its own.
 
     Parameters
     ----------
@@ -127,6 +129,9 @@ class BatchEmulator:
     region, account_id : what job and job definition ARNs are made of.
     loopback_hostname_nodes : node indices whose hostname resolves to 127.0.1.1, as in an
         image whose /etc/hosts maps it there (Debian's and Ubuntu's default).
+    shared : folders under /tmp that nodes as hosts still see through their private /tmp
+        (the emulator's own folder always): a test's folder where its flows keep Metaflow's
+        local metadata. A real node shares no disk with the launcher (docs/testing.md).
     """
 
     def __init__(
@@ -142,6 +147,7 @@ class BatchEmulator:
         region: str = "us-east-1",
         account_id: str = "123456789012",
         loopback_hostname_nodes: Collection[int] = (),
+        shared: Collection[Path] = (),
     ) -> None:
         self._upstream = urlsplit(upstream_url)
         self._image_env = dict(image_env or {})
@@ -154,6 +160,8 @@ class BatchEmulator:
         self._region = region
         self._account_id = account_id
         self._loopback_hostname_nodes = frozenset(loopback_hostname_nodes)
+        self._shared = tuple(Path(p) for p in shared)
+        self._hosts = netns.network() if netns.enabled() else None
         self._server: _Server | None = None
         self._endpoint_url = ""
         self._threads: list[threading.Thread] = []
@@ -176,13 +184,14 @@ class BatchEmulator:
     def start(self) -> None:
         if self._root is None:
             self._root = Path(tempfile.mkdtemp(prefix="batch-emulator-"))
-        self._server = _Server((LOOPBACK, 0), _Handler)
+        self._server = _Server((netns.listen_address(), 0), _Handler)
         self._server.emulator = self
         host, port = self._server.server_address[:2]
         self._endpoint_url = "http://%s:%d" % (host, port)
         self._runner = NodeRunner(root=self._root, base_env=self._node_base_env(),
                                   main_node_address=host_address(),
-                                  loopback_hostname_nodes=self._loopback_hostname_nodes)
+                                  loopback_hostname_nodes=self._loopback_hostname_nodes,
+                                  hosts=self._hosts, shared=self._shared)
         self._board = JobBoard(
             self._runner,
             hold_nodes=self._hold_nodes,
@@ -293,7 +302,7 @@ class BatchEmulator:
 
     def _network_env(self) -> dict[str, str]:
         proxy = self.endpoint_url
-        bypass = "%s,localhost" % LOOPBACK
+        bypass = ",".join(dict.fromkeys([netns.listen_address(), "127.0.0.1", "localhost"]))
         return {
             "http_proxy": proxy,
             "HTTP_PROXY": proxy,

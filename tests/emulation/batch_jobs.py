@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import netns
 from .batch_spec import NodeLaunch, Placement, injected_environment
 from .node_process import NodeProcess
 
@@ -58,6 +59,7 @@ class Node:
     process: NodeProcess | None = None
     stop_reason: str | None = None
     entered: float = field(default_factory=time.monotonic)
+    address: str | None = None  # its private address, once placed
 
     @property
     def index(self) -> int:
@@ -112,18 +114,28 @@ HOST_SHIM = Path(__file__).parent / "batch_host"
 DEBIAN_HOSTNAME_ADDRESS = "127.0.1.1"
 
 
+def ec2_hostname(address: str) -> str:
+    """The hostname EC2 gives an instance in us-east-1 (Batch's nodes run on instances)."""
+    return "ip-%s.ec2.internal" % address.replace(".", "-")
+
+
 @dataclass(frozen=True)
 class NodeRunner:
     """How a node's container is started: where it lives and what the host adds to it.
-    Every node is a process of this host, whose own non-loopback address stands for each
-    node's private address (tests/emulation/hosts.py); the nodes in
-    `loopback_hostname_nodes` find 127.0.1.1 for their hostname instead."""
+    By default every node is a process of this host, whose own non-loopback address stands
+    for each node's private address (tests/emulation/hosts.py); with `hosts` (netns.py,
+    TD_EMULATION_HOSTS=1) every node is a host of its own on a bridge, with its own address
+    and EC2 hostname, which sees of this host's /tmp only the `shared` folders. The nodes in
+    `loopback_hostname_nodes` find 127.0.1.1 for their hostname instead (their /etc/hosts
+    says so, as a Debian or Ubuntu image's does)."""
 
     root: Path
     base_env: dict[str, str]
     main_node_address: str = "127.0.0.1"
     start: Callable[..., NodeProcess] = NodeProcess.start
     loopback_hostname_nodes: frozenset[int] = frozenset()
+    hosts: netns.Network | None = None
+    shared: tuple[Path, ...] = ()
 
     def node_dir(self, job: Job, node: Node) -> Path:
         return self.root / job.job_id / ("node-%d" % node.index)
@@ -134,6 +146,8 @@ class NodeRunner:
     def launch(self, job: Job, node: Node) -> NodeProcess:
         workdir = self.node_dir(job, node) / "work"
         workdir.mkdir(parents=True)
+        host = self.hosts.add_host() if self.hosts is not None else None
+        node.address = host.address if host is not None else self.main_node_address
         placement = Placement(
             job_id=job.job_id,
             queue_name=job.queue.name,
@@ -141,17 +155,25 @@ class NodeRunner:
             attempt=1,
             num_nodes=len(job.nodes) if job.multinode else None,
             main_node=job.main.index if job.multinode else None,
-            main_node_address=self.main_node_address,
+            main_node_address=job.main.address,
         )
         # Precedence as in a container: image env < job env < what AWS Batch injects.
         env = {"HOME": str(workdir), **self.base_env, **node.launch.environment}
         env.update(injected_environment(placement, node.launch))
-        env["BATCH_EMULATOR_HOST_ADDRESS"] = (
-            DEBIAN_HOSTNAME_ADDRESS if node.index in self.loopback_hostname_nodes
-            else self.main_node_address)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(HOST_SHIM)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        return self.start(node.launch.command, workdir, env, self.log_path(job, node))
+        hostname_address = (DEBIAN_HOSTNAME_ADDRESS if node.index in self.loopback_hostname_nodes
+                            else node.address)
+        if host is None:
+            env["BATCH_EMULATOR_HOST_ADDRESS"] = hostname_address
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(HOST_SHIM)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            return self.start(node.launch.command, workdir, env, self.log_path(job, node))
+        hostname = ec2_hostname(host.address)
+        env["HOSTNAME"] = hostname
+        container = netns.container_spec(host, self.node_dir(job, node), hostname, workdir,
+                                         shared=(self.root, *self.shared),
+                                         hostname_address=hostname_address)
+        return self.start(node.launch.command, workdir, env, self.log_path(job, node),
+                          host=host, container=container)
 
 
 class JobBoard:

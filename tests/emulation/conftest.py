@@ -26,6 +26,7 @@ def start_emulator(aws, tmp_path) -> Iterator[Callable[..., BatchEmulator]]:
             aws.endpoint_url,
             image_env=aws.container_env,
             workdir=tmp_path / ("emulator-%d" % len(started)),
+            shared=(tmp_path,),  # nodes as hosts: the flows' local metadata (docs/testing.md)
             **options,
         )
         emulator.start()
@@ -59,7 +60,8 @@ def start_kubernetes(aws, tmp_path) -> Iterator[Callable[..., KubernetesEmulator
 
     def start(**options) -> KubernetesEmulator:
         emulator = KubernetesEmulator(image_env=aws.container_env,
-                                      workdir=tmp_path / ("k8s-%d" % len(started)), **options)
+                                      workdir=tmp_path / ("k8s-%d" % len(started)),
+                                      shared=(tmp_path,), **options)
         emulator.start()
         started.append(emulator)
         return emulator

@@ -52,3 +52,14 @@ def host_address() -> str:
         "address the package accepts (it refuses loopback for a remote gang). Give the host "
         "one (e.g. `ip link add td0 type dummy && ip addr add 10.254.0.1/32 dev td0 && ip link "
         "set td0 up`, as root).")
+
+
+def is_node_address(address: str) -> bool:
+    """Whether an emulated node or pod stands at `address`: this host's own address, or, with
+    nodes as hosts (netns.py), an address of the bridge's subnet other than the bridge's."""
+    from . import netns
+
+    if not netns.enabled():
+        return address == host_address()
+    network = netns.network()
+    return ipaddress.ip_address(address) in network.subnet and address != network.address

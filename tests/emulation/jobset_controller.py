@@ -110,6 +110,12 @@ class Pod:
     reason: str | None = None
     process: NodeProcess | None = None
     deleted: bool = False
+    address: str | None = None  # the pod's own IP (nodes as hosts), once it is placed
+
+    @property
+    def ip(self) -> str:
+        """The pod's IP: its own, else this host's (every pod a process of this host)."""
+        return self.address or host_address()
 
     @property
     def fqdn(self) -> str | None:
@@ -131,8 +137,8 @@ class Pod:
             "metadata.uid": self.uid,
             "spec.serviceAccountName": self.template["spec"].get("serviceAccountName", "default"),
             "spec.nodeName": "emulated-node",
-            "status.hostIP": host_address(),
-            "status.podIP": host_address(),
+            "status.hostIP": self.ip,
+            "status.podIP": self.ip,
         }
         if path in simple:
             return simple[path]
@@ -177,7 +183,7 @@ class Pod:
                          "labels": self.labels, "annotations": self.annotations,
                          "creationTimestamp": self.created_at},
             "spec": {**self.template["spec"], "hostname": self.hostname},
-            "status": {"phase": self.phase, "hostIP": host_address(), "podIP": host_address(),
+            "status": {"phase": self.phase, "hostIP": self.ip, "podIP": self.ip,
                        "containerStatuses": [{
                            "name": self.container["name"], "image": self.container["image"],
                            "imageID": "", "ready": self.phase == "Running",
@@ -269,6 +275,8 @@ class JobSetController:
     Parameters
     ----------
     start_pod : starts a pod's container: (pod, argv, env) -> NodeProcess.
+    place_pod : gives a pod its own address before its environment is made (pod) -> str,
+        where every pod is a host of its own (netns.py); None: every pod stands on this host.
     hold_pods : (replicated job, job index) pairs whose pods stay Pending forever (a pod
         that cannot be scheduled, an image that never pulls).
     stop_grace_s : SIGTERM to SIGKILL delay when pods are stopped; None: each pod's own
@@ -279,8 +287,10 @@ class JobSetController:
     """
 
     def __init__(self, start_pod: Callable, *, hold_pods: Collection[tuple[str, int]] = (),
-                 stop_grace_s: float | None = None, queue_admission_s: float | None = None) -> None:
+                 stop_grace_s: float | None = None, queue_admission_s: float | None = None,
+                 place_pod: Callable | None = None) -> None:
         self._start_pod = start_pod
+        self._place_pod = place_pod
         self._hold = frozenset(hold_pods)
         self._queue_admission_s = queue_admission_s
         self._stop_grace_s = stop_grace_s
@@ -446,6 +456,8 @@ class JobSetController:
             container = pod.container
             argv = list(container.get("command", [])) + list(container.get("args", []))
             try:
+                if self._place_pod is not None:
+                    pod.address = self._place_pod(pod)
                 pod.process = self._start_pod(pod, argv, pod.env())
             except OSError as error:  # the kubelet's StartError
                 pod.phase, pod.exit_code, pod.reason = "Failed", 128, "StartError: %s" % error

@@ -44,13 +44,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from .hosts import host_address
+from . import netns
 from .jobset_controller import GROUP, VERSION, InvalidJobSet, JobSetController, Pod
 from .k8s_cluster import ClusterApi, forbidden
 from .k8s_policies import NetworkPolicies
+from .batch_jobs import DEBIAN_HOSTNAME_ADDRESS
 from .node_process import NodeProcess
 
-LOOPBACK = "127.0.0.1"
 DNS_SHIM = Path(__file__).parent / "k8s_dns"
 _JOBSETS = "/apis/%s/%s/namespaces/" % (GROUP, VERSION)
 _JOBS = "/apis/batch/v1/namespaces/"
@@ -127,21 +127,35 @@ class KubernetesEmulator:
         JobSetController).
     cluster : the served API groups, RBAC, Kueue queues and nodes (k8s_cluster.py); by
         default JobSet is installed, everything is allowed, and one node has no GPU.
+    shared : folders under /tmp that pods as hosts (TD_EMULATION_HOSTS=1) still see through
+        their private /tmp (the emulator's own folder always): a test's folder where its
+        flows keep Metaflow's local metadata. A real pod shares no disk with the launcher.
+    loopback_hostname_pods : (replicated job, job index) pairs whose pods' /etc/hosts maps
+        their names to 127.0.1.1, as a Debian or Ubuntu image's does where nothing rewrites
+        it (pods as hosts only).
     """
 
     def __init__(self, *, image_env: dict[str, str] | None = None,
                  hold_pods: Collection[tuple[str, int]] = (), workdir: Path | None = None,
                  stop_grace_s: float | None = None, poll_s: float = 0.05,
                  queue_admission_s: float | None = None,
-                 cluster: ClusterApi | None = None) -> None:
+                 cluster: ClusterApi | None = None, shared: Collection[Path] = (),
+                 loopback_hostname_pods: Collection[tuple[str, int]] = ()) -> None:
         self.cluster = cluster if cluster is not None else ClusterApi()
         self._image_env = dict(image_env or {})
         self._owns_root = workdir is None
         self._root = Path(workdir) if workdir is not None else None
         self._poll_s = poll_s
-        self.controller = JobSetController(self._start_pod, hold_pods=hold_pods,
-                                           stop_grace_s=stop_grace_s,
-                                           queue_admission_s=queue_admission_s)
+        self._shared = tuple(Path(p) for p in shared)
+        self._hosts = netns.network() if netns.enabled() else None
+        self._loopback_hostname_pods = frozenset(loopback_hostname_pods)
+        if self._loopback_hostname_pods and self._hosts is None:
+            raise ValueError("loopback_hostname_pods needs pods as hosts (%s=1)" % netns.ENV)
+        self._pod_hosts: dict[str, netns.Host] = {}  # pod name -> its host, until it starts
+        self.controller = JobSetController(
+            self._start_pod, hold_pods=hold_pods, stop_grace_s=stop_grace_s,
+            queue_admission_s=queue_admission_s,
+            place_pod=self._place_pod if self._hosts is not None else None)
         self.network_policies = NetworkPolicies(self.cluster.allowed, forbidden)
         self._server: _Server | None = None
         self._threads: list[threading.Thread] = []
@@ -164,7 +178,7 @@ class KubernetesEmulator:
         if self._root is None:
             self._root = Path(tempfile.mkdtemp(prefix="k8s-emulator-"))
         self._root.mkdir(parents=True, exist_ok=True)
-        self._server = _Server((LOOPBACK, 0), _Handler)
+        self._server = _Server((netns.listen_address(), 0), _Handler)
         self._server.emulator = self
         host, port = self._server.server_address[:2]
         self.endpoint_url = "http://%s:%d" % (host, port)
@@ -222,7 +236,7 @@ class KubernetesEmulator:
                 return
 
     def _publish_dns(self) -> None:
-        records = {pod.fqdn: host_address() for js in list(self.controller.jobsets.values())
+        records = {pod.fqdn: pod.ip for js in list(self.controller.jobsets.values())
                    for pod in js.pods if pod.phase == "Running" and pod.fqdn}
         tmp = self.dns_records.with_suffix(".tmp")
         tmp.write_text(json.dumps(records))
@@ -241,8 +255,7 @@ class KubernetesEmulator:
     @property
     def env(self) -> dict[str, str]:
         """For the test's Metaflow run: the Kubernetes client reaches this API."""
-        return {"KUBECONFIG": str(self.kubeconfig), "no_proxy": "%s,localhost" % LOOPBACK,
-                "NO_PROXY": "%s,localhost" % LOOPBACK}
+        return {"KUBECONFIG": str(self.kubeconfig), "no_proxy": _bypass(), "NO_PROXY": _bypass()}
 
     @property
     def created(self) -> list[dict]:
@@ -335,7 +348,7 @@ class KubernetesEmulator:
             "HOSTNAME": pod.hostname,
             **self._image_env,
             "http_proxy": proxy, "HTTP_PROXY": proxy, "https_proxy": proxy, "HTTPS_PROXY": proxy,
-            "no_proxy": "%s,localhost" % LOOPBACK, "NO_PROXY": "%s,localhost" % LOOPBACK,
+            "no_proxy": _bypass(), "NO_PROXY": _bypass(),
             "PYTHONPATH": str(DNS_SHIM),
             "K8S_EMULATOR_DNS_RECORDS": str(self.dns_records),
             "K8S_EMULATOR_MOUNTS": json.dumps(mounts),
@@ -343,8 +356,25 @@ class KubernetesEmulator:
             "K8S_EMULATOR_POD": str(pod_dir),
             **env,
         }
+        host = self._pod_hosts.pop(pod.name, None)
+        if host is None:
+            return NodeProcess.start(argv, work, full_env, pod_dir / "log",
+                                     marker=("K8S_EMULATOR_POD", str(pod_dir)))
+        # the kubelet's /etc/hosts: the pod's hostname (and FQDN) at its own IP
+        loopback = (pod.replicated_job, pod.job_index) in self._loopback_hostname_pods
+        container = netns.container_spec(
+            host, pod_dir, pod.hostname, work, shared=(self._root, *self._shared),
+            names=tuple(n for n in (pod.fqdn, pod.hostname) if n),
+            hostname_address=DEBIAN_HOSTNAME_ADDRESS if loopback else None)
         return NodeProcess.start(argv, work, full_env, pod_dir / "log",
-                                 marker=("K8S_EMULATOR_POD", str(pod_dir)))
+                                 marker=("K8S_EMULATOR_POD", str(pod_dir)), host=host,
+                                 container=container)
+
+    def _place_pod(self, pod: Pod) -> str:
+        """A host of its own for the pod (nodes as hosts): its IP, before its env is made."""
+        host = self._hosts.add_host()
+        self._pod_hosts[pod.name] = host
+        return host.address
 
 
     @staticmethod
@@ -359,6 +389,11 @@ class KubernetesEmulator:
                 host_dir.mkdir(parents=True, exist_ok=True)
                 mounts[mount["mountPath"]] = str(host_dir)
         return mounts
+
+
+def _bypass() -> str:
+    """no_proxy: this API (and moto) are reached directly."""
+    return ",".join(dict.fromkeys([netns.listen_address(), "127.0.0.1", "localhost"]))
 
 
 def _not_found(kind: str, name: str) -> tuple[int, dict]:

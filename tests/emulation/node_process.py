@@ -1,19 +1,27 @@
-"""One node's container, emulated as a local process group.
+"""One node's container, emulated as a local process group or, with a `Host` (netns.py,
+TD_EMULATION_HOSTS=1), as PID 1 of a host of its own.
 
-The container's command runs as the leader of a new session, so the node's whole process
-tree can be signalled at once. Nothing here blocks except `wait`, which is bounded.
+The container's command (or, on a host, its runtime shim node_host.py) runs as the leader of
+a new session, so the node's whole process tree can be signalled at once. Nothing here
+blocks except `start` on a host (until the container runs) and `wait`, both bounded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import psutil
+
+from .netns import Host
+
+# How long a host's container may take to start (node_host.py: namespaces, mounts, exec).
+HOST_START_TIMEOUT_S = 60
 
 
 def docker_exit_code(returncode: int) -> int:
@@ -23,8 +31,11 @@ def docker_exit_code(returncode: int) -> int:
 
 class NodeProcess:
     def __init__(self, popen: subprocess.Popen, log_file,
-                 marker: tuple[str, str] | None = None) -> None:
+                 marker: tuple[str, str] | None = None, host: Host | None = None,
+                 init_pid: int | None = None) -> None:
         self._popen = popen
+        self._host = host
+        self._init_pid = init_pid
         self._log_file = log_file
         self._marker = marker
         self._kill_at: float | None = None
@@ -34,31 +45,57 @@ class NodeProcess:
 
     @classmethod
     def start(cls, argv: list[str], cwd: Path, env: dict[str, str], log_path: Path,
-              marker: tuple[str, str] | None = None) -> NodeProcess:
+              marker: tuple[str, str] | None = None, host: Host | None = None,
+              container: dict | None = None) -> NodeProcess:
         """Raises OSError when the command cannot be executed (AWS: CannotStartContainerError).
         With `marker`, a variable (name, value) in `env`, teardown also kills every process
         that carries it, as a container's cgroup takes all of its processes with it (those in
-        process groups of their own included)."""
+        process groups of their own included). With `host`, the command runs as PID 1 of that
+        host, made as `container` says (netns.container_spec); the host is removed once the
+        container is gone (`wait`)."""
         log_file = open(log_path, "ab")
+        report = os.pipe() if host is not None else None
         try:
             popen = subprocess.Popen(
-                argv,
+                # On a host the runtime carries none of the container's environment
+                host.argv(argv, {**container, "env": env}, report[1]) if host is not None
+                else argv,
                 cwd=cwd,
-                env=env,
+                env=env if host is None else {"PATH": os.environ.get("PATH", os.defpath)},
                 stdin=subprocess.DEVNULL,
                 # Like the awslogs driver, stdout and stderr end up in one stream.
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                pass_fds=(report[1],) if report is not None else (),
             )
         except OSError:
             log_file.close()
+            if host is not None:
+                os.close(report[0])
+                host.remove()
             raise
-        return cls(popen, log_file, marker)
+        finally:
+            if report is not None:
+                os.close(report[1])
+        if report is None:
+            return cls(popen, log_file, marker)
+        try:
+            init_pid = _started_container(popen, report[0])
+        except OSError:
+            log_file.close()
+            host.remove()
+            raise
+        return cls(popen, log_file, marker, host, init_pid)
 
     @property
     def pid(self) -> int:
-        return self._popen.pid
+        """The container's main process as this machine sees it (on a host: its PID 1)."""
+        return self._init_pid if self._init_pid is not None else self._popen.pid
+
+    @property
+    def host(self) -> Host | None:
+        return self._host
 
     @property
     def stop_requested(self) -> bool:
@@ -79,9 +116,9 @@ class NodeProcess:
             self._kill_at = now + grace_s
             if whole_group:
                 self._signal(signal.SIGTERM)
-            elif not self._torn_down and _catches(self._popen.pid, signal.SIGTERM):
+            elif not self._torn_down and _catches(self.pid, signal.SIGTERM):
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(self._popen.pid, signal.SIGTERM)
+                    os.kill(self.pid, signal.SIGTERM)
 
     def enforce(self, now: float) -> None:
         if self._kill_at is not None and now >= self._kill_at and not self._killed:
@@ -114,14 +151,64 @@ class NodeProcess:
             time.sleep(0.02)
         if any(_alive(p) for p in self._doomed):
             return None
-        return self.exit_code()
+        code = self.exit_code()
+        if code is not None and self._torn_down and self._host is not None:
+            self._host.remove()
+        return code
 
     def _signal(self, signum: int) -> None:
         if self._torn_down:
             return
+        if self._init_pid is not None:
+            # Every process of the host, whatever its session (its PID namespace is the
+            # container's cgroup here); a SIGKILL of PID 1 alone would take them all.
+            for process in _in_pid_namespace(self._init_pid):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.send_signal(signum)
         # ProcessLookupError: the whole group has already exited.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._popen.pid, signum)
+
+
+def _started_container(popen: subprocess.Popen, report: int) -> int:
+    """PID 1 of the host's container, once it runs (node_host.py's report); OSError when it
+    could not start."""
+    lines = []
+    with os.fdopen(report, "rb") as reader:
+        # The shim writes two short lines at most, then the fd closes at the container's exec.
+        deadline = time.monotonic() + HOST_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if select.select([reader], [], [], 0.1)[0]:
+                chunk = reader.read1(4096)
+                if not chunk:
+                    break
+                lines.append(chunk)
+        else:
+            popen.kill()
+            raise OSError("the host's container did not start within %d s"
+                          % HOST_START_TIMEOUT_S)
+    report_text = b"".join(lines).decode(errors="replace")
+    error = [line[6:] for line in report_text.splitlines() if line.startswith("error ")]
+    pids = [int(line[4:]) for line in report_text.splitlines() if line.startswith("pid ")]
+    if error or not pids:
+        popen.wait(timeout=10)
+        raise OSError(error[0] if error else "the host's runtime exited with %s before "
+                      "starting the container" % popen.returncode)
+    return pids[0]
+
+
+def _in_pid_namespace(init_pid: int) -> list[psutil.Process]:
+    """Every process in the PID namespace whose init is `init_pid` (its host pid)."""
+    try:
+        namespace = os.readlink("/proc/%d/ns/pid" % init_pid)
+    except OSError:
+        return []
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(OSError):
+            if os.readlink("/proc/%d/ns/pid" % process.pid) == namespace:
+                found.append(process)
+    return found
 
 
 def _alive(process: psutil.Process) -> bool:

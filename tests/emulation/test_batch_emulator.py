@@ -11,7 +11,7 @@ from botocore.exceptions import ClientError
 
 from .aws import client
 from .batch_jobs import MAIN_NODE_EXITED_REASON
-from .hosts import host_address
+from .hosts import is_node_address
 from .probes import processes_of, wait_for
 
 IMAGE = "python:3.11"
@@ -184,9 +184,12 @@ def test_multinode_nodes_get_layout_and_per_node_overrides(aws, batch, tmp_path)
         assert env["AWS_BATCH_JOB_MAIN_NODE_INDEX"] == "0"
         assert env["ROLE"] == ("main" if index == 0 else "child")
     assert "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS" not in nodes[0]
-    # this host's own address stands for the main node's private address
-    assert nodes[1]["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] == host_address()
-    assert nodes[2]["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] == host_address()
+    # the main node's private address (this host's own, or node 0's as a host of its own)
+    main = client_.describe_jobs(jobs=["%s#0" % job_id])["jobs"][0]
+    main_address = main["container"]["networkInterfaces"][0]["privateIpv4Address"]
+    assert is_node_address(main_address)
+    assert nodes[1]["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] == main_address
+    assert nodes[2]["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] == main_address
 
     node_details = client_.describe_jobs(jobs=["%s#%d" % (job_id, i) for i in range(3)])["jobs"]
     assert [d["nodeDetails"] for d in node_details] == [

@@ -10,7 +10,7 @@ import sys
 import pytest
 from kubernetes import client, config
 
-from .hosts import host_address
+from .hosts import is_node_address
 from .probes import wait_for
 
 GROUP, VERSION = "jobset.x-k8s.io", "v1alpha2"
@@ -76,7 +76,9 @@ def test_a_jobset_runs_its_pods_in_order_and_completes(kubernetes, api):
     # resolved on every pod (InOrder: workers start once the control pod runs)
     assert [(o["index"], o["pod"].rsplit("-", 3)[0]) for o in found] == [
         ("0", "js-a-control"), ("0", "js-a-worker"), ("1", "js-a-worker")]
-    assert {o["address"] for o in found} == {host_address()}
+    control_ip = next(p.ip for p in kubernetes.pods("js-a") if p.replicated_job == "control")
+    assert is_node_address(control_ip)
+    assert {o["address"] for o in found} == {control_ip}
     pods = client.CoreV1Api(api.api_client).list_namespaced_pod(
         "default", label_selector="jobset.sigs.k8s.io/jobset-name=js-a,"
         "jobset.sigs.k8s.io/replicatedjob-name=worker").items
@@ -113,5 +115,7 @@ def test_a_name_under_the_cluster_domain_resolves_only_once_its_pod_runs(kuberne
     api.create_namespaced_custom_object(GROUP, VERSION, "default", "jobsets", body)
     wait_for(lambda: finished(api, "js-d"), 30, "the JobSet to finish")
     by_job = {o["pod"].rsplit("-", 3)[0]: o for o in outputs(kubernetes, "js-d")}
-    assert by_job["js-d-control"]["address"] == host_address()
+    control_ip = next(p.ip for p in kubernetes.pods("js-d") if p.replicated_job == "control")
+    assert is_node_address(control_ip)
+    assert by_job["js-d-control"]["address"] == control_ip
     assert by_job["js-d-worker"]["address"] is None

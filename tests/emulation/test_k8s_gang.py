@@ -95,7 +95,8 @@ def shared(aws, tmp_path_factory):
     """One 2 x 2 run that succeeds, checked by several tests, while an outside process that
     knows only MASTER_ADDR and MASTER_PORT forges messages into its store (tests/intruder.py)."""
     tmp = tmp_path_factory.mktemp("k8s-shared")
-    with KubernetesEmulator(image_env=aws.container_env, workdir=tmp / "k8s") as kubernetes:
+    with KubernetesEmulator(image_env=aws.container_env, workdir=tmp / "k8s",
+                            shared=(tmp,)) as kubernetes:
         gang = KubernetesRun(aws, kubernetes, tmp, "k8s_gang_flow.py")
         gang.intruder_dir = tmp / "intruder"
         res = gang.run(**intruder_env(gang.intruder_dir))

@@ -3,7 +3,8 @@
 The launching environment's TD_* variables choose the topology and failures; @environment
 carries them into the Batch job, so every node imports this file with the same values.
 TD_FAIL_RANK raises on that rank (in attempt TD_FAIL_ATTEMPT only, if set); TD_BUSY keeps every
-rank in all-reduces for that many seconds (a test stops a node meanwhile). TD_INTRUDER (the path
+rank in all-reduces for that many seconds (a test stops a node meanwhile, once each rank says
+it all-reduced once). TD_INTRUDER (the path
 of tests/intruder.py): rank 0 starts it first, an outside process that reached the gang's store
 with MASTER_ADDR and MASTER_PORT only; it writes to TD_INTRUDER_DIR. TD_HANG_RANK sleeps on that
 rank while the others wait in all_reduce; TD_HANG_TIMEOUT is the step's hang_timeout.
@@ -61,6 +62,8 @@ class BatchGangFlow(FlowSpec):
             print("rank %d hangs outside any collective" % rank, flush=True)
             time.sleep(3600)
         dist.all_reduce(total)
+        if TD.get("TD_BUSY"):  # a test that stops a node mid-training waits for this line
+            print("rank %d all-reduced once" % rank, flush=True)
         deadline = time.time() + float(TD.get("TD_BUSY", "0"))
         while True:  # every rank makes as many all_reduces: rank 0's clock decides when to stop
             busy = torch.tensor([float(time.time() < deadline)])

@@ -1,7 +1,9 @@
 """Cluster DNS for the emulated pods (tests/emulation/k8s_api.py puts this directory on their
 PYTHONPATH): a name under the cluster domain resolves to the address the emulator published for
 it in the records file, and fails like an unknown name (EAI_NONAME) until then, as a pod's
-record appears only once the pod runs. Every other name goes to the host's resolver.
+record appears only once the pod runs. Every other name goes to the host's resolver, and so
+does a name in the pod's /etc/hosts (glibc reads "files" before "dns": with pods as hosts, the
+kubelet's /etc/hosts maps the pod's own names).
 
 It also stands in for the pod's emptyDir volume mounts (K8S_EMULATOR_MOUNTS: mount path ->
 the pod's own directory on this host): a file Python opens under a mount path is opened in
@@ -16,8 +18,18 @@ _RECORDS = os.environ.get("K8S_EMULATOR_DNS_RECORDS")
 _DOMAIN = ".svc.cluster.local"
 
 
+def _in_etc_hosts(host):
+    try:
+        with open("/etc/hosts", encoding="utf-8") as f:
+            return any(host in line.split("#")[0].split()[1:] for line in f)
+    except OSError:
+        return False
+
+
 def _lookup(host):
     if not (_RECORDS and isinstance(host, str) and host.rstrip(".").endswith(_DOMAIN)):
+        return None
+    if _in_etc_hosts(host.rstrip(".")):
         return None
     try:
         with open(_RECORDS, encoding="utf-8") as f:
