@@ -264,8 +264,15 @@ class TorchDistributedDecorator(StepDecorator):
         # nothing the body starts (a loader's workers, run_script, a crash reporter) inherits it.
         os.environ.pop(SPEC_ENV, None)
         os.environ.pop(ORDER_ENV, None)
-        with PausedTimer():  # torch's import is ours, not the body's: keep it out of @timeout
+        # torch's import and the gang's start-up are ours, not the body's: @timeout's clock
+        # stays paused from here until the gang is assembled (gang_step), unless this attempt
+        # runs the step alone (usertimer.py)
+        paused = PausedTimer().pause()
+        try:
             _require_torch(self.step_name)
+        except BaseException:
+            paused.resume()
+            raise
         if spec is not None or order is not None:  # a member started by a gang
             disarm()  # rank 0's @timeout governs the gang (usertimer.py)
             if retry_count > max_user_code_retries:
@@ -285,15 +292,20 @@ class TorchDistributedDecorator(StepDecorator):
             if spec is not None:
                 return _member_step(spec, step_func, self.name, flow)
         if retry_count > max_user_code_retries:
+            paused.resume()
             return step_func  # @catch's fallback attempt runs alone, as on any step
         try:
-            return self._leader_step(flow, step_func, retry_count, max_user_code_retries)
+            return self._leader_step(flow, step_func, retry_count, max_user_code_retries,
+                                     paused)
         except Exception as ex:
+            paused.resume()
             _present(self.step_name, ex)
             raise
 
     def _leader_step(self, flow: Any, step_func: Callable[..., Any], retry_count: int,
-                     max_user_code_retries: int) -> Callable[..., None]:
+                     max_user_code_retries: int, timer: PausedTimer) -> Callable[..., None]:
+        """The gang's step function; `timer` is @timeout's clock, paused: the step resumes it
+        once the gang is assembled and rank 0's body has started."""
         from metaflow import current
 
         from .gang import HandBack, Leader
@@ -333,7 +345,6 @@ class TorchDistributedDecorator(StepDecorator):
             print(plan, flush=True)
             before = internals.artifact_names(flow)
             # @timeout counts from the gang's assembly, not its start-up (usertimer.py)
-            timer = PausedTimer().pause()
             clock = WhenAll(timer.resume, ("body", "assembled"))
             try:
                 try:
