@@ -59,14 +59,18 @@ class Login:
         # ssh -f stays in the background holding its stderr: a file, never a pipe to wait on
         said = os.path.join(self._folder, "ssh.err")
         with open(said, "w") as err:
-            done = subprocess.run(
-                ["ssh", "-o", "BatchMode=yes", "-o", "ControlMaster=yes", "-o",
-                 "ControlPath=%s" % control, "-o", "ControlPersist=yes", "-f", "-N",
-                 *self.words], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=err, timeout=60)
-        if done.returncode != 0:
+            try:
+                code = subprocess.run(
+                    ["ssh", "-o", "BatchMode=yes", "-o", "ControlMaster=yes", "-o",
+                     "ControlPath=%s" % control, "-o", "ControlPersist=yes", "-f", "-N",
+                     *self.words], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=err, timeout=COMMAND_TIMEOUT_S).returncode
+            except subprocess.TimeoutExpired:
+                code = None
+        if code != 0:
             with open(said) as err:
-                why = err.read().strip() or "exit status %d" % done.returncode
+                why = err.read().strip() or ("exit status %d" % code if code is not None
+                                             else "no answer in %g s" % COMMAND_TIMEOUT_S)
             self.close()
             raise SystemExit(
                 "@torch_slurm on step *%s*: the login node could not be reached over ssh "
