@@ -171,7 +171,8 @@ class NodeRunner:
         env["HOSTNAME"] = hostname
         container = netns.container_spec(host, self.node_dir(job, node), hostname, workdir,
                                          shared=(self.root, *self.shared),
-                                         hostname_address=hostname_address)
+                                         hostname_address=hostname_address,
+                                         memory_bytes=container_memory(node.launch.container))
         return self.start(node.launch.command, workdir, env, self.log_path(job, node),
                           host=host, container=container)
 
@@ -322,3 +323,11 @@ class JobBoard:
         job.status_reason = reason
         job.stopped_at = job.main.stopped_at or now_ms()
         self._stop_all(job, job.terminate_reason or MAIN_NODE_EXITED_REASON)
+
+
+def container_memory(container: dict) -> int | None:
+    """The container's memory in bytes: its MEMORY resource requirement (MiB), else the
+    legacy `memory` field; None when it gives none."""
+    memory = next((r["value"] for r in container.get("resourceRequirements", [])
+                   if r.get("type") == "MEMORY"), container.get("memory"))
+    return int(memory) << 20 if memory is not None else None

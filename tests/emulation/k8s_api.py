@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -365,7 +366,8 @@ class KubernetesEmulator:
         container = netns.container_spec(
             host, pod_dir, pod.hostname, work, shared=(self._root, *self._shared),
             names=tuple(n for n in (pod.fqdn, pod.hostname) if n),
-            hostname_address=DEBIAN_HOSTNAME_ADDRESS if loopback else None)
+            hostname_address=DEBIAN_HOSTNAME_ADDRESS if loopback else None,
+            memory_bytes=memory_limit(pod.template))
         return NodeProcess.start(argv, work, full_env, pod_dir / "log",
                                  marker=("K8S_EMULATOR_POD", str(pod_dir)), host=host,
                                  container=container)
@@ -398,3 +400,18 @@ def _bypass() -> str:
 
 def _not_found(kind: str, name: str) -> tuple[int, dict]:
     return 404, status_object(404, "NotFound", '%s "%s" not found' % (kind, name))
+
+
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+          "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+
+
+def memory_limit(template: dict) -> int | None:
+    """The memory limit of the pod's (first) container in bytes, as the kubelet sets its
+    cgroup; None without one (the container may use the node's memory)."""
+    containers = template.get("spec", {}).get("containers", [])
+    limit = (containers[0].get("resources", {}).get("limits", {}).get("memory")
+             if containers else None)
+    found = _QUANTITY.match(str(limit)) if limit is not None else None
+    return int(float(found.group(1)) * _UNITS[found.group(2)]) if found else None

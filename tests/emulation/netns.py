@@ -29,13 +29,20 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import dns
 
 ENV = "TD_EMULATION_HOSTS"
 SUBNETS = ipaddress.ip_network("10.77.0.0/16")
 SHIM = Path(__file__).with_name("node_host.py")
+REPOSITORY = Path(__file__).resolve().parents[2]
 _LOCK = Path("/run/lock/td-emulation-hosts.lock")
+# cgroup v1's memory hierarchy, where a host's memory cgroup is made (cgroup v2: the root)
+_MEMORY_V1 = Path("/sys/fs/cgroup/memory")
+_CGROUP_V2 = Path("/sys/fs/cgroup")
 # td<pid>br: a bridge; td<pid>n<k>: a host's namespace; td<pid>v<k>: its veth's bridge end
 _NAME = re.compile(r"^td(\d+)(br|n\d+|v\d+)$")
 
@@ -93,6 +100,72 @@ def _sweep() -> None:
         found = _NAME.match(link["ifname"])
         if found and not _alive(int(found.group(1))):
             subprocess.run(["ip", "link", "delete", link["ifname"]], capture_output=True)
+    for root in (_MEMORY_V1, _CGROUP_V2):
+        for group in root.glob("td*n*") if root.is_dir() else ():
+            found = _NAME.match(group.name)
+            if found and not _alive(int(found.group(1))):
+                _remove_cgroup(group)
+
+
+def memory_cgroup(name: str, limit_bytes: int | None) -> tuple[Path | None, str]:
+    """A memory cgroup called `name` for a host's container, limited to `limit_bytes` (its
+    container's memory; None: no limit, as a pod without one), with no swap beyond it: (its
+    folder, "") or, where the kernel does not let one be made, (None, why)."""
+    try:
+        if (_MEMORY_V1 / "memory.limit_in_bytes").exists():
+            group = _MEMORY_V1 / name
+            group.mkdir(exist_ok=True)
+            if limit_bytes is not None:
+                (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
+                if (group / "memory.memsw.limit_in_bytes").exists():
+                    (group / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+            return group, ""
+        if "memory" in (_CGROUP_V2 / "cgroup.subtree_control").read_text().split():
+            group = _CGROUP_V2 / name
+            group.mkdir(exist_ok=True)
+            if limit_bytes is not None:
+                (group / "memory.max").write_text(str(limit_bytes))
+                if (group / "memory.swap.max").exists():
+                    (group / "memory.swap.max").write_text("0")
+            return group, ""
+        return None, "no memory controller in %s or %s" % (_MEMORY_V1, _CGROUP_V2)
+    except OSError as error:
+        return None, "cannot make a memory cgroup: %s" % error
+
+
+@functools.lru_cache(maxsize=1)
+def cgroups_unavailable() -> str | None:
+    """Why hosts get no memory cgroup of their own here, or None when they do (a probe)."""
+    group, why_not = memory_cgroup("td%dn0" % os.getpid(), 64 << 20)
+    if group is not None:
+        _remove_cgroup(group)
+    return why_not or None
+
+
+def _remove_cgroup(group: Path) -> None:
+    """Removes a host's cgroup once the last of its processes is gone (bounded)."""
+    for _ in range(50):
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            for pid in (group / "cgroup.procs").read_text().split() \
+                    if (group / "cgroup.procs").exists() else ():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            threading.Event().wait(0.1)
+
+
+def _mac(link: str, netns: str | None = None) -> str:
+    """The MAC address of `link` (in namespace `netns`, else this one)."""
+    found = _ip_json(*(["-n", netns] if netns else []), "link", "show", "dev", link)
+    if not found:
+        raise HostsUnavailable("no link %s%s" % (link, " in %s" % netns if netns else ""))
+    return found[0]["address"]
 
 
 def _kill_inside(netns: str) -> None:
@@ -113,6 +186,11 @@ class Host:
     veth: str
     address: str
     gateway: str
+    bridge: str = ""
+    # the hostname its container got (container_spec): what the bridge's DNS answers for it
+    name: str = ""
+    # its container's memory cgroup (container_spec), removed with the host
+    cgroup: Path | None = None
     removed: bool = False
 
     def cut(self) -> None:
@@ -122,12 +200,35 @@ class Host:
     def mend(self) -> None:
         _ip("link", "set", self.veth, "up")
 
+    def deafen(self) -> None:
+        """One way only: the host still sends, nothing reaches it (a switch port whose receive
+        side failed). The bridge stops learning and flooding to its port and forgets its
+        address, so no frame (ARP included) is forwarded to it; the host first learns for good
+        the MAC addresses of the bridge and of the other hosts, whose ARP answers it could no longer
+        hear, so that what it sends still goes out."""
+        for address, mac in [(self.gateway, _mac(self.bridge))] + [
+                (p.address, _mac("eth0", p.netns)) for p in list(network().hosts.values())
+                if p is not self and not p.removed]:
+            _ip("-n", self.netns, "neigh", "replace", address, "lladdr", mac, "dev", "eth0",
+                "nud", "permanent")
+        subprocess.run(["bridge", "link", "set", "dev", self.veth, "learning", "off", "flood",
+                        "off", "mcast_flood", "off", "bcast_flood", "off"],
+                       capture_output=True, text=True, timeout=30, check=True)
+        for entry in json.loads(subprocess.run(
+                ["bridge", "-j", "fdb", "show", "dev", self.veth], capture_output=True,
+                text=True, timeout=30, check=True).stdout or "[]"):
+            if "permanent" not in entry.get("state", "") and entry.get("master"):
+                subprocess.run(["bridge", "fdb", "del", entry["mac"], "dev", self.veth,
+                                "master"], capture_output=True, timeout=30)
+
     def remove(self) -> None:
         """Kills what still runs in the namespace and deletes it (its veth goes with it)."""
         if not self.removed:
             self.removed = True
             _kill_inside(self.netns)
             _ip("netns", "delete", self.netns)
+            if self.cgroup is not None:
+                _remove_cgroup(self.cgroup)
 
     def argv(self, command: list[str], spec: dict, report_fd: int) -> list[str]:
         """The command line that runs `command` as PID 1 of this host (node_host.py)."""
@@ -142,6 +243,7 @@ class Network:
     bridge: str
     subnet: ipaddress.IPv4Network
     hosts: dict[str, Host] = field(default_factory=dict)
+    dns: "dns.Server | None" = None
     _count: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -160,7 +262,7 @@ class Network:
             self._count += 1
             host = Host(netns="td%dn%d" % (os.getpid(), self._count),
                         veth="td%dv%d" % (os.getpid(), self._count),
-                        address=free[0], gateway=self.address)
+                        address=free[0], gateway=self.address, bridge=self.bridge)
             self.hosts[host.netns] = host
         _ip("netns", "add", host.netns)
         _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0",
@@ -173,7 +275,19 @@ class Network:
         _ip("-n", host.netns, "route", "add", "default", "via", self.address)
         return host
 
+    def lookup(self, name: str) -> str | None:
+        """The address of the host called `name` (its full hostname or its first label)."""
+        return next((h.address for h in list(self.hosts.values()) if not h.removed and h.name
+                     and name in (h.name.lower(), h.name.split(".")[0].lower())), None)
+
+    def reverse(self, address: str) -> str | None:
+        """The hostname of the host at `address`."""
+        return next((h.name for h in list(self.hosts.values()) if not h.removed and h.name
+                     and h.address == address), None)
+
     def close(self) -> None:
+        if self.dns is not None:
+            self.dns.close()
         for host in list(self.hosts.values()):
             if not host.removed:
                 subprocess.run(["ip", "netns", "delete", host.netns], capture_output=True)
@@ -201,8 +315,15 @@ def network() -> Network:
         _ip("link", "add", net.bridge, "type", "bridge")
         _ip("addr", "add", "%s/%d" % (net.address, subnet.prefixlen), "dev", net.bridge)
         _ip("link", "set", net.bridge, "up")
+    # the nodes' resolver (their /etc/resolv.conf): answers at once, as a cloud's DNS does
+    net.dns = dns.Server(net.address, net.lookup, net.reverse)
     atexit.register(net.close)
     return net
+
+
+@functools.lru_cache(maxsize=None)
+def _say_once(message: str) -> None:
+    warnings.warn(message)
 
 
 def listen_address() -> str:
@@ -213,27 +334,41 @@ def listen_address() -> str:
 
 def container_spec(host: Host, folder: Path, hostname: str, cwd: Path,
                    shared: tuple[Path, ...] = (), names: tuple[str, ...] = (),
-                   hostname_address: str | None = None) -> dict:
+                   hostname_address: str | None = None,
+                   memory_bytes: int | None = None) -> dict:
     """What node_host.py makes of the container: its hostname, an /etc/hosts that maps
     `names` (the hostname and its first label by default) to `hostname_address` (the host's
     own address by default; 127.0.1.1 stands for a Debian or Ubuntu image), and a private
     /tmp in `folder` through which the `shared` folders under /tmp stay visible (the test's
-    folder and the emulator's: see docs/testing.md)."""
+    folder and the emulator's: see docs/testing.md), and a memory cgroup of its own limited
+    to `memory_bytes` (the container's memory; None: no limit) where the kernel allows one
+    (else the spec's `cgroup_unavailable` says why and the container runs in this one's)."""
     names = names or tuple(dict.fromkeys([hostname, hostname.split(".")[0]]))
+    host.name = hostname
     etc_hosts = folder / "etc-hosts"
     etc_hosts.write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
                          "%s\t%s\n" % (hostname_address or host.address, " ".join(names)))
-    # No DNS server runs on the bridge: a query is refused at once (ICMP port unreachable)
-    # instead of waiting out the resolver's timeouts for this machine's nameserver, which a
-    # node cannot reach (gloo's and the TCPStore's reverse lookups would eat a short timeout).
+    # The bridge's DNS server (dns.py) answers every query at once, as a cloud's resolver
+    # does: this machine's own nameserver is out of a node's reach (gloo's and the TCPStore's
+    # reverse lookups would wait out the resolver's timeouts).
     resolv_conf = folder / "resolv.conf"
     resolv_conf.write_text("nameserver %s\noptions timeout:1 attempts:1\n" % host.gateway)
     tmp = folder / "tmp"
     tmp.mkdir(exist_ok=True)
-    under_tmp = sorted({p.resolve() for p in shared if p.resolve().is_relative_to("/tmp")})
+    # What stands in for the image stays visible wherever it lies, /tmp included (a checkout or
+    # a CI runner's workspace under /tmp): this repository (the package's source, the
+    # emulators' shims) and the interpreter's environment.
+    image = (REPOSITORY, Path(sys.prefix), Path(sys.executable).resolve().parent)
+    under_tmp = sorted({p.resolve() for p in (*shared, *image)
+                        if p.resolve().is_relative_to("/tmp")})
     # a folder inside another shared one is visible through it already
     outermost = [p for p in under_tmp if not any(p != q and p.is_relative_to(q)
                                                    for q in under_tmp)]
+    host.cgroup, why_not = memory_cgroup(host.netns, memory_bytes)
+    if why_not:
+        _say_once("nodes as hosts run without a memory cgroup of their own: %s" % why_not)
     return {"hostname": hostname, "etc_hosts": str(etc_hosts),
             "resolv_conf": str(resolv_conf), "tmp": str(tmp),
-            "shared": [str(p) for p in outermost], "cwd": str(cwd)}
+            "shared": [str(p) for p in outermost], "cwd": str(cwd),
+            "cgroup": str(host.cgroup) if host.cgroup else None,
+            "cgroup_unavailable": why_not}

@@ -2,7 +2,9 @@
 
 The launching environment's TD_* variables choose the topology and failures; @environment
 carries them into the Batch job, so every node imports this file with the same values.
-TD_FAIL_RANK raises on that rank (in attempt TD_FAIL_ATTEMPT only, if set); TD_BUSY keeps every
+TD_FAIL_RANK raises on that rank (in attempt TD_FAIL_ATTEMPT only, if set), or with
+TD_FAIL_HOW=oom allocates until the OOM killer of its container's cgroup ends it (nodes as
+hosts: a memory cgroup per node, limited to the job's memory); TD_BUSY keeps every
 rank in all-reduces for that many seconds (a test stops a node meanwhile, once each rank says
 it all-reduced once). TD_INTRUDER (the path
 of tests/intruder.py): rank 0 starts it first, an outside process that reached the gang's store
@@ -10,7 +12,8 @@ with MASTER_ADDR and MASTER_PORT only; it writes to TD_INTRUDER_DIR. TD_HANG_RAN
 rank while the others wait in all_reduce; TD_HANG_TIMEOUT is the step's hang_timeout.
 TD_START_METHOD is the step's start_method (exec: every rank, rank 0 included, a spin-step).
 TD_MAX_RESTARTS is the step's max_restarts; TD_FAIL_ROUND fails TD_FAIL_RANK in that round of a
-restart in place only."""
+restart in place only. TD_LATE_ROUND: in that round, node 1's ranks say so and wait before
+joining the process group (a test cuts node 1 off meanwhile)."""
 
 import os
 import runpy
@@ -56,6 +59,11 @@ class BatchGangFlow(FlowSpec):
         before_gather = runpy.run_path(TD["TD_INTRUDER"])["intrude_from"](
             rank, NODES * NPROC, NODES, TD["TD_INTRUDER_DIR"]) if TD.get("TD_INTRUDER") \
             else (lambda: None)
+        if TD.get("TD_LATE_ROUND") == str(current.torch_distributed.restart_count) \
+                and os.environ["NODE_RANK"] == "1":
+            print("rank %d waits before joining round %s" % (rank, TD["TD_LATE_ROUND"]),
+                  flush=True)
+            time.sleep(600)
         dist.init_process_group("gloo")
         total = torch.tensor([float(rank + 1)])
         if int(TD.get("TD_HANG_RANK", "-1")) == rank:
@@ -73,6 +81,10 @@ class BatchGangFlow(FlowSpec):
             time.sleep(0.05)
         if failing(rank):
             print("last words of rank %d" % rank, file=sys.stderr, flush=True)
+            if TD.get("TD_FAIL_HOW") == "oom":  # until its container's OOM killer ends it
+                hog = []
+                while True:
+                    hog.append(b"\x01" * (64 << 20))
             raise ValueError("injected failure on rank %d" % rank)
         before_gather()
         self.places = current.torch_distributed.gather(dict(
