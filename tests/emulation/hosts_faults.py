@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -17,12 +18,13 @@ from .probes import wait_for
 from .test_batch_gang import _task_seconds, _train_job_id
 
 # The fault modules' pytestmark: they run in the nodes-as-hosts mode of the emulation layer
-# (TD_EMULATION_HOSTS=1, which CI sets), where this machine can make hosts.
+# (TD_EMULATION_HOSTS=1, opt-in: CI does not set it yet, docs/testing.md), where this machine
+# can make hosts.
 MARKS = [
     pytest.mark.skipif(netns.unavailable() is not None,
                        reason="nodes as hosts: %s" % netns.unavailable()),
     pytest.mark.skipif(not netns.enabled(), reason="the faults of nodes as hosts run with "
-                       "%s=1 (the emulation layer's mode; CI sets it)" % netns.ENV),
+                       "%s=1 (the emulation layer's mode; opt-in)" % netns.ENV),
 ]
 
 # The package's default heartbeat timeout is 30 s; the issue measured 31 s from the cut on a
@@ -58,8 +60,8 @@ def batch_node(batch, index):
     job_id = wait_for(lambda: _train_job_id(batch), START_S, "the train job")
     wait_for(lambda: batch.api.find(job_id).nodes[index].process is not None, START_S,
              "node %d to start" % index)
-    wait_for(lambda: "[rank 3] rank 3 all-reduced once" in batch.node_log(job_id, 1), START_S,
-             "node 1's ranks to train")
+    _until_training(lambda: batch.node_log(job_id, 1),
+                    lambda: [batch.node_log(job_id, 0), batch.node_log(job_id, 1)])
     return batch.api.find(job_id).nodes[index].process
 
 
@@ -68,9 +70,25 @@ def worker_pod(kubernetes):
     worker = wait_for(lambda: next((p for js in list(kubernetes.controller.jobsets.values())
                                     for p in js.pods if p.replicated_job == "worker"
                                     and p.process is not None), None), START_S, "the worker pod")
-    wait_for(lambda: "[rank 3] rank 3 all-reduced once" in kubernetes.pod_log(worker.name),
-             START_S, "node 1's ranks to train")
+    control = [p for js in list(kubernetes.controller.jobsets.values()) for p in js.pods
+               if p.replicated_job == "control"]
+    _until_training(lambda: kubernetes.pod_log(worker.name),
+                    lambda: [kubernetes.pod_log(p.name) for p in control]
+                    + [kubernetes.pod_log(worker.name)])
     return worker
+
+
+def _until_training(node_1_log, logs):
+    """Waits for node 1's ranks to train; if they never do, fails with every node's log tail,
+    the neighbours and sockets of this machine (what an unexplained stall needs)."""
+    try:
+        wait_for(lambda: "[rank 3] rank 3 all-reduced once" in node_1_log(), START_S,
+                 "node 1's ranks to train")
+    except pytest.fail.Exception as failure:
+        tails = "\n\n".join("--- node %d ---\n%s" % (i, log[-4000:])
+                             for i, log in enumerate(logs()))
+        neighbours = subprocess.run(["ip", "neigh"], capture_output=True, text=True).stdout
+        pytest.fail("%s\n%s\n--- ip neigh ---\n%s" % (failure, tails, neighbours))
 
 
 def cut_and_time(process, finish, what):
