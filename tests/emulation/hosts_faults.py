@@ -88,7 +88,14 @@ def _until_training(node_1_log, logs):
         tails = "\n\n".join("--- node %d ---\n%s" % (i, log[-4000:])
                              for i, log in enumerate(logs()))
         neighbours = subprocess.run(["ip", "neigh"], capture_output=True, text=True).stdout
-        pytest.fail("%s\n%s\n--- ip neigh ---\n%s" % (failure, tails, neighbours))
+        # what each process of the gangs' flows waits on in the kernel (a stalled node 0)
+        processes = "\n".join(
+            line for line in subprocess.run(
+                ["ps", "-eo", "pid,ppid,stat,wchan:28,etimes,args", "--width", "220"],
+                capture_output=True, text=True).stdout.splitlines()
+            if "gang_flow" in line or "PID" in line)
+        pytest.fail("%s\n%s\n--- ip neigh ---\n%s\n--- ps ---\n%s"
+                    % (failure, tails, neighbours, processes))
 
 
 def cut_and_time(process, finish, what):
