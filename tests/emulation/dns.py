@@ -61,10 +61,11 @@ def answer(query: bytes, lookup: Callable[[str], Optional[str]],
     except (ValueError, IndexError, struct.error):
         return struct.pack("!HHHHHH", ident, 0x8000 | rd | 0x0080 | FORMERR, 0, 0, 0, 0)
     question = query[12:end + 4]
-    record = None
-    if qclass == IN and qtype == A:
+    record, known = None, False
+    if qclass == IN and qtype != PTR:  # a name: its address for A, no record of other types
         address = lookup(name.lower().rstrip("."))
-        if address is not None:
+        known = address is not None
+        if known and qtype == A:
             record = socket.inet_aton(address)
     elif qclass == IN and qtype == PTR and name.lower().endswith(".in-addr.arpa"):
         octets = name.lower()[:-len(".in-addr.arpa")].split(".")
@@ -75,8 +76,7 @@ def answer(query: bytes, lookup: Callable[[str], Optional[str]],
         host = reverse(address) if address else None
         if host is not None:
             record = _encode(host)
-    known = record is not None or (qtype != PTR and lookup(name.lower().rstrip(".")))
-    rcode = NOERROR if known else NXDOMAIN
+    rcode = NOERROR if known or record is not None else NXDOMAIN
     header = struct.pack("!HHHHHH", ident, 0x8000 | 0x0400 | rd | 0x0080 | rcode, 1,
                          1 if record is not None else 0, 0, 0)
     if record is None:

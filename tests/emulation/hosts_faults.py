@@ -65,11 +65,16 @@ def batch_node(batch, index):
     return batch.api.find(job_id).nodes[index].process
 
 
+def started_worker_pod(kubernetes):
+    """The train JobSet's worker pod (node 1) once its container runs."""
+    return wait_for(lambda: next((p for js in list(kubernetes.controller.jobsets.values())
+                                  for p in js.pods if p.replicated_job == "worker"
+                                  and p.process is not None), None), START_S, "the worker pod")
+
+
 def worker_pod(kubernetes):
     """The train JobSet's worker pod (node 1) once its ranks train."""
-    worker = wait_for(lambda: next((p for js in list(kubernetes.controller.jobsets.values())
-                                    for p in js.pods if p.replicated_job == "worker"
-                                    and p.process is not None), None), START_S, "the worker pod")
+    worker = started_worker_pod(kubernetes)
     control = [p for js in list(kubernetes.controller.jobsets.values()) for p in js.pods
                if p.replicated_job == "control"]
     _until_training(lambda: kubernetes.pod_log(worker.name),

@@ -204,8 +204,8 @@ class Host:
         """One way only: the host still sends, nothing reaches it (a switch port whose receive
         side failed). The bridge stops learning and flooding to its port and forgets its
         address, so no frame (ARP included) is forwarded to it; the host first learns for good
-        the MAC addresses of the bridge and of the other hosts, whose ARP answers it could no longer
-        hear, so that what it sends still goes out."""
+        the MAC addresses of the bridge and of the other hosts, whose ARP answers it could no
+        longer hear, so that what it sends still goes out."""
         for address, mac in [(self.gateway, _mac(self.bridge))] + [
                 (p.address, _mac("eth0", p.netns)) for p in list(network().hosts.values())
                 if p is not self and not p.removed]:

@@ -11,7 +11,6 @@ import time
 
 from . import hosts_faults as hf
 from .hosts_faults import nodes_as_hosts  # noqa: F401 (autouse, before the module's moto)
-from .probes import wait_for
 from .test_k8s_gang import KubernetesRun
 
 pytestmark = hf.MARKS
@@ -44,10 +43,7 @@ def test_kubernetes_node_1_cut_off_during_the_rendezvous_is_named_at_its_timeout
         aws, kubernetes, tmp_path):
     gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
     finish = hf.in_background(gang, TD_RENDEZVOUS_TIMEOUT=30, timeout_s=500)
-    worker = wait_for(lambda: next((p for js in list(kubernetes.controller.jobsets.values())
-                                    for p in js.pods if p.replicated_job == "worker"
-                                    and p.process is not None), None), hf.START_S, "the worker pod")
-    hf.cut_at_start_and_time(worker.process, finish, "Kubernetes")
+    hf.cut_at_start_and_time(hf.started_worker_pod(kubernetes).process, finish, "Kubernetes")
 
 
 def test_kubernetes_node_1_that_can_send_but_hears_nothing_is_named_by_its_heartbeat(
