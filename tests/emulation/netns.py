@@ -245,6 +245,7 @@ class Network:
     hosts: dict[str, Host] = field(default_factory=dict)
     dns: "dns.Server | None" = None
     _count: int = 0
+    _last: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -252,17 +253,25 @@ class Network:
         return str(self.subnet.network_address + 1)
 
     def add_host(self) -> Host:
-        """A new namespace on the bridge, with the next free address of the subnet."""
+        """A new namespace on the bridge, with the subnet's next free address after the last
+        one given (round the subnet): an address is not given again soon after its host was
+        removed. A removed host's namespace lingers, its veth on the bridge and its address up,
+        until the last of its processes (killed, not yet reaped) is gone and the kernel has torn
+        it down: a new host at its address would share it with the old one for that while."""
         with self._lock:
             taken = {h.address for h in self.hosts.values() if not h.removed}
             free = [str(a) for a in self.subnet.hosts() if str(a) != self.address
                     and str(a) not in taken]
             if not free:
                 raise HostsUnavailable("no address left on %s" % self.subnet)
+            after = [a for a in free if ipaddress.ip_address(a) > ipaddress.ip_address(
+                self._last)] if self._last else free
+            address = (after or free)[0]
+            self._last = address
             self._count += 1
             host = Host(netns="td%dn%d" % (os.getpid(), self._count),
                         veth="td%dv%d" % (os.getpid(), self._count),
-                        address=free[0], gateway=self.address, bridge=self.bridge)
+                        address=address, gateway=self.address, bridge=self.bridge)
             self.hosts[host.netns] = host
         _ip("netns", "add", host.netns)
         _ip("link", "add", host.veth, "type", "veth", "peer", "name", "eth0",
