@@ -245,7 +245,6 @@ class Network:
     hosts: dict[str, Host] = field(default_factory=dict)
     dns: "dns.Server | None" = None
     _count: int = 0
-    _last: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -264,10 +263,10 @@ class Network:
                     and str(a) not in taken]
             if not free:
                 raise HostsUnavailable("no address left on %s" % self.subnet)
-            after = [a for a in free if ipaddress.ip_address(a) > ipaddress.ip_address(
-                self._last)] if self._last else free
+            last = next(reversed(self.hosts.values()), None)  # the hosts in the order given
+            after = [a for a in free if last is None
+                     or ipaddress.ip_address(a) > ipaddress.ip_address(last.address)]
             address = (after or free)[0]
-            self._last = address
             self._count += 1
             host = Host(netns="td%dn%d" % (os.getpid(), self._count),
                         veth="td%dv%d" % (os.getpid(), self._count),
