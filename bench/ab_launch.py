@@ -12,7 +12,8 @@ Each install is a Python (a venv) with the package installed from one commit. A 
 `bench_ours.py` once per install and launcher (`ours_fork`: one node of --world processes;
 `ours_nodes`: --world emulated nodes of one process, so node agents run too), in a shuffled
 order, through the same `run_flow` as bench/run.py. Times are rank 0's, in seconds since the
-train task was created; `collective` is when the first all_reduce completed. Writes
+train task was created; `collective` is when the first all_reduce completed. Each install's
+package is compiled to bytecode first, as an installed one is (run.compile_bytecode). Writes
 bench/results/ab-<timestamp>.json and prints medians of each arm and of the paired differences.
 With `single` and `torchrun` among the launchers (bench/run.py's floor and torchrun in a
 step), it also prints each arm's whole-flow ratios to them, paired by repetition (issue 41:
@@ -113,6 +114,11 @@ def main(argv=None):
     launchers = args.launchers.split(",")
     rng = random.Random(args.seed)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
+    sys.path.insert(0, str(HERE))
+    import run
+
+    for python in arms.values():
+        run.compile_bytecode(python)
     load_before = os.getloadavg()[0]
     t = time.monotonic()
     runs = []

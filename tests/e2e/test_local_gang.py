@@ -16,7 +16,7 @@ def test_two_nodes_two_processes_all_reduce(flow_runner):
     got = flow_runner.client(TRAIN + (
         "run = t.parent.parent\n"
         "result = dict(total=t['total'].data, rank=t['rank_seen'].data, envs=t['envs'].data,\n"
-        "              info=t['info'].data,\n"
+        "              info=t['info'].data, frozen=t['frozen'].data,\n"
         "              tasks=[len(list(run[s])) for s in ('start', 'train', 'end')])"))
     assert got["total"] == 1 + 2 + 3 + 4
     assert got["rank"] == 0
@@ -34,6 +34,9 @@ def test_two_nodes_two_processes_all_reduce(flow_runner):
     assert got["info"] == dict(rank=0, local_rank=0, world_size=4, local_world_size=2,
                                node_rank=0, num_nodes=2, is_main=True, device="cpu",
                                master_port=int(envs[0]["MASTER_PORT"]))
+    # every rank, of node 0 and of the node its agent forked, runs with the objects its task
+    # loaded (torch, Metaflow) frozen out of the collector: the task froze them before forking
+    assert len(got["frozen"]) == 4 and min(got["frozen"]) > 10000, got["frozen"]
     # members are invisible: one task per step
     assert got["tasks"] == [1, 1, 1]
     # the plan, printed when the gang starts

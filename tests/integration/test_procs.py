@@ -1,6 +1,7 @@
 """Members as real processes: forked and exec'd, their exit statuses, error files, output pump,
 stopping, and dying with their parent."""
 
+import errno
 import gc
 import json
 import os
@@ -20,6 +21,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.failur
     read_error_file,
 )
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.procs import (
+    ExitWaiter,
     OutputPump,
     SignalSetup,
     fork_member,
@@ -126,6 +128,38 @@ def run_forked(members, body, **kw):
     out = read_to_eof(member.stdout_fd)
     err = read_to_eof(member.stderr_fd)
     return wait_exit(member), out, err
+
+
+# ExitWaiter: a watch's sleep, woken by a member's exit
+
+def test_the_exit_waiter_wakes_as_a_member_exits_and_sleeps_out_one_that_ended(members):
+    member = members.fork("[rank 1]", lambda: time.sleep(0.3))
+    waiter = ExitWaiter()
+    try:
+        began = time.monotonic()
+        waiter.wait([member], 30.0)
+        assert time.monotonic() - began < 20, "slept through the member's exit"
+        assert member.poll() == 0
+        began = time.monotonic()  # ended and reaped: its pidfd would wake it at once, forever
+        waiter.wait([member], 0.3)
+        assert time.monotonic() - began >= 0.29
+    finally:
+        waiter.close()
+
+
+def test_the_exit_waiter_sleeps_the_interval_where_the_kernel_has_no_pidfds(members,
+                                                                              monkeypatch):
+    def refuse(pid, flags=0):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", refuse)
+    member = members.fork("[rank 1]", lambda: time.sleep(30))
+    waiter = ExitWaiter()
+    began = time.monotonic()
+    waiter.wait([member], 0.3)
+    assert 0.29 <= time.monotonic() - began < 20
+    assert member.poll() is None
+    waiter.close()
 
 
 # fork_member: exit statuses, error files, environment

@@ -4,6 +4,7 @@ import errno
 import gc
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -21,6 +22,7 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.pro
     spawn_member,
     stop_members,
 )
+from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime import supervisor
 from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.supervisor import (
     SYMPTOM_WAIT,
     AgentWatch,
@@ -169,6 +171,34 @@ def test_finishes_when_every_member_exits_0(gang, started):
     assert sup.wait(10)
     assert not sup.failed() and recorder.calls == []
     assert [s.member.poll() for s in slots] == [0, 0, 0]
+
+
+def test_the_watch_sees_the_last_member_end_as_it_happens_not_a_poll_later(gang, started,
+                                                                             monkeypatch):
+    """Between two looks the watch sleeps on its members' exits: with a poll interval of a
+    minute, the last member's end still ends the watch at once (the end of a gang step)."""
+    monkeypatch.setattr(supervisor, "POLL_INTERVAL", 60.0)
+    host, _, _ = gang
+    slots = [Slot(member(started, r, "time.sleep(0.5)"), 0, r, r) for r in (1, 2)]
+    sup = LeaderWatch(slots, host, Topology(1, 3), on_failure=Recorder()).start()
+    assert sup.wait(20), "the watch slept through its members' exits"
+    assert not sup.failed() and [s.member.poll() for s in slots] == [0, 0]
+
+
+def test_rank_0s_end_wakes_the_task_waiting_for_it_at_once(gang, started, monkeypatch):
+    """Node 0's task waits for rank 0's process (wait_for_leader) and is woken as it ends,
+    while the other ranks still run, whatever the poll interval."""
+    monkeypatch.setattr(supervisor, "POLL_INTERVAL", 60.0)
+    host, _, _ = gang
+    rank0 = Slot(member(started, 0, "time.sleep(0.5)"), 0, 0, 0)
+    slots = [rank0, Slot(member(started, 1, "time.sleep(60)"), 0, 1, 1)]
+    sup = LeaderWatch(slots, host, Topology(1, 2), leader_slot=rank0,
+                      on_failure=Recorder()).start()
+    waiter = threading.Thread(target=sup.wait_for_leader, daemon=True)
+    waiter.start()
+    waiter.join(20)
+    assert not waiter.is_alive(), "rank 0 ended but its task slept on"
+    assert rank0.member.poll() == 0 and not sup.wait(0)
 
 
 def test_sees_a_failure_a_node_reports_through_the_control_plane(gang):

@@ -24,6 +24,7 @@ Every rank leaves the mark body-<RANK> in $TD_MARK_DIR as its body starts.
 TD_INTRUDER (the path of tests/intruder.py): rank 0 first starts it, an outside process that
 reached the gang's store with MASTER_ADDR and MASTER_PORT only; it writes to $TD_MARK_DIR."""
 
+import gc
 import os
 import runpy
 import signal
@@ -193,6 +194,8 @@ class GangFlow(FlowSpec):
         info = current.torch_distributed
         before_gather()
         self.envs = info.gather(self.env_seen)
+        # what each rank inherited from its task frozen out of the collector (procs.py)
+        self.frozen = info.gather(gc.get_freeze_count())
         self.info = dict(rank=info.rank, local_rank=info.local_rank, world_size=info.world_size,
                          local_world_size=info.local_world_size, node_rank=info.node_rank,
                          num_nodes=info.num_nodes, is_main=info.is_main, device=str(info.device),

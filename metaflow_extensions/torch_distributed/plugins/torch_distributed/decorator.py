@@ -38,7 +38,7 @@ from .mf.events import GangRecord
 from .mf.usertimer import PausedTimer, WhenAll, disarm
 from .mf.versions import check_metaflow_version, check_torch_version, installed_torch
 from .preflight import early as preflight_early
-from .runtime import interrupt
+from .runtime import interrupt, procs
 
 # Metaflow imports this module before it reads the command line: in a gang member, a spin-step
 # of the task, its warnings that the flow's other decorators are skipped go before they start.
@@ -294,6 +294,7 @@ class TorchDistributedDecorator(StepDecorator):
         if retry_count > max_user_code_retries:
             paused.resume()
             return step_func  # @catch's fallback attempt runs alone, as on any step
+        procs.freeze_preloaded()  # node 0's task: from here on the body runs in members
         try:
             return self._leader_step(flow, step_func, retry_count, max_user_code_retries,
                                      paused)

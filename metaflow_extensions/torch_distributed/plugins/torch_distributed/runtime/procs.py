@@ -10,6 +10,7 @@ import atexit
 import ctypes
 import dataclasses
 import functools
+import gc
 import os
 import selectors
 import signal
@@ -67,6 +68,17 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def freeze_preloaded() -> None:
+    """Keep every object this process holds now (torch, Metaflow, the flow: loaded once, in the
+    task, for the members it forks) out of Python's cyclic garbage collector from here on, in
+    this process and in every member it forks (gc.freeze, as Python's documentation advises
+    before forking workers). A forked rank's collections then never write to those objects'
+    pages, so its members share them with the task instead of copying them, and the task's
+    exit skips collecting them: with torch loaded that collection took 0.35 s of every gang
+    step's end. What is frozen lives as long as the process in any case (modules, the flow)."""
+    gc.freeze()
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Linux: ask the kernel to SIGKILL this process when the thread that started it exits, so
     a crashed or killed task never leaves members behind. If the parent already died between
@@ -119,6 +131,43 @@ class Member:
             os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+class ExitWaiter:
+    """Sleeps between two looks of a watch, woken at once when a member it watches exits (a
+    pidfd per member, Linux 5.3+): a rank's end is seen as it happens, not up to a poll
+    interval later. Where pidfds are unavailable it sleeps the whole interval, as before."""
+
+    def __init__(self) -> None:
+        self._fds: Dict[int, int] = {}  # pid -> its pidfd
+        self._usable = hasattr(os, "pidfd_open")
+
+    def wait(self, members: Iterable[Member], timeout: float) -> None:
+        """Until one of `members` that still runs exits, or `timeout` seconds passed."""
+        running = {m.pid for m in members if m.poll() is None}
+        for pid in [p for p in self._fds if p not in running]:
+            os.close(self._fds.pop(pid))  # ended (reaped: its pidfd stays readable)
+        if self._usable:
+            for pid in running - set(self._fds):
+                try:
+                    self._fds[pid] = os.pidfd_open(pid)
+                except ProcessLookupError:  # gone between its poll and here: look again now
+                    return
+                except OSError:  # the kernel has no pidfds (ENOSYS), a sandbox refuses them
+                    self._usable = False
+                    break
+        if not self._usable or not self._fds:
+            time.sleep(timeout)
+            return
+        with selectors.DefaultSelector() as selector:
+            for fd in self._fds.values():
+                selector.register(fd, selectors.EVENT_READ)
+            selector.select(timeout)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def _reaped(pid: int) -> bool:

@@ -36,7 +36,7 @@ from ..core.topology import Topology
 from ..runtime import oom, stacks
 from ..runtime.control import ControlPlane
 from ..runtime.floodwatch import FloodWatch
-from ..runtime.procs import Member
+from ..runtime.procs import ExitWaiter, Member
 from ..runtime.stacks import NodeProgress, OnDemand, Report
 
 POLL_INTERVAL = 0.05
@@ -232,9 +232,10 @@ class Watch:
     # -- the thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        exits = ExitWaiter()
         try:
             while not self.poll_once():
-                time.sleep(POLL_INTERVAL)
+                exits.wait([s.member for s in self.slots], POLL_INTERVAL)
         except GangAborted:
             self._fail(F.Failure(None, -1, F.FailureKind.ABORTED, time.time(),
                                  message="gang aborted by node 0"),
@@ -248,6 +249,7 @@ class Watch:
             self._fail(F.Failure(None, -1, F.FailureKind.CONTROL, time.time(),
                                  message="lost the gang's control plane: %s" % ex))
         finally:
+            exits.close()
             with self._lock:
                 self._polling = False
 
@@ -494,7 +496,7 @@ class LeaderWatch(Watch):
 
     def wait_for_leader(self) -> None:
         """Until rank 0's process (leader_slot) ended or the watch did."""
-        while not (self.leader_ended.is_set() or self.finished.wait(POLL_INTERVAL)):
+        while not (self.leader_ended.wait(POLL_INTERVAL) or self.finished.is_set()):
             pass
 
     def _tick(self) -> None:
