@@ -46,12 +46,21 @@ def frozen_node(node_dir: Path, timeout_s: float):
     try:
         yield stopped_at
     finally:
-        for p in frozen:
-            if p.is_running():
-                p.kill()
-        # a suspended process takes its SIGKILL when the kernel next schedules it, which on two
-        # loaded cores can be after the emulator's check that nothing is left
-        psutil.wait_procs(frozen, timeout=10)
+        kill_frozen(frozen)
+
+
+def kill_frozen(frozen: list) -> None:
+    """Kills the suspended processes of a frozen node that are still there and waits for them.
+    Any may end on its own meanwhile: as a host (TD_EMULATION_HOSTS=1) the kernel kills every
+    process of a node whose PID 1 exits."""
+    for p in frozen:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    # a suspended process takes its SIGKILL when the kernel next schedules it, which on two
+    # loaded cores can be after the emulator's check that nothing is left
+    psutil.wait_procs(frozen, timeout=10)
 
 
 def assert_hang_report(out: str, flow_file: str, hang_timeout: int) -> None:

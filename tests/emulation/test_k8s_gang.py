@@ -19,7 +19,8 @@ from .jobset_controller import validate_jobset
 from .k8s_api import KubernetesEmulator
 from .k8s_cluster import ClusterApi
 from tests.support import isolated_env, metaflow
-from .probes import assert_hang_report, intruder_env, published_secret, wait_for
+from .probes import (assert_hang_report, intruder_env, kill_frozen, published_secret,
+                     wait_for)
 from .test_batch_checkpoint import BOTH_ROUNDS, STORED_STATES
 
 FLOWS = Path(__file__).parent / "flows"
@@ -360,9 +361,7 @@ def test_a_worker_pod_that_freezes_is_caught_by_its_heartbeat(aws, kubernetes, t
     try:
         runner.join(150)
     finally:
-        for p in frozen:
-            if p.is_running():
-                p.kill()
+        kill_frozen(frozen)
     res = outcome["res"]
     assert res.returncode != 0
     assert "node 1 stopped sending heartbeats 3.0s ago" in res.output, res.output
