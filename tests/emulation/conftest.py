@@ -16,8 +16,19 @@ def aws() -> Iterator[AwsEmulation]:
         yield emulation
 
 
+def shared_folders(request, tmp_path) -> tuple:
+    """The folders of the test that its nodes see as hosts (TD_EMULATION_HOSTS=1): none, as on
+    a cloud, unless the test is marked `shares_test_folder(why)`, for what it cannot yet pass
+    another way (docs/testing.md: Metaflow's local metadata for @checkpoint, a test's marks)."""
+    marker = request.node.get_closest_marker("shares_test_folder")
+    if marker is not None:
+        assert marker.args and marker.args[0], "shares_test_folder needs its reason"
+        return (tmp_path,)
+    return ()
+
+
 @pytest.fixture
-def start_emulator(aws, tmp_path) -> Iterator[Callable[..., BatchEmulator]]:
+def start_emulator(aws, tmp_path, request) -> Iterator[Callable[..., BatchEmulator]]:
     """Starts emulators on the module's moto; closes them and checks nothing is left."""
     started: list[BatchEmulator] = []
 
@@ -26,7 +37,7 @@ def start_emulator(aws, tmp_path) -> Iterator[Callable[..., BatchEmulator]]:
             aws.endpoint_url,
             image_env=aws.container_env,
             workdir=tmp_path / ("emulator-%d" % len(started)),
-            shared=(tmp_path,),  # nodes as hosts: the flows' local metadata (docs/testing.md)
+            shared=shared_folders(request, tmp_path),
             **options,
         )
         emulator.start()
@@ -53,7 +64,7 @@ def batch(start_emulator) -> BatchEmulator:
 
 
 @pytest.fixture
-def start_kubernetes(aws, tmp_path) -> Iterator[Callable[..., KubernetesEmulator]]:
+def start_kubernetes(aws, tmp_path, request) -> Iterator[Callable[..., KubernetesEmulator]]:
     """Starts Kubernetes emulators (API + JobSet controller) on the module's moto; closes them
     and checks that no pod process is left."""
     started: list[KubernetesEmulator] = []
@@ -61,7 +72,7 @@ def start_kubernetes(aws, tmp_path) -> Iterator[Callable[..., KubernetesEmulator
     def start(**options) -> KubernetesEmulator:
         emulator = KubernetesEmulator(image_env=aws.container_env,
                                       workdir=tmp_path / ("k8s-%d" % len(started)),
-                                      shared=(tmp_path,), **options)
+                                      shared=shared_folders(request, tmp_path), **options)
         emulator.start()
         started.append(emulator)
         return emulator

@@ -13,6 +13,11 @@ from .aws import client
 from .probes import wait_for
 from .test_batch_gang import BatchRun, _train_job_id
 
+# nodes as hosts: @checkpoint reads the run's metadata (local, the launcher's: TD_LAUNCH_DIR) and
+# the ranks leave their marks there (docs/testing.md)
+pytestmark = pytest.mark.shares_test_folder(
+    "@checkpoint reads the run's metadata (local, the launcher's) and the ranks' marks")
+
 # seconds from TerminateJob to rank 1's own handler: the issue's 1 s, plus the emulator's
 # request and its next tick, on a loaded 2-core machine
 REACH_BOUND = 5.0

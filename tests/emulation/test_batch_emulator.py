@@ -126,6 +126,7 @@ def test_single_node_job_fails_with_exit_code(aws, batch):
     assert batch.node_log(job_id) == "about to fail\n"
 
 
+@pytest.mark.shares_test_folder("each node writes its environment to the test's folder")
 def test_multinode_nodes_get_layout_and_per_node_overrides(aws, batch, tmp_path):
     client_ = batch_client(batch)
     dump = (
@@ -234,6 +235,7 @@ def test_attempt_duration_timeout_stops_the_job(aws, start_emulator):
     assert detail["container"]["exitCode"] == 137
 
 
+@pytest.mark.shares_test_folder("each node leaves its marks in the test's folder")
 def test_main_node_exit_stops_child_nodes(aws, start_emulator, tmp_path):
     batch = start_emulator(stop_grace_s=0.5)
     client_ = batch_client(batch)

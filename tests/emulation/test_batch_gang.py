@@ -89,6 +89,7 @@ def gang(aws, batch, tmp_path):
     return BatchRun(aws, batch, tmp_path, "batch_gang_flow.py")
 
 
+@pytest.mark.shares_test_folder("the intruder's report (intruder.json, pwned)")
 def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang, tmp_path):
     """... while an outside process that knows only MASTER_ADDR and MASTER_PORT forges messages
     into the gang's store (tests/intruder.py)."""

@@ -78,6 +78,12 @@ class KubernetesRun:
                 if js["metadata"]["annotations"].get("metaflow/step_name") == step]
 
 
+# nodes as hosts: @checkpoint reads the run's metadata (local, the launcher's: TD_LAUNCH_DIR) and
+# the ranks leave their marks there (docs/testing.md)
+CHECKPOINT_MARKS = pytest.mark.shares_test_folder(
+    "@checkpoint reads the run's metadata (local, the launcher's) and the ranks' marks")
+
+
 def replicated(jobset, name):
     [rjob] = [r for r in jobset["spec"]["replicatedJobs"] if r["name"] == name]
     return rjob
@@ -97,6 +103,7 @@ def shared(aws, tmp_path_factory):
     knows only MASTER_ADDR and MASTER_PORT forges messages into its store (tests/intruder.py)."""
     tmp = tmp_path_factory.mktemp("k8s-shared")
     with KubernetesEmulator(image_env=aws.container_env, workdir=tmp / "k8s",
+                            # the intruder's report (intruder.json, pwned) is read from tmp
                             shared=(tmp,)) as kubernetes:
         gang = KubernetesRun(aws, kubernetes, tmp, "k8s_gang_flow.py")
         gang.intruder_dir = tmp / "intruder"
@@ -368,6 +375,7 @@ def test_a_worker_pod_that_freezes_is_caught_by_its_heartbeat(aws, kubernetes, t
     assert time.monotonic() - stopped_at < 60
 
 
+@CHECKPOINT_MARKS
 def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubernetes, tmp_path):
     """A lost node (its pod deleted, as an eviction or preemption does) after a save: @retry's new
     JobSet starts from that checkpoint on every pod, the worker pod's agent getting what node 0's
@@ -390,6 +398,7 @@ def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubern
 
 
 @pytest.mark.parametrize("start_method", ["fork", "exec"])
+@CHECKPOINT_MARKS
 def test_a_rank_killed_on_the_worker_pod_restarts_the_jobset_in_place(aws, kubernetes, tmp_path,
                                                                        start_method):
     """max_restarts=1: rank 1 (the worker pod) is SIGKILLed after rank 0's save; both pods
@@ -464,6 +473,7 @@ def _print_preemption_lines(res):
             print(line)
 
 
+@CHECKPOINT_MARKS
 def test_a_deleted_worker_pod_preempts_the_gang_and_the_retry_resumes_from_the_save_in_its_grace(
         aws, kubernetes, tmp_path):
     """Deleting the worker pod (an eviction, a spot node drained): the kubelet's SIGTERM goes to

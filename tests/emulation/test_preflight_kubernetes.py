@@ -30,7 +30,7 @@ def cluster(tmp_path):
 
     def start(**options):
         emulator = KubernetesEmulator(workdir=tmp_path / ("k8s-%d" % len(started)),
-                                      cluster=ClusterApi(**options), shared=(tmp_path,))
+                                      cluster=ClusterApi(**options))
         emulator.start()
         started.append(emulator)
         return emulator
