@@ -43,6 +43,26 @@ class AwsEmulation:
         return client(self.endpoint_url, service)
 
 
+class Marks:
+    """What a flow's tasks leave for the test, through moto's S3 as a remote task would write
+    it (no folder is shared with a node): `url` is the flow's TD_MARKS, an S3 prefix under
+    which a task's `mark(name, value)` puts an object `name` holding repr(value)."""
+
+    def __init__(self, aws: AwsEmulation, name: str) -> None:
+        self._s3 = aws.client("s3")
+        self._bucket = aws.bucket
+        self._prefix = "marks/%s/" % name
+        self.url = "s3://%s/%s" % (aws.bucket, self._prefix.rstrip("/"))
+
+    def exists(self, name: str) -> bool:
+        listed = self._s3.list_objects_v2(Bucket=self._bucket, Prefix=self._prefix + name)
+        return any(o["Key"] == self._prefix + name for o in listed.get("Contents", ()))
+
+    def read(self, name: str) -> str:
+        return self._s3.get_object(Bucket=self._bucket,
+                                   Key=self._prefix + name)["Body"].read().decode()
+
+
 def validate_request(service: str, operation: str, params: dict) -> None:
     """Fails unless `params` is valid input of `operation` in botocore's model of `service`."""
     import botocore.session

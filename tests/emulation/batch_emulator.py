@@ -130,7 +130,7 @@ class BatchEmulator:
     loopback_hostname_nodes : node indices whose hostname resolves to 127.0.1.1, as in an
         image whose /etc/hosts maps it there (Debian's and Ubuntu's default).
     shared : folders under /tmp that nodes as hosts still see through their private /tmp
-        (the emulator's own folder always): a test's folder where its flows keep Metaflow's
+        (besides the node's own folder): a test's folder where its flows keep Metaflow's
         local metadata. A real node shares no disk with the launcher (docs/testing.md).
     """
 

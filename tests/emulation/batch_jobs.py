@@ -125,7 +125,8 @@ class NodeRunner:
     By default every node is a process of this host, whose own non-loopback address stands
     for each node's private address (tests/emulation/hosts.py); with `hosts` (netns.py,
     TD_EMULATION_HOSTS=1) every node is a host of its own on a bridge, with its own address
-    and EC2 hostname, which sees of this host's /tmp only the `shared` folders. The nodes in
+    and EC2 hostname, which sees of this host's /tmp only its own folder and the `shared`
+    folders (not the other nodes' folders, as on separate instances). The nodes in
     `loopback_hostname_nodes` find 127.0.1.1 for their hostname instead (their /etc/hosts
     says so, as a Debian or Ubuntu image's does)."""
 
@@ -170,7 +171,7 @@ class NodeRunner:
         hostname = ec2_hostname(host.address)
         env["HOSTNAME"] = hostname
         container = netns.container_spec(host, self.node_dir(job, node), hostname, workdir,
-                                         shared=(self.root, *self.shared),
+                                         shared=(self.node_dir(job, node), *self.shared),
                                          hostname_address=hostname_address,
                                          memory_bytes=container_memory(node.launch.container))
         return self.start(node.launch.command, workdir, env, self.log_path(job, node),

@@ -4,9 +4,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from .aws import AwsEmulation, moto_aws
+from .aws import AwsEmulation, Marks, moto_aws
 from .batch_emulator import BatchEmulator, EmulatorError
 from .k8s_api import EmulatorError as KubernetesEmulatorError, KubernetesEmulator
+from .metadata_service import MetadataService
 from tests.support import assert_none_left, with_env
 
 
@@ -14,6 +15,23 @@ from tests.support import assert_none_left, with_env
 def aws() -> Iterator[AwsEmulation]:
     with moto_aws() as emulation:
         yield emulation
+
+
+@pytest.fixture(scope="module")
+def metadata_service(aws) -> Iterator[MetadataService]:
+    """Metaflow's metadata service, emulated, where every node and pod reaches it: one per
+    module, as the module's moto is one S3 (a deployment's service and bucket go together:
+    a service of its own per test would number its runs from 1 again, and @checkpoint would
+    find the checkpoints of an earlier test's run of the same number in the bucket)."""
+    service = MetadataService()
+    yield service
+    service.close()
+
+
+@pytest.fixture
+def marks(aws, request) -> Marks:
+    """The test's marks in moto's S3 (TD_MARKS for its flow)."""
+    return Marks(aws, "%s-%d" % (request.node.name.replace("/", "_")[:80], id(request)))
 
 
 def shared_folders(request, tmp_path) -> tuple:

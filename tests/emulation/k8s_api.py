@@ -129,8 +129,9 @@ class KubernetesEmulator:
     cluster : the served API groups, RBAC, Kueue queues and nodes (k8s_cluster.py); by
         default JobSet is installed, everything is allowed, and one node has no GPU.
     shared : folders under /tmp that pods as hosts (TD_EMULATION_HOSTS=1) still see through
-        their private /tmp (the emulator's own folder always): a test's folder where its
-        flows keep Metaflow's local metadata. A real pod shares no disk with the launcher.
+        their private /tmp (besides the pod's own folder and the cluster's DNS records): a
+        test's folder where its flows keep Metaflow's local metadata. A real pod shares no
+        disk with the launcher.
     loopback_hostname_pods : (replicated job, job index) pairs whose pods' /etc/hosts maps
         their names to 127.0.1.1, as a Debian or Ubuntu image's does where nothing rewrites
         it (pods as hosts only).
@@ -190,6 +191,7 @@ class KubernetesEmulator:
             "contexts": [{"name": "emulated", "context": {
                 "cluster": "emulated", "user": "tester", "namespace": "default"}}],
         }))
+        self.dns_records.parent.mkdir(exist_ok=True)
         self.dns_records.write_text("{}")
         self._threads = [
             threading.Thread(target=self._server.serve_forever, args=(0.1,), daemon=True),
@@ -251,7 +253,9 @@ class KubernetesEmulator:
 
     @property
     def dns_records(self) -> Path:
-        return self._root / "dns.json"
+        """The cluster's DNS records, in a folder of their own: with pods as hosts, that folder
+        and each pod's own are all a pod sees of the emulator's."""
+        return self._root / "dns" / "records.json"
 
     @property
     def env(self) -> dict[str, str]:
@@ -364,7 +368,8 @@ class KubernetesEmulator:
         # the kubelet's /etc/hosts: the pod's hostname (and FQDN) at its own IP
         loopback = (pod.replicated_job, pod.job_index) in self._loopback_hostname_pods
         container = netns.container_spec(
-            host, pod_dir, pod.hostname, work, shared=(self._root, *self._shared),
+            host, pod_dir, pod.hostname, work,
+            shared=(pod_dir, self.dns_records.parent, *self._shared),
             names=tuple(n for n in (pod.fqdn, pod.hostname) if n),
             hostname_address=DEBIAN_HOSTNAME_ADDRESS if loopback else None,
             memory_bytes=memory_limit(pod.template))

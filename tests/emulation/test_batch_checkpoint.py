@@ -1,7 +1,9 @@
 """@checkpoint + @retry on a multi-node gang on the emulated AWS Batch: the agent of node 1 gets
 the checkpoint node 0's @checkpoint loaded, through the gang's control plane; a TerminateJob
 (SIGTERM to each node's main process) preempts the gang, whose save in the grace the retry
-loads."""
+loads.
+The run's metadata is the emulated metadata service's and the ranks' marks go to moto's S3:
+nodes as hosts see no folder of the test's, as on AWS."""
 
 import re
 import threading
@@ -9,14 +11,10 @@ import time
 
 import pytest
 
+from . import netns
 from .aws import client
 from .probes import wait_for
 from .test_batch_gang import BatchRun, _train_job_id
-
-# nodes as hosts: @checkpoint reads the run's metadata (local, the launcher's: TD_LAUNCH_DIR) and
-# the ranks leave their marks there (docs/testing.md)
-pytestmark = pytest.mark.shares_test_folder(
-    "@checkpoint reads the run's metadata (local, the launcher's) and the ranks' marks")
 
 # seconds from TerminateJob to rank 1's own handler: the issue's 1 s, plus the emulator's
 # request and its next tick, on a loaded 2-core machine
@@ -37,17 +35,34 @@ BOTH_ROUNDS = [[0, "saved by rank 0 in attempt 0"], [1, "saved by rank 0 in roun
 
 
 class CheckpointRun(BatchRun):
+    """The flow with the metadata service (the launcher's, which Metaflow passes on to every
+    job) and its marks in S3."""
+
     flow_name = "RemoteCheckpointFlow"
+
+    def __init__(self, aws, batch, tmp_path, service, marks):
+        super().__init__(aws, batch, tmp_path, "remote_checkpoint_flow.py")
+        self.env.update(service.env, TD_MARKS=marks.url)
+        self.service = service
 
 
 @pytest.fixture
-def gang(aws, batch, tmp_path):
-    return CheckpointRun(aws, batch, tmp_path, "remote_checkpoint_flow.py")
+def gang(aws, batch, tmp_path, metadata_service, marks):
+    return CheckpointRun(aws, batch, tmp_path, metadata_service, marks)
 
 
 def test_the_retry_of_a_batch_gang_loads_the_checkpoint_on_every_node(gang):
-    res = gang.run(TD_LAUNCH_DIR=gang.workdir)
+    res = gang.run()
     assert res.returncode == 0, res.output
+    # both attempts of the train task were registered with the service by node 0's container
+    # (with nodes as hosts, from its own address: no folder carried them)
+    registered = [(r[3], r[1]) for r in gang.service.requests if r[0] == "POST"
+                  and re.search(r"/runs/%s/steps/train/tasks/\d+/metadata$" % gang.run_id, r[1])]
+    train = [m for key, ms in gang.service.metadata.items()
+             if key[1:3] == (gang.run_id, "train") for m in ms]
+    assert sorted(m["value"] for m in train if m["field_name"] == "attempt") == ["0", "1"], train
+    if netns.enabled():
+        assert any(address != netns.listen_address() for address, _ in registered), registered
     assert "rank 1 (node 1, local rank 0) was killed by SIGKILL" in res.output, res.output
     assert len(gang.jobs_of("train")) == 2  # the retry was a new multi-node job
     loaded = gang.client("run['train'].task['loaded'].data")
@@ -59,7 +74,7 @@ def test_the_retry_of_a_batch_gang_loads_the_checkpoint_on_every_node(gang):
 def test_a_rank_killed_on_node_1_restarts_the_batch_gang_in_place_in_the_same_job(gang):
     """max_restarts=1: rank 1 (node 1) is SIGKILLed after rank 0's save; both nodes start
     their ranks again within the same multi-node job, each loading that save."""
-    res = gang.run(TD_LAUNCH_DIR=gang.workdir, TD_MAX_RESTARTS=1)
+    res = gang.run(TD_MAX_RESTARTS=1)
     assert res.returncode == 0, res.output
     assert "restart 1 of 1 after rank 1 (node 1) was killed by SIGKILL" in res.output, res.output
     assert "Task is starting (retry)" not in res.output, res.output
@@ -76,7 +91,7 @@ def test_a_rank_killed_on_node_1_restarts_the_batch_gang_in_place_in_the_same_jo
 
 
 def test_terminate_job_preempts_every_node_and_the_retry_resumes_from_the_save_in_its_grace(
-        aws, start_emulator, tmp_path):
+        aws, start_emulator, tmp_path, metadata_service, marks):
     """TerminateJob, as a spot reclaim or `aws batch terminate-job` does: SIGTERM to each
     container's main process, Metaflow's bash, which has no handler (docker drops it for PID 1):
     the gang's forwarder in front of it passes it to each node's supervisor, so every rank
@@ -85,13 +100,13 @@ def test_terminate_job_preempts_every_node_and_the_retry_resumes_from_the_save_i
     30 s, over the gang's preempt_grace of 10 s: after the grace, node 0 still has to stop the
     ranks and Metaflow to record the attempt (with a grace of 20 s, the 10 s left were not enough
     on two loaded cores: the container was killed before the attempt was recorded)."""
-    gang = CheckpointRun(aws, start_emulator(stop_grace_s=30), tmp_path,
-                         "remote_checkpoint_flow.py")
+    gang = CheckpointRun(aws, start_emulator(stop_grace_s=30), tmp_path, metadata_service,
+                         marks)
     outcome = {}
     runner = threading.Thread(target=lambda: outcome.update(res=gang.run(
-        timeout_s=300, TD_LAUNCH_DIR=gang.workdir, TD_PREEMPT=1, TD_PREEMPT_GRACE=10)))
+        timeout_s=300, TD_PREEMPT=1, TD_PREEMPT_GRACE=10)))
     runner.start()
-    wait_for(lambda: all((gang.workdir / ("training-%d" % r)).exists() for r in (0, 1)), 180,
+    wait_for(lambda: all(marks.exists("training-%d" % r) for r in (0, 1)), 180,
              "both ranks training")
     time.sleep(1.0)
     job_id = _train_job_id(gang.batch)
@@ -103,10 +118,10 @@ def test_terminate_job_preempts_every_node_and_the_retry_resumes_from_the_save_i
     assert res.returncode == 0, res.output  # attempt 0 preempted, the retry succeeded
     assert re.search(r"was preempted \(SIGTERM to node [01]\)", res.output), res.output
     assert "OOM" not in res.output and "died without a word" not in res.output
-    handled = float((gang.workdir / "own-handler-1").read_text())
+    handled = float(marks.read("own-handler-1"))
     assert handled - sent < REACH_BOUND, (handled - sent, res.output)
     for rank in (0, 1):
-        assert (gang.workdir / ("preempt-saved-%d" % rank)).exists(), res.output
+        assert marks.exists("preempt-saved-%d" % rank), res.output
     jobs = gang.jobs_of("train")
     assert len(jobs) == 2  # the retry was a new multi-node job
     loaded = gang.client("run['train'].task['loaded'].data")

@@ -9,12 +9,16 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
+from . import netns
 from .aws import client
 from .batch_jobs import MAIN_NODE_EXITED_REASON
 from .hosts import is_node_address
 from .probes import processes_of, wait_for
 
 IMAGE = "python:3.11"
+# A node's marks for the test, through moto's S3 (s3_mark.py: put NAME / wait NAME...), as nodes
+# on separate instances would leave them: no folder of the test is a node's.
+MARK = "python %s" % (Path(__file__).with_name("s3_mark.py"))
 
 
 def batch_client(emulator):
@@ -68,8 +72,8 @@ def env_var(name: str, value: str) -> dict:
     return {"name": name, "value": value}
 
 
-def read_env_file(path: Path) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in path.read_text().splitlines())
+def read_env(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines())
 
 
 def sleeping_multinode_job(batch, aws, name: str, num_nodes: int) -> str:
@@ -126,17 +130,11 @@ def test_single_node_job_fails_with_exit_code(aws, batch):
     assert batch.node_log(job_id) == "about to fail\n"
 
 
-@pytest.mark.shares_test_folder("each node writes its environment to the test's folder")
-def test_multinode_nodes_get_layout_and_per_node_overrides(aws, batch, tmp_path):
+def test_multinode_nodes_get_layout_and_per_node_overrides(aws, batch, marks):
     client_ = batch_client(batch)
-    dump = (
-        'env | grep -E "^(AWS_BATCH_|ROLE=)" | sort > "$OUT/.$AWS_BATCH_JOB_NODE_INDEX" && '
-        'mv "$OUT/.$AWS_BATCH_JOB_NODE_INDEX" "$OUT/node-$AWS_BATCH_JOB_NODE_INDEX.env"'
-    )
-    wait_children = (
-        'for i in $(seq 200); do [ -e "$OUT/node-1.env" ] && [ -e "$OUT/node-2.env" ] '
-        "&& exit 0; sleep 0.05; done; exit 1"
-    )
+    dump = ('env | grep -E "^(AWS_BATCH_|ROLE=)" | sort | %s put "node-$AWS_BATCH_JOB_NODE_INDEX.env"'
+            % MARK)
+    wait_children = "%s wait node-1.env node-2.env" % MARK
     # As Metaflow does: placeholder commands in the definition, real ones as node overrides,
     # and an open-ended range so that numNodes can be overridden at submit time.
     register_multinode(
@@ -144,7 +142,7 @@ def test_multinode_nodes_get_layout_and_per_node_overrides(aws, batch, tmp_path)
         "gang",
         2,
         {"0:0": ["false"], "1:": ["false"]},
-        [env_var("OUT", str(tmp_path)), env_var("ROLE", "default")],
+        [env_var("MARKS", marks.url), env_var("ROLE", "default")],
     )
     job_id = client_.submit_job(
         jobName="gang",
@@ -171,13 +169,14 @@ def test_multinode_nodes_get_layout_and_per_node_overrides(aws, batch, tmp_path)
         },
     )["jobId"]
 
-    detail = wait_status(client_, job_id, "SUCCEEDED", "FAILED")
+    # (python and boto3 start in each node: seconds on a loaded machine)
+    detail = wait_status(client_, job_id, "SUCCEEDED", "FAILED", timeout_s=60)
 
     assert detail["status"] == "SUCCEEDED", batch.node_log(job_id)
     assert detail["nodeProperties"]["numNodes"] == 3
     assert "container" not in detail
     assert detail["attempts"][-1]["container"]["exitCode"] == 0
-    nodes = [read_env_file(tmp_path / ("node-%d.env" % index)) for index in range(3)]
+    nodes = [read_env(marks.read("node-%d.env" % index)) for index in range(3)]
     for index, env in enumerate(nodes):
         assert env["AWS_BATCH_JOB_ID"] == "%s#%d" % (job_id, index)
         assert env["AWS_BATCH_JOB_NODE_INDEX"] == str(index)
@@ -201,6 +200,30 @@ def test_multinode_nodes_get_layout_and_per_node_overrides(aws, batch, tmp_path)
     # The main node is launched first, the children once it runs.
     assert all(node_details[0]["startedAt"] <= d["startedAt"] for d in node_details[1:])
     assert batch.submissions[-1]["nodeOverrides"]["numNodes"] == 3
+
+
+@pytest.mark.skipif(not netns.enabled(), reason="nodes as hosts only (TD_EMULATION_HOSTS=1):"
+                    " as processes of one host every node sees every folder")
+def test_a_node_as_a_host_sees_no_other_nodes_folder(aws, batch):
+    """Separate instances share no disk: node 1 sees neither node 0's work folder nor any
+    folder of the job's but its own, although node 0 wrote there before node 1 looked."""
+    client_ = batch_client(batch)
+    register_multinode(client_, "apart", 2, {
+        "0:0": ["bash", "-c", "echo zero > here; sleep 8"],
+        "1:1": ["bash", "-c", "sleep 3; date +%s.%N; "
+                "[ -e ../../node-0/work/here ] && echo 'sees node 0' || echo 'blind to node 0'; "
+                "ls -A ../.. | tr '\\n' ' '; echo"]})
+    job_id = client_.submit_job(jobName="apart", jobQueue=aws.queue,
+                                jobDefinition="apart")["jobId"]
+
+    detail = wait_status(client_, job_id, "SUCCEEDED", "FAILED", timeout_s=30)
+    assert detail["status"] == "SUCCEEDED", batch.node_log(job_id, 1)
+    looked_at, seen, listed = batch.node_log(job_id, 1).splitlines()
+    written = batch.node_dir(job_id, 0) / "work" / "here"
+    assert written.read_text() == "zero\n"  # on this machine, node 0's file is there
+    assert written.stat().st_mtime < float(looked_at)
+    assert seen == "blind to node 0"
+    assert listed.split() == ["node-1"]
 
 
 def test_command_that_cannot_start_fails_the_job(aws, batch):
@@ -235,36 +258,30 @@ def test_attempt_duration_timeout_stops_the_job(aws, start_emulator):
     assert detail["container"]["exitCode"] == 137
 
 
-@pytest.mark.shares_test_folder("each node leaves its marks in the test's folder")
-def test_main_node_exit_stops_child_nodes(aws, start_emulator, tmp_path):
+def test_main_node_exit_stops_child_nodes(aws, start_emulator, marks):
     batch = start_emulator(stop_grace_s=0.5)
     client_ = batch_client(batch)
-    started = 'touch "$OUT/started-$AWS_BATCH_JOB_NODE_INDEX"'
+    started = '%s put "started-$AWS_BATCH_JOB_NODE_INDEX" < /dev/null' % MARK
     register_multinode(
         client_,
         "main-exits",
         3,
         {
-            "0:0": [
-                "bash",
-                "-c",
-                'for i in $(seq 200); do [ -e "$OUT/started-1" ] && [ -e "$OUT/started-2" ] '
-                "&& exit 0; sleep 0.05; done; exit 1",
-            ],
+            "0:0": ["bash", "-c", "%s wait started-1 started-2" % MARK],
             # As PID 1 it gets the SIGTERM because it handles it (docker stop's way).
             "1:1": ["bash", "-c", "trap 'exit 143' TERM; %s; while true; do sleep 0.1; done"
                     % started],
             # Ignores SIGTERM, so only the SIGKILL after the grace period stops it.
             "2:2": ["bash", "-c", "trap '' TERM; %s; while true; do sleep 0.1; done" % started],
         },
-        [env_var("OUT", str(tmp_path))],
+        [env_var("MARKS", marks.url)],
     )
     job_id = client_.submit_job(
         jobName="main-exits", jobQueue=aws.queue, jobDefinition="main-exits"
     )["jobId"]
 
-    detail = wait_status(client_, job_id, "SUCCEEDED", "FAILED")
-    assert detail["status"] == "SUCCEEDED"
+    detail = wait_status(client_, job_id, "SUCCEEDED", "FAILED", timeout_s=60)
+    assert detail["status"] == "SUCCEEDED", batch.node_log(job_id)
 
     stopped = [wait_status(client_, "%s#%d" % (job_id, i), "FAILED", timeout_s=5) for i in (1, 2)]
     assert [node["container"]["exitCode"] for node in stopped] == [143, 137]

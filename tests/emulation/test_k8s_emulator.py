@@ -10,6 +10,7 @@ import sys
 import pytest
 from kubernetes import client, config
 
+from . import netns
 from .hosts import is_node_address
 from .probes import wait_for
 
@@ -25,7 +26,7 @@ PROBE = ("import json, os, socket, sys, time\n"
          "sys.exit(int(os.environ.get('EXIT_' + os.environ['INDEX'], '0')))\n")
 
 
-def jobset(name, workers=2, **extra):
+def jobset(name, workers=2, code=PROBE, **extra):
     def rjob(job, replicas):
         env = [{"name": "CONTROL", "value": "%s-control-0-0.%s.default.svc.cluster.local"
                 % (name, name)},
@@ -37,7 +38,7 @@ def jobset(name, workers=2, **extra):
             "backoffLimit": 0, "completions": 1, "parallelism": 1, "template": {"spec": {
                 "subdomain": name, "restartPolicy": "Never",
                 "containers": [{"name": job, "image": "python:3.11", "env": env,
-                                "command": [sys.executable, "-c", PROBE]}]}}}}}
+                                "command": [sys.executable, "-c", code]}]}}}}}
 
     return {"apiVersion": "%s/%s" % (GROUP, VERSION), "kind": "JobSet",
             "metadata": {"name": name},
@@ -85,6 +86,38 @@ def test_a_jobset_runs_its_pods_in_order_and_completes(kubernetes, api):
     assert sorted(p.metadata.annotations["jobset.sigs.k8s.io/job-index"] for p in pods) == [
         "0", "1"]
     assert {p.status.container_statuses[0].state.terminated.exit_code for p in pods} == {0}
+
+
+# What a pod sees of its siblings' folders (pods/<name>) and of the emulator's own.
+LOOK = ("import json, os, sys, time\n"
+        "open('here', 'w').write(os.environ['POD'])\n"
+        "time.sleep(float(os.environ.get('HOLD', '0')))\n"
+        "print(json.dumps({'pod': os.environ['POD'], 'at': time.time(),"
+        " 'pods': sorted(os.listdir('../..')), 'emulator': sorted(os.listdir('../../..'))}))\n")
+
+
+@pytest.mark.skipif(not netns.enabled(), reason="pods as hosts only (TD_EMULATION_HOSTS=1):"
+                    " as processes of one host every pod sees every folder")
+def test_a_pod_as_a_host_sees_no_other_pods_folder(kubernetes, api):
+    """Pods on separate nodes share no disk: each sees its own folder and the cluster's DNS
+    records, not its siblings' folders (the control pod wrote in its folder before the
+    workers started: InOrder)."""
+    api.create_namespaced_custom_object(GROUP, VERSION, "default", "jobsets",
+                                        jobset("js-apart", code=LOOK, control={"HOLD": "3"},
+                                               worker={"HOLD": "1"}))
+    status = wait_for(lambda: finished(api, "js-apart"), 60, "the JobSet to finish")
+    pods = kubernetes.pods("js-apart")
+    assert status["terminalState"] == "Completed", [kubernetes.pod_log(p.name) for p in pods]
+    assert len(pods) == 3
+    for pod in pods:
+        seen = json.loads(kubernetes.pod_log(pod.name).strip().splitlines()[-1])
+        assert seen["pods"] == [pod.name], seen
+        assert seen["emulator"] == ["dns", "pods"], seen
+        if pod.replicated_job == "worker":
+            control = next(p for p in pods if p.replicated_job == "control")
+            written = kubernetes.pod_dir(control.name) / "work" / "here"
+            assert written.read_text() == control.name  # there, on this machine
+            assert written.stat().st_mtime < seen["at"], seen
 
 
 def test_a_failed_job_fails_the_jobset(kubernetes, api):

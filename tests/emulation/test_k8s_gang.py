@@ -36,7 +36,9 @@ NETWORK_POLICIES = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicie
 class KubernetesRun:
     """A flow copied into its own directory and run with `--with kubernetes` on the emulation."""
 
-    def __init__(self, aws, kubernetes, tmp_path, flow):
+    def __init__(self, aws, kubernetes, tmp_path, flow, service=None, marks=None):
+        """`service`: the run's metadata goes to that metadata service (metadata_service.py),
+        which Metaflow passes on to every pod; `marks`: the flow's TD_MARKS (aws.Marks)."""
         self.kubernetes = kubernetes
         self.flow = flow
         self.workdir = tmp_path / "flow"
@@ -46,6 +48,10 @@ class KubernetesRun:
         home.mkdir()
         self.env = isolated_env(aws.env, kubernetes.env,
                                 {"METAFLOW_KUBERNETES_NAMESPACE": "default"}, home=home)
+        if service is not None:
+            self.env.update(service.env)
+        if marks is not None:
+            self.env["TD_MARKS"] = marks.url
         self.run_id = None
 
     def run(self, timeout_s=180, command="run", with_kubernetes="kubernetes", **td):
@@ -76,12 +82,6 @@ class KubernetesRun:
         """The JobSets created for `step`, in order (annotation metaflow/step_name)."""
         return [js for js in self.kubernetes.created
                 if js["metadata"]["annotations"].get("metaflow/step_name") == step]
-
-
-# nodes as hosts: @checkpoint reads the run's metadata (local, the launcher's: TD_LAUNCH_DIR) and
-# the ranks leave their marks there (docs/testing.md)
-CHECKPOINT_MARKS = pytest.mark.shares_test_folder(
-    "@checkpoint reads the run's metadata (local, the launcher's) and the ranks' marks")
 
 
 def replicated(jobset, name):
@@ -375,15 +375,17 @@ def test_a_worker_pod_that_freezes_is_caught_by_its_heartbeat(aws, kubernetes, t
     assert time.monotonic() - stopped_at < 60
 
 
-@CHECKPOINT_MARKS
-def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubernetes, tmp_path):
+def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubernetes, tmp_path,
+                                                                     metadata_service, marks):
     """A lost node (its pod deleted, as an eviction or preemption does) after a save: @retry's new
     JobSet starts from that checkpoint on every pod, the worker pod's agent getting what node 0's
     @checkpoint loaded through the gang's control plane. (A SIGKILLed rank of a remote node,
-    named, and the same hand-over: tests/emulation/test_batch_checkpoint.py.)"""
-    gang = KubernetesRun(aws, kubernetes, tmp_path, "remote_checkpoint_flow.py")
+    named, and the same hand-over: tests/emulation/test_batch_checkpoint.py.) The run's
+    metadata is the metadata service's, the marks S3's: no pod sees a folder of the test's."""
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "remote_checkpoint_flow.py",
+                         metadata_service, marks)
     finish = _checkpoint_run_in_background(gang, TD_LOSE_NODE=1, TD_PREEMPT_GRACE=5)
-    wait_for(lambda: (gang.workdir / "saved").exists(), 180, "the checkpoint of attempt 0")
+    wait_for(lambda: marks.exists("saved"), 180, "the checkpoint of attempt 0")
     worker = _delete_the_worker_pod(kubernetes)
     res = finish()
     assert res.returncode == 0, res.output
@@ -392,22 +394,22 @@ def test_a_lost_worker_pod_is_recovered_by_retry_from_the_checkpoint(aws, kubern
     # ranks' own marks: the output's lines of it may miss, see _assert_preempted_by_node_1),
     # whose grace the ranks let pass
     for rank in (0, 1):
-        assert (gang.workdir / ("preempted-%d" % rank)).exists(), (rank, res.output)
+        assert marks.exists("preempted-%d" % rank), (rank, res.output)
     _print_preemption_lines(res)
     _assert_the_retry_loaded_the_checkpoint_on_both_pods(gang)
 
 
 @pytest.mark.parametrize("start_method", ["fork", "exec"])
-@CHECKPOINT_MARKS
 def test_a_rank_killed_on_the_worker_pod_restarts_the_jobset_in_place(aws, kubernetes, tmp_path,
-                                                                       start_method):
+                                                                       start_method,
+                                                                       metadata_service, marks):
     """max_restarts=1: rank 1 (the worker pod) is SIGKILLed after rank 0's save; both pods
     start their ranks again within the same JobSet, each loading that save. Under exec every
     rank, rank 0 included, is a spin-step: rank 0 of round 1 hands its artifacts back to the
     control pod's task through the run's S3 datastore."""
-    gang = KubernetesRun(aws, kubernetes, tmp_path, "remote_checkpoint_flow.py")
-    res = gang.run(timeout_s=300, TD_LAUNCH_DIR=gang.workdir, TD_MAX_RESTARTS=1,
-                   TD_START_METHOD=start_method)
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "remote_checkpoint_flow.py",
+                         metadata_service, marks)
+    res = gang.run(timeout_s=300, TD_MAX_RESTARTS=1, TD_START_METHOD=start_method)
     assert res.returncode == 0, res.output
     assert "restart 1 of 1 after rank 1 (node 1) was killed by SIGKILL" in res.output, res.output
     assert "Task is starting (retry)" not in res.output, res.output
@@ -433,7 +435,7 @@ def _checkpoint_run_in_background(gang, **td):
 
     outcome = {}
     runner = threading.Thread(target=lambda: outcome.update(
-        res=gang.run(timeout_s=300, TD_LAUNCH_DIR=gang.workdir, **td)))
+        res=gang.run(timeout_s=300, **td)))
     runner.start()
 
     def finish():
@@ -473,17 +475,17 @@ def _print_preemption_lines(res):
             print(line)
 
 
-@CHECKPOINT_MARKS
 def test_a_deleted_worker_pod_preempts_the_gang_and_the_retry_resumes_from_the_save_in_its_grace(
-        aws, kubernetes, tmp_path):
+        aws, kubernetes, tmp_path, metadata_service, marks):
     """Deleting the worker pod (an eviction, a spot node drained): the kubelet's SIGTERM goes to
     the pod's main process only, the gang's forwarder in front of Metaflow's bash, which passes
     it to node 1's agent; rank 1 hears it through its own handler, node 0 is told, rank 0 saves
     in the grace (the pods' terminationGracePeriodSeconds covers it), and @retry's new JobSet
     loads that save on both pods."""
-    gang = KubernetesRun(aws, kubernetes, tmp_path, "remote_checkpoint_flow.py")
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "remote_checkpoint_flow.py",
+                         metadata_service, marks)
     finish = _checkpoint_run_in_background(gang, TD_PREEMPT=1, TD_PREEMPT_GRACE=20)
-    wait_for(lambda: all((gang.workdir / ("training-%d" % r)).exists() for r in (0, 1)), 180,
+    wait_for(lambda: all(marks.exists("training-%d" % r) for r in (0, 1)), 180,
              "both ranks training")
     time.sleep(1.0)
     sent = time.time()
@@ -494,7 +496,7 @@ def test_a_deleted_worker_pod_preempts_the_gang_and_the_retry_resumes_from_the_s
     assert res.returncode == 0, res.output
     _assert_preempted_by_node_1(gang, res)
     assert "OOM" not in res.output and "killed by SIGKILL" not in res.output, res.output
-    handled = float((gang.workdir / "own-handler-1").read_text())
+    handled = float(marks.read("own-handler-1"))
     # the issue's 1 s, plus the emulator's request and its next tick, on a loaded machine
     assert handled - sent < 5.0, (handled - sent, res.output)
     assert len(gang.jobsets_of("train")) == 2  # the retry was a new JobSet

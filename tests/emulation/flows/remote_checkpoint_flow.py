@@ -2,20 +2,24 @@
 
 Attempt 0: rank 0 writes state.txt into current.checkpoint.directory and saves it; then rank 1
 (node 1, under its node agent) is SIGKILLed, or with TD_LOSE_NODE=1 every rank keeps
-all-reducing after leaving the file `saved` in TD_LAUNCH_DIR, until the test takes node 1 away
-(each rank leaves preempted-<rank> once current.torch_distributed.preempted is set).
+all-reducing after leaving the mark `saved`, until the test takes node 1 away (each rank leaves
+preempted-<rank> once current.torch_distributed.preempted is set).
 With TD_PREEMPT=1, attempt 0 instead trains (all_reduce steps) until a rank hears of a preemption
 (current.torch_distributed.preempted, or for rank 1 on node 1 its own SIGTERM handler, as a
-framework's), then rank 0 saves the step where the gang stands; each rank leaves marks in
-TD_LAUNCH_DIR: training-<rank> once it trains, own-handler-1 (when its handler ran) and
-preempt-saved-<rank> (when the save was done).
+framework's), then rank 0 saves the step where the gang stands; each rank leaves marks:
+training-<rank> once it trains, own-handler-1 (when its handler ran) and preempt-saved-<rank>
+(when the save was done).
 Attempt 1 (a new multi-node job or JobSet): every rank reads what it finds in its
 current.checkpoint.directory, and rank 0 gathers it into `loaded`, with where each rank ran.
 TD_MAX_RESTARTS=N gives the gang max_restarts=N: the SIGKILL of rank 1 then restarts the gang in
 place, and round 1 of attempt 0 does what attempt 1 does (`restarts` is its restart_count), then
 rank 0 writes state.txt again ("saved by rank 0 in round 1") and saves it: a checkpoint of its
 own, next to round 0's.
-TD_START_METHOD is the step's start_method (exec: every rank, rank 0 included, a spin-step)."""
+TD_START_METHOD is the step's start_method (exec: every rank, rank 0 included, a spin-step).
+Marks go to S3 under TD_MARKS (s3://bucket/prefix; tests/emulation/aws.py: Marks), as a remote
+task's would: no node shares a folder with the test. The run's metadata is the metadata
+service's (metadata_service.py): @checkpoint reads the run's tags with Metaflow's client when a
+task starts, and a remote task reads them there, as on AWS or a cluster."""
 
 import os
 import signal
@@ -24,16 +28,18 @@ import time
 from metaflow import FlowSpec, checkpoint, current, environment, retry, step, torch_distributed
 
 TD = {k: v for k, v in os.environ.items() if k.startswith("TD_")}
-# @checkpoint reads the run's tags with Metaflow's client when a task starts, so a remote task
-# needs the run's metadata: on AWS or a cluster that is the metadata service; here, with local
-# metadata, the emulated nodes share this machine's disk and read the launcher's (TD_LAUNCH_DIR).
-ENV = dict(TD, METAFLOW_DATASTORE_SYSROOT_LOCAL=TD["TD_LAUNCH_DIR"]) if "TD_LAUNCH_DIR" in TD \
-    else TD
+_S3 = []
 
 
 def mark(name, value):
-    with open(os.path.join(TD["TD_LAUNCH_DIR"], name), "w") as f:
-        f.write(repr(value))
+    """Puts the object `name` (repr(value)) under TD_MARKS, with the S3 endpoint and credentials
+    the node has (moto's)."""
+    import boto3
+
+    if not _S3:
+        _S3.append(boto3.client("s3"))
+    bucket, _, prefix = TD["TD_MARKS"][len("s3://"):].partition("/")
+    _S3[0].put_object(Bucket=bucket, Key="%s/%s" % (prefix, name), Body=repr(value).encode())
 
 
 def train_until_preempted(rank, state):
@@ -70,7 +76,7 @@ class RemoteCheckpointFlow(FlowSpec):
     def start(self):
         self.next(self.train)
 
-    @environment(vars=ENV)
+    @environment(vars=TD)
     @retry(times=1, minutes_between_retries=0)
     @checkpoint
     @torch_distributed(nodes=2, nproc_per_node=1, rendezvous_timeout=60,
@@ -105,13 +111,12 @@ class RemoteCheckpointFlow(FlowSpec):
             dist.barrier()
             if "TD_LOSE_NODE" in TD:
                 if rank == 1:
-                    open(os.path.join(TD["TD_LAUNCH_DIR"], "saved"), "w").close()
-                deadline = time.time() + 120
+                    mark("saved", time.time())
+                deadline, marked = time.time() + 120, False
                 while time.time() < deadline:  # until node 1 is gone, and its peers with it
-                    if current.torch_distributed.preempted.is_set() and \
-                            not os.path.exists(os.path.join(TD["TD_LAUNCH_DIR"],
-                                                            "preempted-%d" % rank)):
+                    if current.torch_distributed.preempted.is_set() and not marked:
                         mark("preempted-%d" % rank, time.time())
+                        marked = True
                     dist.all_reduce(torch.ones(1))
                     time.sleep(0.05)
             if rank == 1:
