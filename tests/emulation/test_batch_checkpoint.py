@@ -63,6 +63,15 @@ def test_the_retry_of_a_batch_gang_loads_the_checkpoint_on_every_node(gang):
     assert sorted(m["value"] for m in train if m["field_name"] == "attempt") == ["0", "1"], train
     if netns.enabled():
         assert any(address != netns.listen_address() for address, _ in registered), registered
+    # with the service, the job's `card create` finds its task, and the gang's card of the
+    # attempt that succeeded is in the card store (with local metadata no card renders on
+    # Batch: test_batch_gang.py, docs/seeing-the-gang.md)
+    task = gang.jobs_of("train")[0]["jobName"].split("-")[-2]
+    listed = gang.cli("card", "list", "%s/train/%s" % (gang.run_id, task))
+    said = listed.stdout + listed.stderr
+    assert listed.returncode == 0, said
+    assert ("torch_distributed", "torch_distributed") in re.findall(
+        r"Card Id: (\w+)\s+Card Type: (\w+)", said), said
     assert "rank 1 (node 1, local rank 0) was killed by SIGKILL" in res.output, res.output
     assert len(gang.jobs_of("train")) == 2  # the retry was a new multi-node job
     loaded = gang.client("run['train'].task['loaded'].data")
