@@ -37,7 +37,8 @@ def marks(aws, request) -> Marks:
 def shared_folders(request, tmp_path) -> tuple:
     """The folders of the test that its nodes see as hosts (TD_EMULATION_HOSTS=1): none, as on
     a cloud, unless the test is marked `shares_test_folder(why)`, for what it cannot yet pass
-    another way (docs/testing.md: Metaflow's local metadata for @checkpoint, a test's marks)."""
+    another way (docs/testing.md: the intruder's report; metadata goes through the metadata
+    service, marks through S3)."""
     marker = request.node.get_closest_marker("shares_test_folder")
     if marker is not None:
         assert marker.args and marker.args[0], "shares_test_folder needs its reason"

@@ -38,8 +38,9 @@ def test_a_local_gang_run_with_the_service_is_read_back_from_it(service, tmp_pat
         "              steps=sorted(s.id for s in run), total=train['total'].data,\n"
         "              world=train['info'].data['world_size'],\n"
         "              attempt=train.metadata_dict.get('attempt'))", env=env)
+    # total: the all_reduce of rank + 1 over both ranks, as rank 0's artifact
     assert seen == {"id": "1", "ok": True, "tags": ["mine"], "steps": ["end", "start", "train"],
-                    "total": seen["total"], "world": 2, "attempt": "0"}, seen
+                    "total": 3.0, "world": 2, "attempt": "0"}, seen
 
     # the gang is one task of the step (node 1 is an agent, not a task of its own), with
     # the heartbeat of its sidecar and the metadata of every attempt

@@ -21,6 +21,7 @@ task's would: no node shares a folder with the test. The run's metadata is the m
 service's (metadata_service.py): @checkpoint reads the run's tags with Metaflow's client when a
 task starts, and a remote task reads them there, as on AWS or a cluster."""
 
+import functools
 import os
 import signal
 import time
@@ -28,18 +29,18 @@ import time
 from metaflow import FlowSpec, checkpoint, current, environment, retry, step, torch_distributed
 
 TD = {k: v for k, v in os.environ.items() if k.startswith("TD_")}
-_S3 = []
+@functools.lru_cache(maxsize=None)
+def _s3():
+    import boto3
+
+    return boto3.client("s3")
 
 
 def mark(name, value):
     """Puts the object `name` (repr(value)) under TD_MARKS, with the S3 endpoint and credentials
     the node has (moto's)."""
-    import boto3
-
-    if not _S3:
-        _S3.append(boto3.client("s3"))
     bucket, _, prefix = TD["TD_MARKS"][len("s3://"):].partition("/")
-    _S3[0].put_object(Bucket=bucket, Key="%s/%s" % (prefix, name), Body=repr(value).encode())
+    _s3().put_object(Bucket=bucket, Key="%s/%s" % (prefix, name), Body=repr(value).encode())
 
 
 def train_until_preempted(rank, state):
