@@ -1,7 +1,10 @@
 """Real flows through `python flow.py run` on the local backend (CPU, gloo)."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,6 +121,43 @@ def test_world_size_one_runs_in_the_task_alone(flow_runner):
     res = flow_runner.run("gang_flow.py", env={"TD_NODES": 1, "TD_NPROC": 1})
     assert res.returncode == 0, res
     assert flow_runner.client(TRAIN + "result = t['total'].data") == 1
+
+
+def test_nodes_emulated_on_this_machine_share_its_cpus_among_their_ranks_threads(flow_runner):
+    """OMP_NUM_THREADS divides the CPUs the run may use among every rank on this machine: two
+    emulated nodes of one process each get half each, not each the whole machine."""
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.core.devices import (
+        usable_cpus)
+
+    res = flow_runner.run("gang_flow.py", env={"TD_NODES": 2, "TD_NPROC": 1})
+    assert res.returncode == 0, res
+    share = max(1, usable_cpus()[0] // 2)
+    assert flow_runner.client(TRAIN + "result = t['threads'].data") == [[str(share), share]] * 2
+
+
+def test_a_cpu_limit_on_the_run_is_the_cpus_its_gang_plans_and_shares(flow_runner):
+    """A run in a cgroup limited to 1 CPU (docker run --cpus=1, a pod's CPU limit) on a
+    machine of more: nproc_per_node="auto" plans 1 process, not os.cpu_count()'s."""
+    from tests.emulation import netns
+
+    if os.geteuid() != 0 or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs root (to make a cpu cgroup) and a machine of 2 CPUs or more")
+    group, why_not = netns.cpu_cgroup("mftd-test-cpu-%d" % os.getpid(), 1.0, None)
+    if group is None:
+        pytest.skip(why_not)
+    try:
+        flow = flow_runner.flow_path("gang_flow.py")
+        proc = subprocess.run(
+            ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group),
+             sys.executable, str(flow), "--no-pylint", "run"],
+            cwd=flow_runner.root, env=flow_runner.env({"TD_NODES": 1, "TD_NPROC": "auto"}),
+            capture_output=True, text=True, timeout=180)
+    finally:
+        netns.remove_cgroup(group)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "train: 1 node x 1 process = world size 1 (CPU, gloo)" in out, out[-6000:]
+    assert flow_runner.client(TRAIN + "result = t['info'].data['world_size']") == 1
 
 
 def test_gpu_topology_without_gpus_fails_with_the_fix(flow_runner):

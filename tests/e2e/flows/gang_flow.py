@@ -40,7 +40,8 @@ if os.environ.get("TD_HANG_NODE") and "--task-id" in sys.argv and \
     time.sleep(3600)
 
 NODES = int(os.environ.get("TD_NODES", "1"))
-NPROC = int(os.environ.get("TD_NPROC", "2"))
+NPROC = os.environ.get("TD_NPROC", "2")  # "auto": the CPUs the run may use
+NPROC = NPROC if NPROC == "auto" else int(NPROC)
 # Seconds the failing rank waits so that its peers are inside the rendezvous or the collective.
 PEERS_INSIDE = 1.0
 
@@ -161,7 +162,7 @@ class GangFlow(FlowSpec):
         if os.environ.get("TD_RANK0_IGNORE_SIGCHLD") and os.environ["RANK"] == "0":
             signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps every child
         before_gather = runpy.run_path(os.environ["TD_INTRUDER"])["intrude_from"](
-            int(os.environ["RANK"]), NODES * NPROC, NODES, os.environ["TD_MARK_DIR"]) \
+            int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), NODES, os.environ["TD_MARK_DIR"]) \
             if os.environ.get("TD_INTRUDER") else (lambda: None)
         if os.environ.get("TD_ALL_SLEEP"):
             open(os.path.join(os.environ["TD_MARK_DIR"], "sleeping-%s" % os.environ["RANK"]), "w").close()
@@ -196,6 +197,8 @@ class GangFlow(FlowSpec):
         self.envs = info.gather(self.env_seen)
         # what each rank inherited from its task frozen out of the collector (procs.py)
         self.frozen = info.gather(gc.get_freeze_count())
+        # the threads each rank was given (OMP_NUM_THREADS) and what torch took from it
+        self.threads = info.gather((os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()))
         self.info = dict(rank=info.rank, local_rank=info.local_rank, world_size=info.world_size,
                          local_world_size=info.local_world_size, node_rank=info.node_rank,
                          num_nodes=info.num_nodes, is_main=info.is_main, device=str(info.device),

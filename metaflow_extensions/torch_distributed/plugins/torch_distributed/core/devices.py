@@ -1,6 +1,7 @@
 """Which accelerator a gang's ranks use, and which GPUs each node sees: pure functions of what
 the step asked for and what the machine shows (no CUDA initialised, nothing written)."""
 
+import math
 import os
 import sys
 from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -60,8 +61,7 @@ def node_cpus(decorators: Sequence[Any], remote: bool,
     """(CPUs of one node, where that came from), for nproc_per_node="auto" without GPUs. On a
     remote backend, the most `cpu=` that @resources, @batch or @kubernetes give the step
     (Metaflow's default of 1 when none does): the node's size, known when the flow is launched.
-    Locally, the CPUs this process may run on, as torchrun counts them (torch._utils.cpu_count:
-    os.sched_getaffinity)."""
+    Locally, the CPUs this process may use (usable_cpus)."""
     if remote:
         best, source = 1, "Metaflow's default of cpu=1 per node"
         for deco in decorators:
@@ -71,9 +71,91 @@ def node_cpus(decorators: Sequence[Any], remote: bool,
                 if cpus > best or source.startswith("Metaflow"):
                     best, source = cpus, "@%s(cpu=%s)" % (deco.name, value)
         return best, source
+    return usable_cpus(affinity)
+
+
+def usable_cpus(affinity: Optional[Collection[int]] = None, proc_dir: str = "/proc/self",
+                root: str = "/") -> Tuple[int, str]:
+    """(CPUs this process may use, how that was found): the CPUs it may run on (its affinity,
+    as torchrun counts them: a cpuset, taskset, Slurm's cores), bounded by the CPU quota of its
+    cgroup or any parent of it (a pod's CPU limit, `docker run --cpus`), rounded up.
+    os.cpu_count() sees neither: in a pod limited to 4 CPUs on a 64-CPU machine it says 64."""
     count = len(affinity) if affinity is not None else (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    quota = cgroup_cpu_quota(proc_dir, root)
+    if quota is not None and math.ceil(quota) < count:
+        limited = max(1, math.ceil(quota))
+        return limited, "%d CPU%s (this machine's cgroup CPU limit of %g, of the %d CPUs " \
+            "it may run on)" % (limited, "" if limited == 1 else "s", quota, count)
     return count, "%d CPUs of this machine" % count
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _cgroup_dirs(proc_dir: str, root: str) -> List[Tuple[str, str, str]]:
+    """("v1" or "v2", the hierarchy's mount point, the folder of this process's own cgroup in
+    it) for each mounted hierarchy that may hold a CPU quota, from /proc/<pid>/cgroup and
+    /proc/<pid>/mountinfo (a container sees its own cgroup as the root of the mount)."""
+    paths: Dict[str, str] = {}  # "v2" or "v1" -> the cgroup's path within its hierarchy
+    for line in (_read(os.path.join(proc_dir, "cgroup")) or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            paths["v2"] = parts[2]
+        elif "cpu" in parts[1].split(","):
+            paths["v1"] = parts[2]
+    found = []
+    for line in (_read(os.path.join(proc_dir, "mountinfo")) or "").splitlines():
+        left, _, right = line.partition(" - ")
+        fields, fs = left.split(), right.split()
+        if len(fields) < 5 or len(fs) < 3:
+            continue
+        mount_root, mount_point = fields[3], fields[4]
+        if fs[0] == "cgroup2":
+            kind = "v2"
+        elif fs[0] == "cgroup" and "cpu" in fs[2].split(","):
+            kind = "v1"
+        else:
+            continue
+        path = paths.get(kind)
+        if path is None or not (path + "/").startswith(mount_root.rstrip("/") + "/"):
+            continue
+        inside = os.path.relpath(path, mount_root)
+        top = os.path.join(root, mount_point.lstrip("/"))
+        found.append((kind, top, os.path.normpath(os.path.join(top, inside))))
+    return found
+
+
+def cgroup_cpu_quota(proc_dir: str = "/proc/self", root: str = "/") -> Optional[float]:
+    """The tightest CPU quota, in CPUs, of this process's cgroup and its parents (cgroup v2's
+    cpu.max, v1's cpu.cfs_quota_us over cpu.cfs_period_us), or None where none is set or none
+    can be read."""
+    tightest: Optional[float] = None
+    for kind, top, folder in _cgroup_dirs(proc_dir, root):
+        while True:
+            if kind == "v2":
+                words = (_read(os.path.join(folder, "cpu.max")) or "max").split()
+                quota, period = (words + ["100000"])[:2]
+            else:
+                quota = (_read(os.path.join(folder, "cpu.cfs_quota_us")) or "-1").strip()
+                period = (_read(os.path.join(folder, "cpu.cfs_period_us")) or "100000").strip()
+            try:
+                cpus = int(quota) / int(period) if quota not in ("max", "-1") else None
+            except (ValueError, ZeroDivisionError):
+                cpus = None
+            if cpus is not None and cpus > 0 and (tightest is None or cpus < tightest):
+                tightest = cpus
+            if len(folder) <= len(top):
+                break
+            folder = os.path.dirname(folder)
+    return tightest
 
 
 def accelerator(step_name: str, topology: Topology, needed: int, where: str,

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from ..core import naming
 from ..core.gangspec import SLURM_BACKEND
+from ..core.devices import usable_cpus
 from ..core.envcontract import Rendezvous, foreign_launcher_vars, rank_env
 from ..core.failures import Failure, FailureKind, from_exit
 from ..core.gangspec import GangSpec, Role
@@ -99,12 +100,20 @@ class NodeRunner:
     def error_file(self, rank: int) -> str:
         return os.path.join(self.spec.work_dir, "error-rank-%d.json" % rank)
 
+    @functools.cached_property
+    def node_cpu_count(self) -> int:
+        """The CPUs this node's ranks share (OMP_NUM_THREADS divides them): those this process
+        may use, whatever a container's quota or a cpuset leaves of the machine; nodes emulated
+        on this host share its CPUs."""
+        cpus, _ = usable_cpus()
+        return max(1, cpus // self.topology.nodes) if self.spec.attempt.local else cpus
+
     def env_of(self, local_rank: int) -> Dict[str, str]:
         rank = self.topology.rank(self.spec.node, local_rank)
         return rank_env(self.topology, self.spec.node, local_rank, self.rendezvous(),
                         accelerator=self.spec.accelerator, error_file=self.error_file(rank),
                         cuda_visible_devices=self.spec.cuda_visible_devices,
-                        base_env=os.environ, cpu_count=os.cpu_count() or 1,
+                        base_env=os.environ, cpu_count=self.node_cpu_count,
                         loopback_interface=loopback_interface()
                         if self.spec.attempt.local else None,
                         node_interface=self.node_interface)

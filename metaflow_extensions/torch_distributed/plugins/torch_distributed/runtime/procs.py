@@ -235,6 +235,7 @@ def fork_member(label: str, body: Callable[[], object], env: Mapping[str, str],
             for key in remove_env:
                 os.environ.pop(key, None)
             os.environ.update(env)
+            apply_thread_count()
             code = run_member_body(body, error_file)
             atexit._run_exitfuncs()
             _flush_stdio()
@@ -246,6 +247,17 @@ def fork_member(label: str, body: Callable[[], object], env: Mapping[str, str],
         os.close(out_w)
         os.close(err_w)
     return Member(label, pid, out_r, err_r, exit_file=exit_file_of(error_file))
+
+
+def apply_thread_count() -> None:
+    """A forked member's torch keeps the intra-op thread count its parent's import read from
+    the parent's environment (all the cores, by default); an exec'd one reads the member's
+    OMP_NUM_THREADS as it imports torch. This gives the forked one the same."""
+    torch = sys.modules.get("torch")
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and value.isdigit() and int(value) > 0 \
+            and torch.get_num_threads() != int(value):
+        torch.set_num_threads(int(value))
 
 
 def run_member_body(body: Callable[[], object], error_file: Optional[str]) -> int:
