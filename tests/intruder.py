@@ -10,6 +10,12 @@ the key of rank 0's record, which rank 0 has not written yet (the others read it
 the name torch gives it and under the gang's prefix for it. It writes what it saw and did to
 OUT_DIR/intruder.json.
 
+OUT_DIR `-` (LOG) is for a node that shares no folder with the test (a remote one): the
+intruder then prints its report as one line to its stdout, REPORT followed by the same JSON,
+and its pickle, when unpickled, writes the line PWNED to the stdout of the process that
+unpickles it (`os.write(1, ...)`, unbuffered) instead of creating a file. Rank 0's stdout
+is the intruder's, so both reach the task's log (as `[rank 0] ...`) when they happen.
+
 Test flows call `runpy.run_path(path)["intrude_from"](rank, world size, nodes, out dir)` in
 every rank before init_process_group: rank 0 starts it there, before the other ranks can send
 their gather values (they wait in init_process_group), with an environment that holds nothing
@@ -23,12 +29,25 @@ import time
 from datetime import timedelta
 
 
+LOG = "-"  # OUT_DIR: report through stdout, the node's log
+REPORT = "intruder report: "  # then the report's JSON, on the same line
+PWNED = "the intruder's pickle ran in this process"  # what its pickle writes in LOG mode
+
+
 class SideEffect:
+    """Unpickled, it creates `path`; with `path` LOG, it writes PWNED to fd 1 instead."""
+
     def __init__(self, path):
         self.path = path
 
     def __reduce__(self):
+        if self.path == LOG:
+            return (os.write, (1, (PWNED + "\n").encode()))
         return (open, (self.path, "w"))
+
+
+def side_effect(out_dir):
+    return SideEffect(LOG if out_dir == LOG else os.path.join(out_dir, "pwned"))
 
 
 def prefixes(keys):
@@ -51,8 +70,7 @@ def forge(store, prefix, world_size, nodes, out_dir):
     for rank in range(1, world_size):
         values[prefix + "joined/rank%d" % rank] = b"1"
         values[prefix + "rank/%d/done" % rank] = b"1"
-        values[prefix + "gather/0/%d" % rank] = pickle.dumps(
-            SideEffect(os.path.join(out_dir, "pwned")))
+        values[prefix + "gather/0/%d" % rank] = pickle.dumps(side_effect(out_dir))
     for key, value in values.items():
         store.set(key, value)
     return sorted(values)
@@ -94,9 +112,13 @@ def main(addr, port, world_size, nodes, out_dir):
         store.set(genuine[0].rsplit("/", 1)[0] + "/abort", store.get(genuine[0]))
         store.set("mftd/abort", store.get(genuine[0]))
     store.check(wrote[:1])  # the server has them all (one connection is served in order)
-    with open(os.path.join(out_dir, "intruder.json"), "w") as f:
-        json.dump({"keys": keys, "prefixes": prefixes(keys), "wrote": wrote,
-                   "torch_keys": torch_keys, "torch_clear": torch_clear}, f)
+    report = {"keys": keys, "prefixes": prefixes(keys), "wrote": wrote,
+              "torch_keys": torch_keys, "torch_clear": torch_clear}
+    if out_dir == LOG:
+        print(REPORT + json.dumps(report), flush=True)
+    else:
+        with open(os.path.join(out_dir, "intruder.json"), "w") as f:
+            json.dump(report, f)
     print("intruder: listed %d keys, forged %d values under %s"
           % (len(keys), len(wrote), prefixes(keys)), flush=True)
 

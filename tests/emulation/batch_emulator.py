@@ -129,9 +129,6 @@ class BatchEmulator:
     region, account_id : what job and job definition ARNs are made of.
     loopback_hostname_nodes : node indices whose hostname resolves to 127.0.1.1, as in an
         image whose /etc/hosts maps it there (Debian's and Ubuntu's default).
-    shared : folders under /tmp that nodes as hosts still see through their private /tmp
-        (besides the node's own folder): a test's folder where its flows keep Metaflow's
-        local metadata. A real node shares no disk with the launcher (docs/testing.md).
     """
 
     def __init__(
@@ -147,7 +144,6 @@ class BatchEmulator:
         region: str = "us-east-1",
         account_id: str = "123456789012",
         loopback_hostname_nodes: Collection[int] = (),
-        shared: Collection[Path] = (),
     ) -> None:
         self._upstream = urlsplit(upstream_url)
         self._image_env = dict(image_env or {})
@@ -160,7 +156,6 @@ class BatchEmulator:
         self._region = region
         self._account_id = account_id
         self._loopback_hostname_nodes = frozenset(loopback_hostname_nodes)
-        self._shared = tuple(Path(p) for p in shared)
         self._hosts = netns.network() if netns.enabled() else None
         self._server: _Server | None = None
         self._endpoint_url = ""
@@ -191,7 +186,7 @@ class BatchEmulator:
         self._runner = NodeRunner(root=self._root, base_env=self._node_base_env(),
                                   main_node_address=host_address(),
                                   loopback_hostname_nodes=self._loopback_hostname_nodes,
-                                  hosts=self._hosts, shared=self._shared)
+                                  hosts=self._hosts)
         self._board = JobBoard(
             self._runner,
             hold_nodes=self._hold_nodes,

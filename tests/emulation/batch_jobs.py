@@ -125,8 +125,8 @@ class NodeRunner:
     By default every node is a process of this host, whose own non-loopback address stands
     for each node's private address (tests/emulation/hosts.py); with `hosts` (netns.py,
     TD_EMULATION_HOSTS=1) every node is a host of its own on a bridge, with its own address
-    and EC2 hostname, which sees of this host's /tmp only its own folder and the `shared`
-    folders (not the other nodes' folders, as on separate instances). The nodes in
+    and EC2 hostname, which sees of this host's /tmp only its own folder (not the other
+    nodes' folders nor the launcher's: separate instances share no disk). The nodes in
     `loopback_hostname_nodes` find 127.0.1.1 for their hostname instead (their /etc/hosts
     says so, as a Debian or Ubuntu image's does)."""
 
@@ -136,7 +136,6 @@ class NodeRunner:
     start: Callable[..., NodeProcess] = NodeProcess.start
     loopback_hostname_nodes: frozenset[int] = frozenset()
     hosts: netns.Network | None = None
-    shared: tuple[Path, ...] = ()
 
     def node_dir(self, job: Job, node: Node) -> Path:
         return self.root / job.job_id / ("node-%d" % node.index)
@@ -171,9 +170,10 @@ class NodeRunner:
         hostname = ec2_hostname(host.address)
         env["HOSTNAME"] = hostname
         container = netns.container_spec(host, self.node_dir(job, node), hostname, workdir,
-                                         shared=(self.node_dir(job, node), *self.shared),
+                                         shared=(self.node_dir(job, node),),
                                          hostname_address=hostname_address,
-                                         memory_bytes=container_memory(node.launch.container))
+                                         memory_bytes=container_memory(node.launch.container),
+                                         weight_cpus=container_vcpus(node.launch.container))
         return self.start(node.launch.command, workdir, env, self.log_path(job, node),
                           host=host, container=container)
 
@@ -324,6 +324,15 @@ class JobBoard:
         job.status_reason = reason
         job.stopped_at = job.main.stopped_at or now_ms()
         self._stop_all(job, job.terminate_reason or MAIN_NODE_EXITED_REASON)
+
+
+def container_vcpus(container: dict) -> float | None:
+    """The container's vCPUs: its VCPU resource requirement, else the legacy `vcpus` field;
+    None when it gives none. On EC2 (where multi-node jobs run) Docker gets them as CPU shares,
+    1024 per vCPU, a weight and no cap: the container may use all of its instance's CPUs."""
+    vcpus = next((r["value"] for r in container.get("resourceRequirements", [])
+                  if r.get("type") == "VCPU"), container.get("vcpus"))
+    return float(vcpus) if vcpus is not None else None
 
 
 def container_memory(container: dict) -> int | None:

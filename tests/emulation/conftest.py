@@ -34,21 +34,10 @@ def marks(aws, request) -> Marks:
     return Marks(aws, "%s-%d" % (request.node.name.replace("/", "_")[:80], id(request)))
 
 
-def shared_folders(request, tmp_path) -> tuple:
-    """The folders of the test that its nodes see as hosts (TD_EMULATION_HOSTS=1): none, as on
-    a cloud, unless the test is marked `shares_test_folder(why)`, for what it cannot yet pass
-    another way (docs/testing.md: the intruder's report; metadata goes through the metadata
-    service, marks through S3)."""
-    marker = request.node.get_closest_marker("shares_test_folder")
-    if marker is not None:
-        assert marker.args and marker.args[0], "shares_test_folder needs its reason"
-        return (tmp_path,)
-    return ()
-
-
 @pytest.fixture
-def start_emulator(aws, tmp_path, request) -> Iterator[Callable[..., BatchEmulator]]:
-    """Starts emulators on the module's moto; closes them and checks nothing is left."""
+def start_emulator(aws, tmp_path) -> Iterator[Callable[..., BatchEmulator]]:
+    """Starts emulators on the module's moto; closes them and checks nothing is left. Nodes as
+    hosts (TD_EMULATION_HOSTS=1) see no folder of the test, as on a cloud (docs/testing.md)."""
     started: list[BatchEmulator] = []
 
     def start(**options) -> BatchEmulator:
@@ -56,7 +45,6 @@ def start_emulator(aws, tmp_path, request) -> Iterator[Callable[..., BatchEmulat
             aws.endpoint_url,
             image_env=aws.container_env,
             workdir=tmp_path / ("emulator-%d" % len(started)),
-            shared=shared_folders(request, tmp_path),
             **options,
         )
         emulator.start()
@@ -83,15 +71,14 @@ def batch(start_emulator) -> BatchEmulator:
 
 
 @pytest.fixture
-def start_kubernetes(aws, tmp_path, request) -> Iterator[Callable[..., KubernetesEmulator]]:
+def start_kubernetes(aws, tmp_path) -> Iterator[Callable[..., KubernetesEmulator]]:
     """Starts Kubernetes emulators (API + JobSet controller) on the module's moto; closes them
-    and checks that no pod process is left."""
+    and checks that no pod process is left. Pods as hosts see no folder of the test."""
     started: list[KubernetesEmulator] = []
 
     def start(**options) -> KubernetesEmulator:
         emulator = KubernetesEmulator(image_env=aws.container_env,
-                                      workdir=tmp_path / ("k8s-%d" % len(started)),
-                                      shared=shared_folders(request, tmp_path), **options)
+                                      workdir=tmp_path / ("k8s-%d" % len(started)), **options)
         emulator.start()
         started.append(emulator)
         return emulator

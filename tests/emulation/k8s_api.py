@@ -128,10 +128,6 @@ class KubernetesEmulator:
         JobSetController).
     cluster : the served API groups, RBAC, Kueue queues and nodes (k8s_cluster.py); by
         default JobSet is installed, everything is allowed, and one node has no GPU.
-    shared : folders under /tmp that pods as hosts (TD_EMULATION_HOSTS=1) still see through
-        their private /tmp (besides the pod's own folder and the cluster's DNS records): a
-        test's folder where its flows keep Metaflow's local metadata. A real pod shares no
-        disk with the launcher.
     loopback_hostname_pods : (replicated job, job index) pairs whose pods' /etc/hosts maps
         their names to 127.0.1.1, as a Debian or Ubuntu image's does where nothing rewrites
         it (pods as hosts only).
@@ -141,14 +137,13 @@ class KubernetesEmulator:
                  hold_pods: Collection[tuple[str, int]] = (), workdir: Path | None = None,
                  stop_grace_s: float | None = None, poll_s: float = 0.05,
                  queue_admission_s: float | None = None,
-                 cluster: ClusterApi | None = None, shared: Collection[Path] = (),
+                 cluster: ClusterApi | None = None,
                  loopback_hostname_pods: Collection[tuple[str, int]] = ()) -> None:
         self.cluster = cluster if cluster is not None else ClusterApi()
         self._image_env = dict(image_env or {})
         self._owns_root = workdir is None
         self._root = Path(workdir) if workdir is not None else None
         self._poll_s = poll_s
-        self._shared = tuple(Path(p) for p in shared)
         self._hosts = netns.network() if netns.enabled() else None
         self._loopback_hostname_pods = frozenset(loopback_hostname_pods)
         if self._loopback_hostname_pods and self._hosts is None:
@@ -369,10 +364,12 @@ class KubernetesEmulator:
         loopback = (pod.replicated_job, pod.job_index) in self._loopback_hostname_pods
         container = netns.container_spec(
             host, pod_dir, pod.hostname, work,
-            shared=(pod_dir, self.dns_records.parent, *self._shared),
+            shared=(pod_dir, self.dns_records.parent),
             names=tuple(n for n in (pod.fqdn, pod.hostname) if n),
             hostname_address=DEBIAN_HOSTNAME_ADDRESS if loopback else None,
-            memory_bytes=memory_limit(pod.template))
+            memory_bytes=memory_limit(pod.template),
+            cpus=cpu_quantity(pod.template, "limits"),
+            weight_cpus=cpu_quantity(pod.template, "requests"))
         return NodeProcess.start(argv, work, full_env, pod_dir / "log",
                                  marker=("K8S_EMULATOR_POD", str(pod_dir)), host=host,
                                  container=container)
@@ -410,6 +407,21 @@ def _not_found(kind: str, name: str) -> tuple[int, dict]:
 _QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+
+
+_CPU = re.compile(r"^(\d+(?:\.\d+)?)(m)?$")
+
+
+def cpu_quantity(template: dict, kind: str) -> float | None:
+    """The CPU `kind` ("limits": the CFS quota the kubelet sets; "requests": the cgroup's
+    weight) of the pod's (first) container in CPUs ("500m" is 0.5); None without one."""
+    containers = template.get("spec", {}).get("containers", [])
+    value = (containers[0].get("resources", {}).get(kind, {}).get("cpu")
+             if containers else None)
+    found = _CPU.match(str(value)) if value is not None else None
+    if not found:
+        return None
+    return float(found.group(1)) / (1000 if found.group(2) else 1)
 
 
 def memory_limit(template: dict) -> int | None:

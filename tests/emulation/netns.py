@@ -40,8 +40,9 @@ SUBNETS = ipaddress.ip_network("10.77.0.0/16")
 SHIM = Path(__file__).with_name("node_host.py")
 REPOSITORY = Path(__file__).resolve().parents[2]
 _LOCK = Path("/run/lock/td-emulation-hosts.lock")
-# cgroup v1's memory hierarchy, where a host's memory cgroup is made (cgroup v2: the root)
+# cgroup v1's memory and cpu hierarchies, where a host's cgroups are made (cgroup v2: the root)
 _MEMORY_V1 = Path("/sys/fs/cgroup/memory")
+_CPU_V1 = Path("/sys/fs/cgroup/cpu")
 _CGROUP_V2 = Path("/sys/fs/cgroup")
 # td<pid>br: a bridge; td<pid>n<k>: a host's namespace; td<pid>v<k>: its veth's bridge end
 _NAME = re.compile(r"^td(\d+)(br|n\d+|v\d+)$")
@@ -100,11 +101,11 @@ def _sweep() -> None:
         found = _NAME.match(link["ifname"])
         if found and not _alive(int(found.group(1))):
             subprocess.run(["ip", "link", "delete", link["ifname"]], capture_output=True)
-    for root in (_MEMORY_V1, _CGROUP_V2):
+    for root in (_MEMORY_V1, _CPU_V1, _CGROUP_V2):
         for group in root.glob("td*n*") if root.is_dir() else ():
             found = _NAME.match(group.name)
             if found and not _alive(int(found.group(1))):
-                _remove_cgroup(group)
+                remove_cgroup(group)
 
 
 def memory_cgroup(name: str, limit_bytes: int | None) -> tuple[Path | None, str]:
@@ -133,16 +134,46 @@ def memory_cgroup(name: str, limit_bytes: int | None) -> tuple[Path | None, str]
         return None, "cannot make a memory cgroup: %s" % error
 
 
+def cpu_cgroup(name: str, cpus: float | None, weight_cpus: float | None
+               ) -> tuple[Path | None, str]:
+    """A cpu cgroup called `name` for a host's container, as a container runtime makes one:
+    a hard quota of `cpus` CPUs (the CFS quota a pod's CPU limit sets; None: none) and a
+    relative weight of `weight_cpus` CPUs (what a pod's CPU request or an AWS Batch job's
+    vCPUs set: 1024 shares per CPU; None: the default): (its folder, "") or (None, why)."""
+    shares = max(2, int(weight_cpus * 1024)) if weight_cpus else None
+    try:
+        if (_CPU_V1 / "cpu.cfs_quota_us").exists():
+            group = _CPU_V1 / name
+            group.mkdir(exist_ok=True)
+            if cpus is not None:
+                period = int((group / "cpu.cfs_period_us").read_text())
+                (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpus * period))))
+            if shares is not None:
+                (group / "cpu.shares").write_text(str(shares))
+            return group, ""
+        if "cpu" in (_CGROUP_V2 / "cgroup.subtree_control").read_text().split():
+            group = _CGROUP_V2 / name
+            group.mkdir(exist_ok=True)
+            if cpus is not None:
+                (group / "cpu.max").write_text("%d 100000" % max(1000, int(cpus * 100000)))
+            if shares is not None:  # the kernel's own conversion of shares to a weight
+                (group / "cpu.weight").write_text(str(1 + (shares - 2) * 9999 // 262142))
+            return group, ""
+        return None, "no cpu controller in %s or %s" % (_CPU_V1, _CGROUP_V2)
+    except OSError as error:
+        return None, "cannot make a cpu cgroup: %s" % error
+
+
 @functools.lru_cache(maxsize=1)
 def cgroups_unavailable() -> str | None:
     """Why hosts get no memory cgroup of their own here, or None when they do (a probe)."""
     group, why_not = memory_cgroup("td%dn0" % os.getpid(), 64 << 20)
     if group is not None:
-        _remove_cgroup(group)
+        remove_cgroup(group)
     return why_not or None
 
 
-def _remove_cgroup(group: Path) -> None:
+def remove_cgroup(group: Path) -> None:
     """Removes a host's cgroup once the last of its processes is gone (bounded)."""
     for _ in range(50):
         try:
@@ -189,8 +220,8 @@ class Host:
     bridge: str = ""
     # the hostname its container got (container_spec): what the bridge's DNS answers for it
     name: str = ""
-    # its container's memory cgroup (container_spec), removed with the host
-    cgroup: Path | None = None
+    # its container's cgroups (container_spec: memory, cpu), removed with the host
+    cgroups: list[Path] = field(default_factory=list)
     removed: bool = False
 
     def cut(self) -> None:
@@ -227,8 +258,8 @@ class Host:
             self.removed = True
             _kill_inside(self.netns)
             _ip("netns", "delete", self.netns)
-            if self.cgroup is not None:
-                _remove_cgroup(self.cgroup)
+            for group in self.cgroups:
+                remove_cgroup(group)
 
     def argv(self, command: list[str], spec: dict, report_fd: int) -> list[str]:
         """The command line that runs `command` as PID 1 of this host (node_host.py)."""
@@ -343,14 +374,16 @@ def listen_address() -> str:
 def container_spec(host: Host, folder: Path, hostname: str, cwd: Path,
                    shared: tuple[Path, ...] = (), names: tuple[str, ...] = (),
                    hostname_address: str | None = None,
-                   memory_bytes: int | None = None) -> dict:
+                   memory_bytes: int | None = None, cpus: float | None = None,
+                   weight_cpus: float | None = None) -> dict:
     """What node_host.py makes of the container: its hostname, an /etc/hosts that maps
     `names` (the hostname and its first label by default) to `hostname_address` (the host's
     own address by default; 127.0.1.1 stands for a Debian or Ubuntu image), and a private
-    /tmp in `folder` through which the `shared` folders under /tmp stay visible (the test's
-    folder and the emulator's: see docs/testing.md), and a memory cgroup of its own limited
-    to `memory_bytes` (the container's memory; None: no limit) where the kernel allows one
-    (else the spec's `cgroup_unavailable` says why and the container runs in this one's)."""
+    /tmp in `folder` through which the `shared` folders under /tmp stay visible (the node's
+    own folders of the emulator's: see docs/testing.md), and cgroups of its own where the kernel
+    allows them (else the spec's `cgroup_unavailable` says why and the container runs in this
+    one's): memory limited to `memory_bytes` (None: no limit), CPU to a quota of `cpus`
+    (None: none) with the weight of `weight_cpus` (cpu_cgroup)."""
     names = names or tuple(dict.fromkeys([hostname, hostname.split(".")[0]]))
     host.name = hostname
     etc_hosts = folder / "etc-hosts"
@@ -372,11 +405,16 @@ def container_spec(host: Host, folder: Path, hostname: str, cwd: Path,
     # a folder inside another shared one is visible through it already
     outermost = [p for p in under_tmp if not any(p != q and p.is_relative_to(q)
                                                    for q in under_tmp)]
-    host.cgroup, why_not = memory_cgroup(host.netns, memory_bytes)
+    memory, why_not = memory_cgroup(host.netns, memory_bytes)
     if why_not:
         _say_once("nodes as hosts run without a memory cgroup of their own: %s" % why_not)
+    cpu, why_not_cpu = cpu_cgroup(host.netns, cpus, weight_cpus)
+    if why_not_cpu:
+        _say_once("nodes as hosts run without a cpu cgroup of their own: %s" % why_not_cpu)
+    # on cgroup v2 both are the one folder
+    host.cgroups = list(dict.fromkeys(g for g in (memory, cpu) if g is not None))
     return {"hostname": hostname, "etc_hosts": str(etc_hosts),
             "resolv_conf": str(resolv_conf), "tmp": str(tmp),
             "shared": [str(p) for p in outermost], "cwd": str(cwd),
-            "cgroup": str(host.cgroup) if host.cgroup else None,
-            "cgroup_unavailable": why_not}
+            "cgroups": [str(g) for g in host.cgroups],
+            "cgroup_unavailable": "; ".join(w for w in (why_not, why_not_cpu) if w)}

@@ -6,8 +6,8 @@
 unshares a UTS, mount and PID namespace and forks the container: PID 1, which sets the
 hostname, binds the host's /etc/hosts and /etc/resolv.conf, puts a private folder over /tmp
 (the `shared` folders under /tmp stay visible at their own paths), mounts the namespace's
-/proc, and execs COMMAND with the environment in SPEC; with a `cgroup` in SPEC, this process
-first joins that memory cgroup, so the container and everything it starts are in it.
+/proc, and execs COMMAND with the environment in SPEC; with `cgroups` in SPEC (memory, cpu),
+this process first joins them, so the container and everything it starts are in them.
 It writes "pid N" (PID 1 as this machine sees it) to REPORT_FD, or "error ..." when the
 container could not start; the fd closes when COMMAND is running.
 
@@ -70,8 +70,8 @@ def main():
     spec, report = json.loads(sys.argv[1]), int(sys.argv[2])
     command = sys.argv[sys.argv.index("--") + 1:]
     os.set_inheritable(report, False)  # closes at the exec: the container is running
-    if spec.get("cgroup"):  # the container's memory cgroup: its processes inherit it
-        with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as procs:
+    for group in spec.get("cgroups", ()):  # the container's cgroups: its processes inherit them
+        with open(os.path.join(group, "cgroup.procs"), "w") as procs:
             procs.write(str(os.getpid()))
     _check(_libc.unshare(CLONE_NEWUTS | CLONE_NEWNS | CLONE_NEWPID), "unshare")
     for signum in _STOPS:

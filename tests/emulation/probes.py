@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests import intruder
 from tests.support import assert_collective_history, live_processes, with_env
 
 
@@ -114,9 +115,29 @@ def batch_views(batch) -> str:
     return json.dumps([batch.submissions, jobs, definitions], default=str)
 
 
-def intruder_env(out_dir: Path) -> dict:
+INTRUDER = Path(__file__).parent.parent / "intruder.py"
+# In the log mode, the line the intruder's forged pickle writes to the stdout of a process that
+# unpickles it (in a run's output: the pickle ran); and how its report's line starts.
+INTRUDER_PWNED, INTRUDER_REPORT = intruder.PWNED, intruder.REPORT
+
+
+def intruder_env(out_dir: Path | None = None) -> dict:
     """The TD_* variables that make a test flow's rank 0 start tests/intruder.py, which writes
-    to `out_dir`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return {"TD_INTRUDER": str(Path(__file__).parent.parent / "intruder.py"),
-            "TD_INTRUDER_DIR": str(out_dir)}
+    to `out_dir`; with none, it reports through the node's log (TD_INTRUDER_DIR "-", for a
+    node that sees no folder of the test): intruder_report reads it back."""
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    return {"TD_INTRUDER": str(INTRUDER),
+            "TD_INTRUDER_DIR": intruder.LOG if out_dir is None else str(out_dir)}
+
+
+def intruder_report(output: str) -> dict:
+    """The report the intruder printed in a run's output (its one line, "intruder report: "
+    and the JSON of what it saw and did)."""
+    import json
+
+    lines = [line for line in output.splitlines() if INTRUDER_REPORT in line]
+    assert len(lines) >= 1, "no intruder report in the output:\n" + output[-6000:]
+    reports = [json.loads(line.split(INTRUDER_REPORT, 1)[1]) for line in lines]
+    assert all(r == reports[0] for r in reports), lines  # a log shown twice: the same line
+    return reports[0]

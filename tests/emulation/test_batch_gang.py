@@ -15,8 +15,8 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.mf import c
 
 from .aws import validate_request
 from tests.support import isolated_env, metaflow
-from .probes import (assert_hang_report, batch_views, frozen_node, intruder_env,
-                     published_secret, wait_for)
+from .probes import (INTRUDER_PWNED, assert_hang_report, batch_views, frozen_node,
+                     intruder_env, intruder_report, published_secret, wait_for)
 
 FLOWS = Path(__file__).parent / "flows"
 # The gang records (events.py) the train task kept in the attempts %s, oldest first, in their
@@ -89,11 +89,10 @@ def gang(aws, batch, tmp_path):
     return BatchRun(aws, batch, tmp_path, "batch_gang_flow.py")
 
 
-@pytest.mark.shares_test_folder("the intruder's report (intruder.json, pwned)")
-def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang, tmp_path):
+def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang):
     """... while an outside process that knows only MASTER_ADDR and MASTER_PORT forges messages
-    into the gang's store (tests/intruder.py)."""
-    res = gang.run(**intruder_env(tmp_path / "intruder"))
+    into the gang's store (tests/intruder.py, reporting through node 0's log)."""
+    res = gang.run(**intruder_env())
     assert res.returncode == 0, res.output
     [job] = gang.jobs_of("train")
     for submission in gang.batch.submissions:  # what Metaflow and we sent is valid AWS input
@@ -112,10 +111,11 @@ def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang, tmp_p
     assert _agent_order(job)["backend"] == "batch"
     assert secret not in batch_views(gang.batch)
     # the intruder listed the store's keys, and neither they nor what it forged steered the
-    # gang (its total and gather are right, below) or ran its pickle
-    seen = json.loads((tmp_path / "intruder" / "intruder.json").read_text())
+    # gang (its total and gather are right, below) or ran its pickle (which would have
+    # written INTRUDER_PWNED to the log)
+    seen = intruder_report(res.output)
     assert "mftd/abort" in seen["wrote"] and not [k for k in seen["keys"] if secret in k]
-    assert not (tmp_path / "intruder" / "pwned").exists()
+    assert INTRUDER_PWNED not in res.output, res.output
     assert "The gang ignored " in res.output and "gather 3" in res.output, res.output
     places = gang.client("run['train'].task['places'].data")
     assert [p["rank"] for p in places] == [0, 1, 2, 3]
@@ -138,6 +138,8 @@ def test_two_nodes_of_two_processes_form_one_gang_and_log_every_rank(gang, tmp_p
     out = gang.cli("logs", "--stdout", "%s/train" % gang.run_id)
     err = gang.cli("logs", "--stderr", "%s/train" % gang.run_id)
     assert out.returncode == 0 and err.returncode == 0, out.stderr + err.stderr
+    assert intruder_report(out.stdout) == seen
+    assert INTRUDER_PWNED not in out.stdout + err.stdout
     for rank in range(4):
         assert "[rank %d] rank %d says hello from batch node %d" % (
             rank, rank, rank // 2) in out.stdout

@@ -18,9 +18,10 @@ from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime imp
 from .jobset_controller import validate_jobset
 from .k8s_api import KubernetesEmulator
 from .k8s_cluster import ClusterApi
+from . import netns
 from tests.support import isolated_env, metaflow
-from .probes import (assert_hang_report, intruder_env, kill_frozen, published_secret,
-                     wait_for)
+from .probes import (INTRUDER_PWNED, assert_hang_report, intruder_env, intruder_report,
+                     kill_frozen, published_secret, wait_for)
 from .test_batch_checkpoint import BOTH_ROUNDS, STORED_STATES
 
 FLOWS = Path(__file__).parent / "flows"
@@ -100,14 +101,12 @@ def env_of(jobset, name):
 @pytest.fixture(scope="module")
 def shared(aws, tmp_path_factory):
     """One 2 x 2 run that succeeds, checked by several tests, while an outside process that
-    knows only MASTER_ADDR and MASTER_PORT forges messages into its store (tests/intruder.py)."""
+    knows only MASTER_ADDR and MASTER_PORT forges messages into its store (tests/intruder.py,
+    reporting through node 0's log)."""
     tmp = tmp_path_factory.mktemp("k8s-shared")
-    with KubernetesEmulator(image_env=aws.container_env, workdir=tmp / "k8s",
-                            # the intruder's report (intruder.json, pwned) is read from tmp
-                            shared=(tmp,)) as kubernetes:
+    with KubernetesEmulator(image_env=aws.container_env, workdir=tmp / "k8s") as kubernetes:
         gang = KubernetesRun(aws, kubernetes, tmp, "k8s_gang_flow.py")
-        gang.intruder_dir = tmp / "intruder"
-        res = gang.run(**intruder_env(gang.intruder_dir))
+        res = gang.run(**intruder_env())
         yield gang, res
 
 
@@ -158,10 +157,11 @@ def test_an_outside_process_in_the_store_neither_steers_the_gang_nor_sees_its_se
     assert len(pods) >= 2 and secret not in json.dumps([gang.kubernetes.created, pods])
     assert not [v for v in env_of(jobset, "worker").values() if v and secret in str(v)]
     # the intruder listed the store's keys, and neither they nor what it forged steered the
-    # gang (its total and gather are right, above) or ran its pickle
-    seen = json.loads((gang.intruder_dir / "intruder.json").read_text())
+    # gang (its total and gather are right, above) or ran its pickle (which would have
+    # written INTRUDER_PWNED to the log)
+    seen = intruder_report(res.output)
     assert "mftd/abort" in seen["wrote"] and not [k for k in seen["keys"] if secret in k]
-    assert not (gang.intruder_dir / "pwned").exists()
+    assert INTRUDER_PWNED not in res.output, res.output
     assert "The gang ignored " in res.output and "gather 3" in res.output, res.output
 
 
@@ -219,6 +219,9 @@ def test_every_rank_of_every_pod_is_in_the_task_log(shared):
         assert "[rank %d] rank %d says hello from pod" % (rank, rank) in out.stdout
         assert "[rank %d] rank %d writes to stderr" % (rank, rank) in err.stdout
     assert "writes to stderr" not in out.stdout
+    # the intruder's report is kept there too (its pickle never ran: no line of it)
+    assert intruder_report(out.stdout) == intruder_report(res.output)
+    assert INTRUDER_PWNED not in out.stdout + err.stdout
 
 
 def test_a_one_node_gang_stays_one_pod(aws, kubernetes, tmp_path):
@@ -231,6 +234,22 @@ def test_a_one_node_gang_stays_one_pod(aws, kubernetes, tmp_path):
     assert [(p["rank"], p["node_rank"]) for p in places] == [(0, 0), (1, 0)]
     assert len({p["pod"] for p in places}) == 1 and places[0]["jobset"] is None
     assert gang.client("run['train'].task['total'].data") == 3.0
+
+
+def test_a_pods_cpu_limit_is_what_its_ranks_threads_share(aws, kubernetes, tmp_path):
+    """A Guaranteed pod of 1 CPU on a machine of more: the kubelet's CFS quota is what the
+    ranks may use, whatever os.cpu_count() says, so each rank gets 1 thread."""
+    if not netns.enabled() or netns.cgroups_unavailable():
+        pytest.skip("a pod's CPU quota needs nodes as hosts (TD_EMULATION_HOSTS=1) with "
+                    "cgroups: %s" % (netns.cgroups_unavailable() or "the variable is not set"))
+    gang = KubernetesRun(aws, kubernetes, tmp_path, "k8s_gang_flow.py")
+    res = gang.run(TD_NODES=2, TD_NPROC=1, with_kubernetes="kubernetes:cpu=1,qos=Guaranteed")
+    assert res.returncode == 0, res.output
+    [jobset] = gang.jobsets_of("train")
+    for name in ("control", "worker"):
+        assert container(jobset, name)["resources"]["limits"]["cpu"] == "1"
+    places = gang.client("run['train'].task['places'].data")
+    assert [p["threads"] for p in places] == [["1", 1], ["1", 1]], places
 
 
 def test_a_gpu_gang_is_warned_about_shared_memory_and_needs_its_gpus_on_each_pod(

@@ -224,3 +224,28 @@ def test_a_refused_stores_public_key_is_shown_escaped_and_cut(gang):
     assert "\n" not in said and "\\n[rank 0] FATAL" in said
     assert "y" * 200 not in said and "..." in said
     assert "deleted this gang's claim" in said
+
+
+def test_the_intruders_pickle_in_the_log_mode_shows_in_the_stdout_of_whoever_loads_it(tmp_path):
+    """The remote tests (tests/emulation) see a pwn only in a run's output: the gather value
+    tests/intruder.py forges when it reports through the log ("-") writes intruder.PWNED to
+    fd 1 of the process that unpickles it, one that knows nothing of tests/intruder.py."""
+    import subprocess
+    import sys
+
+    from tests import intruder
+
+    forged = {}
+
+    class Store:
+        set = forged.__setitem__
+
+    intruder.forge(Store(), "mftd/", 4, 2, intruder.LOG)
+    values = [v for k, v in forged.items() if "/gather/" in k]
+    assert len(values) == 3 and not (tmp_path / "pwned").exists()
+    load = "import pickle, sys\npickle.loads(sys.stdin.buffer.read())\nprint('loaded')\n"
+    res = subprocess.run([sys.executable, "-c", load], input=values[0], capture_output=True,
+                         cwd=tmp_path, env={"PATH": os.environ.get("PATH", "")}, timeout=60)
+    assert res.returncode == 0, res
+    assert res.stdout.decode().splitlines() == [intruder.PWNED, "loaded"], res
+    assert list(tmp_path.iterdir()) == []  # no file: its line is the only trace

@@ -8,8 +8,9 @@ hosts: a memory cgroup per node, limited to the job's memory); TD_BUSY keeps eve
 rank in all-reduces for that many seconds (a test stops a node meanwhile, once each rank says
 it all-reduced once). TD_INTRUDER (the path
 of tests/intruder.py): rank 0 starts it first, an outside process that reached the gang's store
-with MASTER_ADDR and MASTER_PORT only; it writes to TD_INTRUDER_DIR. TD_HANG_RANK sleeps on that
-rank while the others wait in all_reduce; TD_HANG_TIMEOUT is the step's hang_timeout.
+with MASTER_ADDR and MASTER_PORT only; it writes to TD_INTRUDER_DIR (`-`: to rank 0's log, as the
+tests give it). TD_HANG_RANK sleeps on that rank while the others wait in all_reduce;
+TD_HANG_TIMEOUT is the step's hang_timeout.
 TD_START_METHOD is the step's start_method (exec: every rank, rank 0 included, a spin-step).
 TD_MAX_RESTARTS is the step's max_restarts; TD_FAIL_ROUND fails TD_FAIL_RANK in that round of a
 restart in place only. TD_LATE_ROUND: in that round, node 1's ranks say so and wait before

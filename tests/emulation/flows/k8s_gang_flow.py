@@ -6,8 +6,9 @@ TD_FAIL_RANK raises on that rank (in attempt TD_FAIL_ATTEMPT only, if set); TD_B
 rank in all-reduces for that many seconds (a test stops a node meanwhile, once each rank says
 it all-reduced once). TD_INTRUDER (the path
 of tests/intruder.py): rank 0 starts it first, an outside process that reached the gang's store
-with MASTER_ADDR and MASTER_PORT only; it writes to TD_INTRUDER_DIR. TD_HANG_RANK sleeps on that
-rank while the others wait in all_reduce; TD_HANG_TIMEOUT is the step's hang_timeout.
+with MASTER_ADDR and MASTER_PORT only; it writes to TD_INTRUDER_DIR (`-`: to rank 0's log, as the
+tests give it). TD_HANG_RANK sleeps on that rank while the others wait in all_reduce;
+TD_HANG_TIMEOUT is the step's hang_timeout.
 TD_MAX_RESTARTS is the step's max_restarts; TD_FAIL_ROUND fails TD_FAIL_RANK in that round of a
 restart in place only."""
 
@@ -80,6 +81,8 @@ class KubernetesGangFlow(FlowSpec):
             jobset=os.environ.get("METAFLOW_KUBERNETES_JOBSET_NAME"),
             master=(os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]),
             world_size=dist.get_world_size(),
+            # the threads the rank was given, and what torch took from them
+            threads=(os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()),
         ))
         self.total = total.item()
         self.attempt = current.retry_count
