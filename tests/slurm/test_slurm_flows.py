@@ -69,8 +69,22 @@ def test_gang_2x2_runs_on_two_nodes(slurm_runner, slurm_cluster):
     shown = slurm_cluster.job(train_job)
     assert "NumNodes=2 " in shown and "JobState=COMPLETED" in shown, shown
     assert "CPUs/Task=2 " in shown, shown  # a CPU per process of a node (no cpu= given)
+    # task/affinity bound each node's task to its 2 CPUs: a thread per rank
+    assert all(len(p["cpus"]) == 2 and p["threads"] == ["1", 1] for p in places), places
     print("2x2 gang flow: %.1f s from run to done (3 jobs); the gang's job ran %s"
           % (result.elapsed, re.search(r"RunTime=(\S+)", shown).group(1)))
+
+
+def test_the_ranks_of_a_node_share_the_cpus_slurm_bound_its_task_to(slurm_runner,
+                                                                     slurm_cluster):
+    """2 nodes x 1 process: Slurm's default of one CPU per task, and the cluster binds tasks
+    to their CPUs (task/affinity): each rank's threads are that CPU's, not the node's 2."""
+    result = slurm_runner.run("slurm_gang_flow.py", env={"TD_NPROC": 1})
+    assert result.returncode == 0, result
+    places = slurm_runner.client("result = Flow('SlurmGangFlow').latest_run['train']"
+                                 ".task.data.places")
+    assert [len(p["cpus"]) for p in places] == [1, 1], places
+    assert [p["threads"] for p in places] == [["1", 1], ["1", 1]], places
 
 
 def test_a_rank_failure_fails_the_job_fast_with_its_traceback(slurm_runner, slurm_cluster):

@@ -73,7 +73,11 @@ class SlurmGangFlow(FlowSpec):
             from_setup=os.environ.get("TD_FROM_SETUP"),
             slurm=sorted(k for k in os.environ if k.startswith("SLURM_")),
             interfaces=(os.environ.get("GLOO_SOCKET_IFNAME"),
-                        os.environ.get("NCCL_SOCKET_IFNAME"))))
+                        os.environ.get("NCCL_SOCKET_IFNAME")),
+            # the CPUs Slurm bound the node's task to, the threads the rank was given and
+            # what torch took from them
+            cpus=sorted(os.sched_getaffinity(0)),
+            threads=(os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads())))
         self.total = total.item()
         self.attempt = current.retry_count
         self.restarts = restart
