@@ -7,35 +7,17 @@ everywhere)."""
 import os
 import subprocess
 import sys
-from pathlib import Path
-
 import pytest
+
+from tests.emulation import netns
 
 LIMIT = 1400 << 20  # the Metaflow runtime, the task (rank 0) and rank 1 fit; rank 1's hog not
 
 
-def _memory_cgroup(tmp_name):
-    v1 = Path("/sys/fs/cgroup/memory")
-    try:
-        if (v1 / "memory.limit_in_bytes").exists():
-            group = v1 / tmp_name
-            group.mkdir()
-            (group / "memory.limit_in_bytes").write_text(str(LIMIT))
-            if (group / "memory.memsw.limit_in_bytes").exists():
-                (group / "memory.memsw.limit_in_bytes").write_text(str(LIMIT))
-        else:
-            group = Path("/sys/fs/cgroup") / tmp_name
-            group.mkdir()
-            (group / "memory.max").write_text(str(LIMIT))
-            if (group / "memory.swap.max").exists():
-                (group / "memory.swap.max").write_text("0")
-    except OSError as ex:
-        pytest.skip("this machine does not let a test create a memory cgroup: %s" % ex)
-    return group
-
-
 def test_a_rank_ended_by_the_oom_killer_is_named_as_such(flow_runner):
-    group = _memory_cgroup("mftd-test-%d" % os.getpid())
+    group, why_not = netns.memory_cgroup("mftd-test-%d" % os.getpid(), LIMIT)
+    if group is None:
+        pytest.skip("this machine does not let a test create a memory cgroup: %s" % why_not)
     try:
         flow = flow_runner.flow_path("gang_flow.py")
         env = flow_runner.env({"TD_NODES": 1, "TD_NPROC": 2, "TD_FAIL_RANK": 1,
@@ -45,6 +27,8 @@ def test_a_rank_ended_by_the_oom_killer_is_named_as_such(flow_runner):
              sys.executable, str(flow), "--no-pylint", "run"],
             cwd=flow_runner.root, env=env, capture_output=True, text=True, timeout=180)
     finally:
+        # rmdir, not netns.remove_cgroup: a process left in the cgroup is for the fixture's
+        # leftover check to find, not for this test to kill
         try:
             group.rmdir()
         except OSError:
