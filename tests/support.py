@@ -67,6 +67,24 @@ class FlowRunner:
     def run(self, name, *args, env=None, timeout=240):
         return self.cli(name, "run", *args, env=env, timeout=timeout)
 
+    def run_in_cgroup(self, group, name, env=None, timeout=180):
+        """`python flow.py run` with every process of the run in cgroup `group` (a folder of
+        /sys/fs/cgroup, as a container's), which is removed after it with rmdir, not killed:
+        a process left in it is for assert_no_leftovers to find. (stdout + stderr, exit code)."""
+        path = self.flow_path(name)
+        try:
+            proc = subprocess.run(
+                ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group),
+                 sys.executable, str(path), "--no-pylint", "run"],
+                cwd=self.root, env=self.env(env), capture_output=True, text=True,
+                timeout=timeout)
+        finally:
+            try:
+                group.rmdir()
+            except OSError:
+                pass
+        return proc.stdout + proc.stderr, proc.returncode
+
     def popen(self, name, *args, env=None):
         path = self.flow_path(name)
         return subprocess.Popen([sys.executable, str(path), "--no-pylint", *args], cwd=self.root,

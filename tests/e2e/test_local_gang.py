@@ -3,8 +3,6 @@
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -145,22 +143,9 @@ def test_a_cpu_limit_on_the_run_is_the_cpus_its_gang_plans_and_shares(flow_runne
     group, why_not = netns.cpu_cgroup("mftd-test-cpu-%d" % os.getpid(), 1.0, None)
     if group is None:
         pytest.skip(why_not)
-    try:
-        flow = flow_runner.flow_path("gang_flow.py")
-        proc = subprocess.run(
-            ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group),
-             sys.executable, str(flow), "--no-pylint", "run"],
-            cwd=flow_runner.root, env=flow_runner.env({"TD_NODES": 1, "TD_NPROC": "auto"}),
-            capture_output=True, text=True, timeout=180)
-    finally:
-        # rmdir, not netns.remove_cgroup: a process left in the cgroup is for the fixture's
-        # leftover check to find, not for this test to kill
-        try:
-            group.rmdir()
-        except OSError:
-            pass
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    out, code = flow_runner.run_in_cgroup(group, "gang_flow.py",
+                                         {"TD_NODES": 1, "TD_NPROC": "auto"})
+    assert code == 0, out[-6000:]
     assert "train: 1 node x 1 process = world size 1 (CPU, gloo)" in out, out[-6000:]
     assert flow_runner.client(TRAIN + "result = t['info'].data['world_size']") == 1
 

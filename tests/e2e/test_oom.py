@@ -5,8 +5,6 @@ create a memory cgroup skip this test (the fixture-based tests in tests/unit/tes
 everywhere)."""
 
 import os
-import subprocess
-import sys
 import pytest
 
 from tests.emulation import netns
@@ -18,23 +16,10 @@ def test_a_rank_ended_by_the_oom_killer_is_named_as_such(flow_runner):
     group, why_not = netns.memory_cgroup("mftd-test-%d" % os.getpid(), LIMIT)
     if group is None:
         pytest.skip("this machine does not let a test create a memory cgroup: %s" % why_not)
-    try:
-        flow = flow_runner.flow_path("gang_flow.py")
-        env = flow_runner.env({"TD_NODES": 1, "TD_NPROC": 2, "TD_FAIL_RANK": 1,
-                               "TD_FAIL_WHEN": "after_init", "TD_FAIL_HOW": "oom"})
-        proc = subprocess.run(
-            ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group),
-             sys.executable, str(flow), "--no-pylint", "run"],
-            cwd=flow_runner.root, env=env, capture_output=True, text=True, timeout=180)
-    finally:
-        # rmdir, not netns.remove_cgroup: a process left in the cgroup is for the fixture's
-        # leftover check to find, not for this test to kill
-        try:
-            group.rmdir()
-        except OSError:
-            pass
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out[-6000:]
+    out, code = flow_runner.run_in_cgroup(group, "gang_flow.py", {
+        "TD_NODES": 1, "TD_NPROC": 2, "TD_FAIL_RANK": 1, "TD_FAIL_WHEN": "after_init",
+        "TD_FAIL_HOW": "oom"})
+    assert code != 0, out[-6000:]
     assert "rank 1 (node 0, local rank 1) was killed by SIGKILL: the kernel's OOM killer: the " \
         "memory cgroup's oom_kill count went from 0 to 1" in out, out[-6000:]
     flow_runner.assert_no_leftovers()
