@@ -117,13 +117,13 @@ def _wait_training(marks, ranks=4, timeout=120.0):
     pytest.fail("not every rank trained after %s s: %s" % (timeout, sorted(marks.iterdir())))
 
 
-def _preempted_run(slurm_runner, tmp_path, signal_it):
+def _preempted_run(slurm_runner, tmp_path, signal_it, env=None):
     """A 2 x 2 gang that trains until it sees current.torch_distributed.preempted; once every
     rank trains, signal_it({rank: pid}) is called. (returncode, output)."""
     marks = tmp_path / "training-marks"
     marks.mkdir()
     run = slurm_runner.popen("slurm_gang_flow.py", env={
-        "TD_BUSY": "120", "TD_MARK_DIR": str(marks), "TD_PREEMPT_GRACE": "20"})
+        "TD_BUSY": "120", "TD_MARK_DIR": str(marks), "TD_PREEMPT_GRACE": "20", **(env or {})})
     try:
         pids = _wait_training(marks)
         signal_it(pids)

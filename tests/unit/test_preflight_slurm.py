@@ -196,3 +196,41 @@ def test_sbatch_that_ssh_cannot_run_on_the_login_node_says_how_to_reach_it():
     assert found["Slurm"].message.startswith(
         "sbatch could not be run on the login node over `ssh -J bastion login1` (ssh: connect")
     assert "`ssh -J bastion login1 sbatch --version` must work" in found["Slurm"].fix
+
+
+OCI_CONF = ('RunTimeQuery="runc --root=/run/runc state %n.%j.%s.%t"\n'
+            'RunTimeRun="/usr/bin/runc --root=/run/runc run --bundle %b %n.%j.%s.%t"\n')
+
+
+def test_a_step_in_a_container_is_checked_against_the_oci_conf_beside_slurm_conf():
+    def run(argv):
+        if argv == ["scontrol", "show", "config"]:
+            return CONFIG % ("30 sec", "300 sec") + "SLURM_CONF              = /etc/slurm/slurm.conf\n"
+        if argv == ["cat", "/etc/slurm/oci.conf"]:
+            return OCI_CONF
+        return answers().answers.get({"sbatch": "version"}.get(argv[0], argv[-1]), "")
+
+    facts = preflight_slurm.gather(run)
+    assert facts.oci_conf_path == "/etc/slurm/oci.conf" and facts.oci_conf == OCI_CONF
+    bundle = needs(container="/shared/bundles/torch")
+    found = by_check(preflight_slurm.check_container(bundle, facts))["container"]
+    assert found.status == PASSED, found
+    assert found.message == ("/etc/slurm/oci.conf runs srun --container with runc; the step's "
+                             "bundle is /shared/bundles/torch")
+    # a step without a container is not checked
+    assert preflight_slurm.check_container(needs(), facts) == []
+
+
+def test_no_oci_conf_is_unknown_and_one_without_a_runtime_fails():
+    facts = answers()
+    facts.oci_conf_path = "/etc/slurm/oci.conf"
+    bundle = needs(container="/shared/b")
+    found = by_check(preflight_slurm.check_container(bundle, facts))["container"]
+    assert found.status == UNKNOWN and "no oci.conf beside slurm.conf" in found.message, found
+    assert "--smoke" in found.fix
+    facts.oci_conf = 'RunTimeQuery="runc state %n"\n'
+    found = by_check(preflight_slurm.check_container(bundle, facts))["container"]
+    assert found.status == FAILED and "names no RunTimeRun or RunTimeCreate" in found.message
+    facts.oci_conf_path = ""  # slurm.conf's place was not said
+    found = by_check(preflight_slurm.check_container(bundle, facts))["container"]
+    assert found.status == UNKNOWN, found

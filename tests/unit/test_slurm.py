@@ -15,7 +15,7 @@ def job(**changes):
                   task_env={slurm.MAIN_NODE_ENV: '{"step": "train", "nodes": 2}'},
                   agent_env={"A": "it's"},
                   agent_argv=["py", "flow.py", "spin-step", "train", "--task-id",
-                              "2-node-${SLURM_NODEID}"], agent_shell_words=[5])
+                              "2-node-${METAFLOW_TORCH_DISTRIBUTED_SLURM_NODE}"], agent_shell_words=[5])
     fields.update(changes)
     return slurm.SlurmJob(**fields)
 
@@ -33,13 +33,18 @@ def test_sbatch_asks_one_task_per_node_no_requeue_and_appended_output():
 def test_node_script_runs_the_task_on_node_0_and_the_agent_elsewhere():
     text = slurm.node_script(job(), ["py", "flow.py", "step", "train", "--input-paths", "a b"])
     zero, agents = text.split("\nfi\n")
-    assert 'if [ "$SLURM_NODEID" = 0 ]' in zero
+    # the node's index is the script's argument (srun's --multi-prog %t): SLURM_NODEID is
+    # missing inside a container of srun's --container
+    assert zero.splitlines()[1] == 'export METAFLOW_TORCH_DISTRIBUTED_SLURM_NODE="$1"'
+    assert "SLURM_NODEID" not in text
+    assert 'if [ "$METAFLOW_TORCH_DISTRIBUTED_SLURM_NODE" = 0 ]' in zero
     assert "export METAFLOW_TORCH_DISTRIBUTED_SLURM_MAIN=" in zero
     assert "exec py flow.py step train --input-paths 'a b'" in zero
     assert "unset METAFLOW_TORCH_DISTRIBUTED_SLURM_MAIN" in agents  # the plan is node 0's
     assert "export A='it'\"'\"'s'" in agents
-    assert "--task-id 2-node-${SLURM_NODEID}" in agents  # the node's shell expands it
-    assert 'node-"$SLURM_NODEID".log' in agents
+    # the node's shell expands it
+    assert "--task-id 2-node-${METAFLOW_TORCH_DISTRIBUTED_SLURM_NODE}" in agents
+    assert 'node-"$METAFLOW_TORCH_DISTRIBUTED_SLURM_NODE".log' in agents
     # node 0 decides the gang's end: an agent's status never trips srun's kill-on-bad-exit
     assert agents.rstrip().endswith("exit 0")
     assert "\nexec py flow.py spin-step" not in agents
@@ -72,6 +77,15 @@ def test_node_0_address_is_the_first_host_resolved_and_never_loopback():
     assert slurm.node_zero_address("train", 2, env, run, lambda n: "10.0.0.3") == "10.0.0.3"
     with pytest.raises(TorchDistributedEnvironmentError, match="loopback address 127.0.1.1"):
         slurm.node_zero_address("train", 2, env, run, lambda n: "127.0.1.1")
+
+
+def test_node_0_address_comes_from_the_batch_scripts_host_list_without_scontrol():
+    def no_scontrol(argv):
+        raise OSError("scontrol: not found")  # as in a container image without Slurm
+
+    env = {slurm.NODE_LIST: "n[3-4]", slurm.HOSTS_ENV: "n3 n4 "}
+    assert slurm.node_zero_address("train", 2, env, no_scontrol,
+                                   {"n3": "10.0.0.3"}.__getitem__) == "10.0.0.3"
 
 
 def test_a_job_of_another_size_than_planned_is_refused():
@@ -184,8 +198,10 @@ MinJobAge               = 300 sec
 
 
 def test_the_clusters_kill_wait_is_read_from_scontrol_and_bounds_the_grace():
-    assert slurm.kill_wait(lambda argv: CONFIG) == 30.0
-    assert slurm.kill_wait(lambda argv: CONFIG.replace("30 sec", "5 sec")) == 5.0
+    assert slurm.kill_wait({}, lambda argv: CONFIG) == 30.0
+    assert slurm.kill_wait({}, lambda argv: CONFIG.replace("30 sec", "5 sec")) == 5.0
+    # as the batch script read it, outside any container: scontrol is not asked
+    assert slurm.kill_wait({slurm.KILL_WAIT_ENV: "7"}, lambda argv: CONFIG) == 7.0
     assert slurm.grace_limit(30.0) == 27.0
     assert slurm.grace_limit(2.0) == 1.0  # never below a second
     assert slurm.grace_limit(None) is None
@@ -195,8 +211,9 @@ def test_an_unreadable_kill_wait_leaves_the_grace_alone():
     def fails(argv):
         raise OSError("scontrol: not found")
 
-    assert slurm.kill_wait(fails) is None
-    assert slurm.kill_wait(lambda argv: "no such line") is None
+    assert slurm.kill_wait({}, fails) is None
+    assert slurm.kill_wait({}, lambda argv: "no such line") is None
+    assert slurm.kill_wait({slurm.KILL_WAIT_ENV: ""}, fails) is None  # the batch script's failed
 
 
 def test_a_grace_longer_than_the_schedulers_limit_is_cut_and_said(capsys):
@@ -243,7 +260,7 @@ def test_the_nodes_a_node_fail_lost_are_named_by_their_index():
                                              "[root@2026-12-06T16:59:53])"]
 
 
-def _node(tmp_path, node, **changes):
+def _node(tmp_path, node, environ=None, **changes):
     """Run the node script of a job (changes applied) as node `node` of it would, with node
     0's task `sh -c 'echo task ...'` and the agent `sh -c 'echo agent ...'`: (status, stdout,
     stderr, the agent's log)."""
@@ -258,8 +275,8 @@ def _node(tmp_path, node, **changes):
     script = tmp_path / "node.sh"
     script.write_text(slurm.node_script(job(**fields), [
         "sh", "-c", "echo task from=${TD_FROM_SETUP:-none}"]))
-    done = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin",
-                                                      slurm.NODE_ID: str(node)},
+    done = subprocess.run(["bash", str(script), str(node)],
+                          env={"PATH": "/usr/bin:/bin", **(environ or {})},
                           capture_output=True, text=True, timeout=30)
     log = work / ("node-%d.log" % node)
     return done.returncode, done.stdout, done.stderr, log.read_text() if log.exists() else ""
@@ -347,7 +364,7 @@ def test_a_job_over_ssh_gets_metaflows_awss_and_the_steps_own_variables_only():
     script = slurm.node_script(job(env_file="/shared/j/env.sh"), ["py", "flow.py"])
     lines = script.splitlines()
     # read first, before the setup and either command
-    assert lines[2] == ". /shared/j/env.sh || exit 1", lines
+    assert lines[3] == ". /shared/j/env.sh || exit 1", lines
     assert ". /shared" not in slurm.node_script(job(), ["py", "flow.py"])
 
 
@@ -372,3 +389,125 @@ def test_a_cpu_gang_asks_for_a_cpu_per_process_unless_it_names_cpus_or_gpus():
     for named in (slurm.SlurmOptions(cpu=16), slurm.SlurmOptions(gpu=4),
                   slurm.SlurmOptions(gres="gpu:a100:4")):
         assert slurm.gang_options(named, 4) == named
+
+
+def _batch(tmp_path, **changes):
+    """Run the batch script of a job with stand-ins for `scontrol` (its hostnames and config)
+    and `srun` (which prints its words and the environment the nodes get): srun's lines."""
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/sh\ncase \"$2\" in hostnames) printf 'n3\\nn4\\n' ;; config) "
+        "printf 'KillOnBadExit = 0\\nKillWait                = 12 sec\\n' ;; esac\n")
+    (bin_dir / "srun").write_text(
+        "#!/bin/sh\nfor w in \"$@\"; do echo \"word $w\"; done\n"
+        "env | grep ^METAFLOW_TORCH_DISTRIBUTED_SLURM_ | sed 's/^/env /'\n")
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(slurm.batch_script(job(**changes), "/shared/j/nodes.conf"))
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30,
+                          env={"PATH": "%s:/usr/bin:/bin" % bin_dir,
+                               slurm.NODE_LIST: "n[3-4]"})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_batch_script_asks_slurm_once_for_every_node_and_runs_one_task_per_node(tmp_path):
+    said = _batch(tmp_path)
+    words = [line[5:] for line in said if line.startswith("word ")]
+    assert words == ["--kill-on-bad-exit=1", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                     "--multi-prog", "/shared/j/nodes.conf"]
+    assert "env %s=n3 n4 " % slurm.HOSTS_ENV in said
+    assert "env %s=12" % slurm.KILL_WAIT_ENV in said
+    assert not any(line.startswith("env " + slurm.HOST_MOUNTS_ENV) for line in said)
+
+
+def test_a_container_job_runs_srun_container_and_says_where_the_batch_script_ran(tmp_path):
+    import os
+
+    said = _batch(tmp_path, container="/shared/bundles/torch")
+    assert "word --container=/shared/bundles/torch" in said
+    assert said.index("word --container=/shared/bundles/torch") < said.index("word --multi-prog")
+    assert "env %s=%s" % (slurm.HOST_MOUNTS_ENV, os.readlink("/proc/self/ns/mnt")) in said
+
+
+def test_every_task_runs_the_node_script_with_its_node_index():
+    assert slurm.programs_file("/shared/a b/job/node.sh") == \
+        "* /bin/bash '/shared/a b/job/node.sh' %t\n"
+    with pytest.raises(ValueError):
+        slurm.programs_file("/shared/it's/node.sh")
+
+
+def test_node_0_started_outside_its_container_ends_naming_the_step_and_the_fix(tmp_path):
+    import os
+
+    here = {slurm.HOST_MOUNTS_ENV: os.readlink("/proc/self/ns/mnt")}
+    code, out, err, _ = _node(tmp_path, 0, environ=here, container="/shared/bundles/torch")
+    assert code == 1 and out == "", out
+    assert "@torch_slurm on step *train*: Slurm ran node 0" in err
+    assert "outside the container /shared/bundles/torch" in err and "oci.conf" in err
+    # in another mount namespace than the batch script's (inside the container), it runs
+    elsewhere = {slurm.HOST_MOUNTS_ENV: "mnt:[1]"}
+    assert _node(tmp_path, 0, environ=elsewhere, container="/b")[:2] == (0, "task from=none\n")
+    # without a container, nothing is checked
+    assert _node(tmp_path, 0, environ=here)[:2] == (0, "task from=none\n")
+
+
+def test_a_container_is_an_oci_bundle_on_the_shared_filesystem(tmp_path):
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends \
+        .slurm_decorator import container_bundle
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    assert container_bundle("train", {}, {}) == ""
+    with pytest.raises(TorchSlurmConfigError, match="has no config.json"):
+        container_bundle("train", {"container": str(bundle)}, {})
+    (bundle / "config.json").write_text("{}")
+    assert container_bundle("train", {"container": str(bundle)}, {}) == str(bundle)
+    assert container_bundle("train", {}, {"METAFLOW_TORCH_SLURM_CONTAINER": str(bundle)}) \
+        == str(bundle)
+    with pytest.raises(TorchSlurmConfigError,
+                       match=r"step \*train\*.*container='nvcr.io#nvidia/pytorch:24.01-py3' "
+                             r"is not an absolute path.*pyxis"):
+        container_bundle("train", {"container": "nvcr.io#nvidia/pytorch:24.01-py3"}, {})
+    with pytest.raises(TorchSlurmConfigError, match="METAFLOW_TORCH_SLURM_CONTAINER='b'"):
+        container_bundle("train", {}, {"METAFLOW_TORCH_SLURM_CONTAINER": "b"})
+    with pytest.raises(TorchSlurmConfigError, match="a quote or a space"):
+        container_bundle("train", {"container": "/shared/my bundle"}, {})
+
+
+def test_a_jobs_folder_the_multi_prog_file_cannot_quote_is_refused():
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.backends \
+        .slurm_decorator import check_work_root
+
+    check_work_root("train", "/shared/a b/.torch_slurm")
+    with pytest.raises(TorchSlurmConfigError, match="METAFLOW_TORCH_SLURM_WORK_ROOT"):
+        check_work_root("train", "/shared/it's/.torch_slurm")
+
+
+def test_a_nodes_shell_outlives_slurms_sigterm_until_its_agent_is_done(tmp_path):
+    """In srun's --container the node script's shell is the container's first process, and
+    Slurm removes a container whose first process ended (SIGKILL to every rank): the shell
+    waits out Slurm's SIGTERM for the agent, which has the gang's grace."""
+    import signal
+    import subprocess
+    import time
+
+    work = tmp_path / "job"
+    work.mkdir()
+    script = tmp_path / "node.sh"
+    script.write_text(slurm.node_script(job(
+        work_dir=str(work), cwd=str(tmp_path), agent_shell_words=[],
+        agent_argv=["sh", "-c", "trap 'echo agent got TERM' TERM; touch %s/started; sleep 1; "
+                    "echo agent done" % work]), ["true"]))
+    shell = subprocess.Popen(["bash", str(script), "1"], env={"PATH": "/usr/bin:/bin"})
+    deadline = time.monotonic() + 10
+    while not (work / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    shell.send_signal(signal.SIGTERM)  # what Slurm sends every process of the job
+    assert shell.wait(timeout=10) == 0
+    log = (work / "node-1.log").read_text()
+    assert "agent done\n[node 1] the node agent exited with status 0" in log, log

@@ -9,12 +9,24 @@ current.torch_distributed.preempted: then every rank prints that it saw it and l
 TD_MARK_DIR/training-<rank> (its pid) once it is in that loop."""
 
 import os
+import shutil
 import socket
 import time
 
 from metaflow import FlowSpec, current, environment, retry, step, torch_distributed
 
 TD = {k: v for k, v in os.environ.items() if k.startswith("TD_")}
+# The file tests/slurm/conftest.py's OCI bundle has at the root of its filesystem: a process
+# that reads it runs in that container.
+BUNDLE_MARK = "/td-bundle"
+
+
+def container():
+    """Which test bundle this process runs in (None: none), and whether Slurm's commands
+    are there (the bundle hides them, as an image without Slurm would)."""
+    mark = open(BUNDLE_MARK).read() if os.path.exists(BUNDLE_MARK) else None
+    return [mark, shutil.which("scontrol")]
+
 NODES = int(TD.get("TD_NODES", "2"))
 NPROC = int(TD.get("TD_NPROC", "2"))
 
@@ -23,6 +35,7 @@ class SlurmGangFlow(FlowSpec):
     @step
     def start(self):
         self.start_host = socket.gethostname()
+        self.start_container = container()
         self.next(self.train)
 
     @environment(vars=TD)
@@ -77,7 +90,8 @@ class SlurmGangFlow(FlowSpec):
             # the CPUs Slurm bound the node's task to, the threads the rank was given and
             # what torch took from them
             cpus=sorted(os.sched_getaffinity(0)),
-            threads=(os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads())))
+            threads=(os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()),
+            container=container()))
         self.total = total.item()
         self.attempt = current.retry_count
         self.restarts = restart
@@ -86,6 +100,7 @@ class SlurmGangFlow(FlowSpec):
 
     @step
     def end(self):
+        self.end_container = container()
         print("total %s over %d ranks" % (self.total, len(self.places)))
 
 

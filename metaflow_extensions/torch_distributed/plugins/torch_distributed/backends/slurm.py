@@ -45,9 +45,21 @@ EXPORTED_PREFIXES = ("METAFLOW_", "AWS_")
 EXPORTED_NAMES = ("USERNAME",)
 # In the job's environment on node 0 only: the gang's plan (trampoline.plan_env).
 MAIN_NODE_ENV = "METAFLOW_TORCH_DISTRIBUTED_SLURM_MAIN"
-NODE_ID = "SLURM_NODEID"
+# A node's index in the job, which the node script is given as its argument (srun's
+# --multi-prog `%t`, one task per node): Slurm's own SLURM_NODEID is missing inside a
+# container of srun's --container (Slurm 22.05 gives a container the step's environment, not
+# the task's).
+NODE_ID = "METAFLOW_TORCH_DISTRIBUTED_SLURM_NODE"
 NUM_NODES = "SLURM_JOB_NUM_NODES"
 NODE_LIST = "SLURM_JOB_NODELIST"
+# What the batch script asks Slurm once, on the job's first node and outside any container
+# (an image need not have Slurm's commands), for every node: the job's host names in node
+# order (`scontrol show hostnames`), the cluster's KillWait in seconds, and the mount
+# namespace the batch script runs in (node 0 started in that same one ran outside the
+# container it asked for).
+HOSTS_ENV = "METAFLOW_TORCH_DISTRIBUTED_SLURM_HOSTS"
+KILL_WAIT_ENV = "METAFLOW_TORCH_DISTRIBUTED_SLURM_KILL_WAIT"
+HOST_MOUNTS_ENV = "METAFLOW_TORCH_DISTRIBUTED_SLURM_HOST_MOUNTS"
 # A node's index, as the node script's shell expands it.
 NODE_WORD = "${%s}" % NODE_ID
 
@@ -115,6 +127,9 @@ class SlurmJob:
     # a file of `export NAME=value` lines every node reads first, or "" (sbatch --export=ALL
     # gives the job the submitting shell's environment)
     env_file: str = ""
+    # the OCI bundle (a folder with config.json and its rootfs) every node's task runs in,
+    # through srun's --container, or "": on the nodes themselves
+    container: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -136,6 +151,11 @@ class SlurmJob:
     def node_log(self, node: int) -> str:
         return "%s/node-%d.log" % (self.work_dir, node)
 
+    @property
+    def programs(self) -> str:
+        """srun's --multi-prog file: every task (one per node) runs the node script."""
+        return "%s/nodes.conf" % self.work_dir
+
 
 def sbatch_argv(job: SlurmJob, batch_script: str) -> List[str]:
     """`sbatch` of `job`: one task per node, no requeue (retries belong to @retry: Slurm's own
@@ -147,13 +167,33 @@ def sbatch_argv(job: SlurmJob, batch_script: str) -> List[str]:
             "--export=ALL", *job.options.sbatch_words(), batch_script]
 
 
-def batch_script(job: SlurmJob, node_script: str) -> str:
-    """The batch script: one task per node runs the node script; the first task to fail ends
-    the others (fail-fast of the nodes; the gang's own fail-fast usually comes first)."""
-    return "\n".join([
-        "#!/bin/bash",
-        "exec srun --kill-on-bad-exit=1 --nodes=%d --ntasks-per-node=1 /bin/bash %s"
-        % (job.nodes, shlex.quote(node_script)), ""])
+def batch_script(job: SlurmJob, programs: str) -> str:
+    """The batch script: it asks Slurm, once and outside any container, what every node needs
+    (the job's hosts, KillWait), then one task per node runs the node script, in the
+    container when the step names one; the first task to fail ends the others (fail-fast of
+    the nodes; the gang's own fail-fast usually comes first)."""
+    lines = ["#!/bin/bash",
+             'export %s="$(scontrol show hostnames "$%s" | tr "\\n" " ")"' % (
+                 HOSTS_ENV, NODE_LIST)]
+    if job.nodes > 1:
+        lines += ['export %s="$(scontrol show config | sed -nE '
+                  '\'s/^KillWait *= *([0-9]+).*/\\1/p\')"' % KILL_WAIT_ENV]
+    srun = ["srun", "--kill-on-bad-exit=1", "--nodes=%d" % job.nodes, "--ntasks=%d" % job.nodes,
+            "--ntasks-per-node=1"]
+    if job.container:
+        lines += ['export %s="$(readlink /proc/self/ns/mnt)"' % HOST_MOUNTS_ENV]
+        srun.append("--container=%s" % job.container)
+    return "\n".join(lines + ["exec %s --multi-prog %s" % (
+        " ".join(shlex.quote(w) for w in srun), shlex.quote(programs)), ""])
+
+
+def programs_file(node_script: str) -> str:
+    """srun's --multi-prog file: every task runs the node script with its task id, which is
+    its node's index (one task per node). The file quotes words with single quotes and knows
+    no escape: the job's folder must have none (slurm_decorator refuses one)."""
+    if "'" in node_script or "\n" in node_script:
+        raise ValueError("a quote or a line break in %r" % node_script)
+    return "* /bin/bash '%s' %%t\n" % node_script
 
 
 def node_script(job: SlurmJob, task_argv: Sequence[str]) -> str:
@@ -170,7 +210,10 @@ def node_script(job: SlurmJob, task_argv: Sequence[str]) -> str:
     agent_argv = interpreted(job.agent_argv)
     agent = " ".join(w if i in job.agent_shell_words else shlex.quote(w)
                      for i, w in enumerate(agent_argv))
-    lines = ["#!/bin/bash", "cd %s || exit 1" % shlex.quote(job.cwd)]
+    lines = ["#!/bin/bash", "export %s=\"$1\"" % NODE_ID]
+    if job.container:
+        lines += _outside_container(job)
+    lines += ["cd %s || exit 1" % shlex.quote(job.cwd)]
     if job.env_file:
         lines += [". %s || exit 1" % shlex.quote(job.env_file)]
     if job.setup:
@@ -185,10 +228,29 @@ def node_script(job: SlurmJob, task_argv: Sequence[str]) -> str:
     lines += ["    exec %s" % " ".join(shlex.quote(w) for w in interpreted(task_argv)), "fi"]
     lines += ["unset %s" % k for k in sorted(job.task_env)]
     lines += ["export %s=%s" % (k, shlex.quote(v)) for k, v in sorted(job.agent_env.items())]
+    # This shell outlives Slurm's SIGTERM (a scancel, a preemption) until the agent, which
+    # has the gang's grace, is done: in srun's --container the shell is the container's first
+    # process, and Slurm removes (SIGKILL) a container whose first process ended. (The agent
+    # gets the signal from Slurm itself; a trapped signal is reset to its default in it.)
     lines += ['exec >> %s/node-"$%s".log 2>&1' % (shlex.quote(job.work_dir), NODE_ID),
+              "trap : TERM",
               agent, 'echo "[node $%s] the node agent exited with status $?"' % NODE_ID,
               "exit 0", ""]
     return "\n".join(lines)
+
+
+def _outside_container(job: SlurmJob) -> List[str]:
+    """Lines that end node 0 when it runs in the batch script's own mount namespace: a
+    cluster that has no OCI runtime configured (oci.conf) ignores srun's --container and runs
+    the task on the node itself, with a warning in the slurmd's log only."""
+    return ['if [ "$%s" = 0 ] && [ "$(readlink /proc/self/ns/mnt)" = "$%s" ]; then'
+            % (NODE_ID, HOST_MOUNTS_ENV),
+            '    echo "@torch_slurm on step *%s*: Slurm ran node 0 ($(hostname)) outside the '
+            'container %s: this cluster runs srun --container only where an OCI runtime is '
+            'configured (oci.conf beside slurm.conf); ask its administrators for one, or '
+            'remove container= and METAFLOW_TORCH_SLURM_CONTAINER." >&2'
+            % (job.step_name, _echoable(job.container)),
+            "    exit 1", "fi"]
 
 
 def _echoable(text: str) -> str:
@@ -361,12 +423,14 @@ def node_zero_address(step_name: str, nodes: int, environ: Mapping[str, str],
                       run: Callable[[List[str]], str] = run_slurm,
                       resolve: Callable[[str], str] = socket.gethostbyname) -> str:
     """Node 0's address: the first host of the job's node list, resolved on this node
-    (never SLURM_LAUNCH_NODE_IPADDR, the host srun ran on); loopback is refused."""
+    (never SLURM_LAUNCH_NODE_IPADDR, the host srun ran on); loopback is refused. The batch
+    script lists the job's hosts (HOSTS_ENV); without that list, `scontrol` here does."""
     node_list = environ.get(NODE_LIST)
     if not node_list:
         raise TorchDistributedEnvironmentError(
             step_name, "%s is not set: this process does not run in a Slurm job." % NODE_LIST)
-    name = first_host(step_name, node_list, run)
+    listed = environ.get(HOSTS_ENV, "").split()
+    name = listed[0] if listed else first_host(step_name, node_list, run)
     try:
         found = resolve(name)
     except OSError as ex:
@@ -383,10 +447,14 @@ KILL_WAIT_MARGIN_S = 3.0
 _KILL_WAIT = re.compile(r"^KillWait\s*=\s*(\d+)", re.MULTILINE)
 
 
-def kill_wait(run: Callable[[List[str]], str] = run_slurm) -> Optional[float]:
-    """The cluster's KillWait in seconds (`scontrol show config`): how long Slurm waits after
-    the SIGTERM of a scancel, a preemption or a time limit before its SIGKILL. None when it
-    cannot be read."""
+def kill_wait(environ: Mapping[str, str],
+              run: Callable[[List[str]], str] = run_slurm) -> Optional[float]:
+    """The cluster's KillWait in seconds, as the batch script read it (KILL_WAIT_ENV), else
+    from `scontrol show config` here: how long Slurm waits after the SIGTERM of a scancel, a
+    preemption or a time limit before its SIGKILL. None when it cannot be read."""
+    said = environ.get(KILL_WAIT_ENV, "").strip()
+    if said.isdigit():
+        return float(said)
     try:
         found = _KILL_WAIT.search(run(["scontrol", "show", "config"]))
     except (OSError, subprocess.SubprocessError):
@@ -418,7 +486,7 @@ class SlurmBackend(Backend):
         nodes = planned_nodes(environ, step.step_name)
         if nodes is None:
             return None
-        waits = kill_wait()
+        waits = kill_wait(environ)
         return NodeZero(node_zero_address(step.step_name, nodes, environ),
                         trampoline.attempt_port(step.step_name, identity),
                         naming.new_secret(), self.name, grace_limit_s=grace_limit(waits),

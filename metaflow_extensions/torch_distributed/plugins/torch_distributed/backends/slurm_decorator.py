@@ -23,6 +23,11 @@ python : str, optional
     The interpreter the nodes run the task and the node agent with (`python`: the one the
     setup put on PATH). Default: METAFLOW_TORCH_SLURM_PYTHON, else the interpreter of the run
     on the login node (its path must then exist on every node).
+container : str, optional
+    An OCI bundle (a folder holding config.json and its root filesystem, on the filesystem
+    every node shares) each node's task runs in, through srun's --container: Slurm's own
+    container support, which the cluster configures in oci.conf. Default:
+    METAFLOW_TORCH_SLURM_CONTAINER, else none (the nodes' own system).
 """
 
 import dataclasses
@@ -49,6 +54,8 @@ DEFAULT_WORK_ROOT = ".torch_slurm"
 # Defaults of @torch_slurm(setup=..., python=...).
 SETUP_ENV = "METAFLOW_TORCH_SLURM_SETUP"
 PYTHON_ENV = "METAFLOW_TORCH_SLURM_PYTHON"
+# Default of @torch_slurm(container=...).
+CONTAINER_ENV = "METAFLOW_TORCH_SLURM_CONTAINER"
 # The datastores a job's nodes can use: the local one on the filesystem they share with the
 # login node, and S3, reached with the environment the job inherits (--export=ALL) or the
 # shared home's ~/.aws. (Azure and GCS would go the same way, untested: refused.)
@@ -138,6 +145,57 @@ def node_environment(step_name: str, attributes: Dict[str, Any],
     return found[0], found[1]
 
 
+def container_bundle(step_name: str, attributes: Dict[str, Any],
+                     environ: Mapping[str, str]) -> str:
+    """The OCI bundle the step's nodes run in (its attribute, else its variable), or "";
+    refused unless it is an absolute path to a folder with a config.json here (the bundle is
+    on the filesystem the nodes share with this machine, as the flow's folder is; in the
+    job, the task validates the flow again inside the container, where it need not be)."""
+    value = attributes.get("container")
+    named = "container=%r" % (value,)
+    if value in (None, ""):
+        value = environ.get(CONTAINER_ENV, "")
+        named = "%s=%r" % (CONTAINER_ENV, value)
+    if not isinstance(value, str):
+        raise TorchSlurmConfigError(
+            step_name, "%s is not text: give the path of an OCI bundle, e.g. "
+            "container=\"/shared/bundles/pytorch\"." % named)
+    value = value.strip()
+    if not value:
+        return ""
+    if not os.path.isabs(value):
+        raise TorchSlurmConfigError(
+            step_name, "%s is not an absolute path. @torch_slurm runs each node in an OCI "
+            "bundle through srun's --container (Slurm's own container support): give the "
+            "bundle's folder on the shared filesystem, e.g. container=\"/shared/bundles/"
+            "pytorch\". An image name (pyxis' --container-image) is not supported; unpack "
+            "the image into a bundle (`skopeo copy` and `umoci unpack`, or `podman export`)."
+            % named)
+    if "'" in value or any(c.isspace() for c in value):
+        raise TorchSlurmConfigError(
+            step_name, "%s has a quote or a space, which srun's --container cannot take: "
+            "move the bundle to a path without them." % named)
+    if slurm.NODE_ID in environ:
+        return value  # the task on node 0, in the container, which need not mount its bundle
+    if not os.path.isfile(os.path.join(value, "config.json")):
+        raise TorchSlurmConfigError(
+            step_name, "%s is not an OCI bundle seen from this machine: %s has no "
+            "config.json. A bundle is a folder with config.json and the root filesystem it "
+            "names (`runc spec` writes one); it must be on the filesystem every node shares, "
+            "at the same path." % (named, value))
+    return value
+
+
+def check_work_root(step_name: str, root: str) -> None:
+    """The jobs' folders go in srun's --multi-prog file, which quotes with single quotes and
+    has no escape."""
+    if "'" in root or "\n" in root:
+        raise TorchSlurmConfigError(
+            step_name, "the jobs' folder %r has a quote or a line break, which srun's "
+            "--multi-prog file cannot hold: run from another folder or set %s to a path "
+            "without them." % (root, WORK_ROOT_ENV))
+
+
 def refuse_other_senders(step_name: str, decorators: List[Any]) -> None:
     for deco in decorators:
         if deco.name in OTHER_SENDERS:
@@ -146,6 +204,10 @@ def refuse_other_senders(step_name: str, decorators: List[Any]) -> None:
                 "scheduler. Remove @%s from the step (or run without --with torch_slurm)."
                 % (deco.name, "metaflow-slurm's Slurm submission" if deco.name == "slurm"
                    else "another scheduler", deco.name))
+
+
+def work_root() -> str:
+    return os.path.abspath(os.environ.get(WORK_ROOT_ENV, DEFAULT_WORK_ROOT))
 
 
 def gang_of(decorators: List[Any]) -> Any:
@@ -161,7 +223,7 @@ class TorchSlurmDecorator(StepDecorator):
     name = "torch_slurm"
     defaults = {"partition": None, "account": None, "qos": None, "time": None,
                 "constraint": None, "gres": None, "gpu": None, "cpu": None, "setup": None,
-                "python": None}
+                "python": None, "container": None}
 
     def step_init(self, flow: Any, graph: Any, step_name: str, decorators: List[Any],
                   environment: Any, flow_datastore: Any, logger: Any) -> None:
@@ -171,6 +233,9 @@ class TorchSlurmDecorator(StepDecorator):
         refuse_other_senders(step_name, decorators)
         self.options = slurm_options(step_name, self.attributes)
         self.setup, self.python = node_environment(step_name, self.attributes, os.environ)
+        self.container = container_bundle(step_name, self.attributes, os.environ)
+        self.attributes["container"] = self.container or None  # (what the preflight reads)
+        check_work_root(step_name, work_root())
         check_ssh(step_name, os.environ)
         if flow_datastore.TYPE not in DATASTORES:
             raise TorchSlurmConfigError(
@@ -183,15 +248,14 @@ class TorchSlurmDecorator(StepDecorator):
         if retry_count > max_user_code_retries:
             return  # @catch's fallback attempt runs here, as with @batch
         task = cli_args.task
-        work_dir = os.path.join(os.path.abspath(os.environ.get(WORK_ROOT_ENV, DEFAULT_WORK_ROOT)),
-                                task.flow.name, str(task.run_id), self.step_name,
+        work_dir = os.path.join(work_root(), task.flow.name, str(task.run_id), self.step_name,
                                 str(task.task_id), "attempt-%d" % retry_count)
         os.makedirs(work_dir, exist_ok=True)
         job = slurm.SlurmJob(
             step_name=self.step_name, name="%s.%s.%s" % (task.flow.name, self.step_name,
                                                          task.task_id),
             nodes=1, work_dir=work_dir, cwd=os.getcwd(), options=self.options,
-            setup=self.setup, python=self.python,
+            setup=self.setup, python=self.python, container=self.container,
             exported=sorted(name for deco in self.decorators if deco.name == "environment"
                             for name in (deco.attributes.get("vars") or {})))
         gang = gang_of(self.decorators)

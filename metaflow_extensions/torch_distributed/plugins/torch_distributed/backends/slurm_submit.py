@@ -24,8 +24,8 @@ from types import FrameType
 from typing import BinaryIO, Dict, List, Mapping, Optional, Sequence
 
 from .slurm import SlurmJob, batch_script, down_nodes, ending, exported_env, hostnames, \
-    job_state, node_script, on_login_node, parse_job, partition_refusal, run_slurm, \
-    sbatch_argv, ssh_words
+    job_state, node_script, on_login_node, parse_job, partition_refusal, programs_file, \
+    run_slurm, sbatch_argv, ssh_words
 
 POLL_S = 0.5
 # How long a cancelled job may stay in the queue (COMPLETING) before this process gives up
@@ -144,8 +144,10 @@ def submit(job: SlurmJob, task_argv: Sequence[str], login: Login) -> str:
     batch = os.path.join(job.work_dir, "job.sh")
     with open(node, "w") as f:
         f.write(node_script(job, task_argv))
+    with open(job.programs, "w") as f:
+        f.write(programs_file(node))
     with open(batch, "w") as f:
-        f.write(batch_script(job, node))
+        f.write(batch_script(job, job.programs))
     argv = sbatch_argv(job, batch)
     if job.nodes > 1:
         shown = login.run(["scontrol", "show", "partition", "-o"])

@@ -1,7 +1,8 @@
 """The preflight on Slurm: Slurm's commands and controller from this login node, the step's
 partition (its state and size), nodes with the CPUs and GPUs a node of the gang asks for, the
-cluster's KillWait (the preemption's grace) and MinJobAge (how long a job's end is kept), and
-the datastore (preflight/common.py).
+cluster's KillWait (the preemption's grace) and MinJobAge (how long a job's end is kept), the
+OCI runtime of a step that runs in a container (oci.conf beside slurm.conf), and the
+datastore (preflight/common.py).
 
 `gather` asks Slurm through an injected `run(argv) -> stdout` (sbatch --version, scontrol ping,
 show partition, show node, show config), which only reads; `check` is a pure function of what
@@ -43,6 +44,15 @@ class SlurmFacts:
     # ssh's destination and options when the questions went to the login node over ssh
     # (METAFLOW_TORCH_SLURM_SSH), "" when they were asked on this machine
     ssh: str = ""
+    # oci.conf beside the login node's slurm.conf: its path, and its text (None: there is none)
+    oci_conf_path: str = ""
+    oci_conf: Optional[str] = None
+
+
+def oci_conf_path(config_text: str) -> str:
+    """oci.conf's path: beside slurm.conf (`SLURM_CONF` of `scontrol show config`), or ""."""
+    conf = config_values(config_text).get("SLURM_CONF", "")
+    return conf.rsplit("/", 1)[0] + "/oci.conf" if conf.startswith("/") else ""
 
 
 def gather(run: Callable[[List[str]], str], ssh: str = "") -> SlurmFacts:
@@ -57,6 +67,12 @@ def gather(run: Callable[[List[str]], str], ssh: str = "") -> SlurmFacts:
             facts.refused[name] = "no answer in %g s" % ex.timeout
         except OSError as ex:  # not installed here
             facts.refused[name] = "%s: %s" % (type(ex).__name__, ex)
+    facts.oci_conf_path = oci_conf_path(facts.answers.get("config", ""))
+    if facts.oci_conf_path:
+        try:
+            facts.oci_conf = run(["cat", facts.oci_conf_path])
+        except (OSError, subprocess.SubprocessError):
+            facts.oci_conf = None  # none (or unreadable: the same to the job's user)
     return facts
 
 
@@ -75,6 +91,7 @@ def check(needs: GangNeeds, facts: SlurmFacts, datastore_root: str) -> List[Find
     config = config_values(facts.answers.get("config", ""))
     findings += check_kill_wait(needs, config)
     findings += check_min_job_age(needs, config)
+    findings += check_container(needs, facts)
     findings += check_datastore(needs, datastore_root)
     return findings
 
@@ -226,6 +243,36 @@ def check_min_job_age(needs: GangNeeds, config: Mapping[str, str]) -> List[Findi
                        "ask the cluster's administrators for MinJobAge=300 (Slurm's default)")]
     return [passed(needs.step, "MinJobAge", "MinJobAge=%g s: a job's end is kept long enough "
                    "for the step's watcher" % age)]
+
+
+_RUNTIME = re.compile(r"^\s*RunTime(Run|Create)\s*=\s*\"?\s*(\S+)", re.MULTILINE | re.IGNORECASE)
+
+
+def check_container(needs: GangNeeds, facts: SlurmFacts) -> List[Finding]:
+    """A step with `container=` runs `srun --container`, which Slurm ignores (running the step
+    on the nodes' own system) where no oci.conf configures an OCI runtime."""
+    bundle = needs.options.get("container")
+    if not bundle:
+        return []
+    smoke = "python flow.py --with torch_slurm torch-distributed preflight --smoke"
+    if not facts.oci_conf_path:
+        return [unknown(needs.step, "container", "slurm.conf's folder could not be read "
+                        "from `scontrol show config`, so whether oci.conf configures an OCI "
+                        "runtime for srun --container is unknown", smoke)]
+    if facts.oci_conf is None:
+        return [unknown(needs.step, "container", "no oci.conf beside slurm.conf on the login "
+                        "node (%s): where the compute nodes have none either, Slurm ignores "
+                        "srun --container and the step fails before it starts; whether they "
+                        "have one is known only by running a job" % facts.oci_conf_path, smoke)]
+    found = _RUNTIME.search(facts.oci_conf)
+    if not found:
+        return [failed(needs.step, "container", "%s names no RunTimeRun or RunTimeCreate: "
+                       "Slurm rejects it and runs no container" % facts.oci_conf_path,
+                       "ask the cluster's administrators to configure an OCI runtime (runc "
+                       "or crun) in oci.conf")]
+    return [passed(needs.step, "container", "%s runs srun --container with %s; the step's "
+                   "bundle is %s" % (facts.oci_conf_path, found.group(2).rsplit("/", 1)[-1],
+                                     bundle))]
 
 
 def check_datastore(needs: GangNeeds, datastore_root: str) -> List[Finding]:

@@ -44,7 +44,8 @@ KEPT = {
               "shared_memory", "efa"),
     "kubernetes": ("image", "namespace", "service_account", "cpu", "memory", "gpu",
                    "gpu_vendor", "shared_memory", "labels", "node_selector", "tolerations"),
-    "torch_slurm": ("partition", "account", "qos", "time", "constraint", "gres", "gpu", "cpu"),
+    "torch_slurm": ("partition", "account", "qos", "time", "constraint", "gres", "gpu", "cpu",
+                    "setup", "python", "container"),
 }
 FLOW_NAME = "TorchDistributedSmokeFlow"
 
