@@ -401,8 +401,10 @@ def test_a_controller_that_stops_answering_for_a_while_does_not_fail_the_step(
         slurm_runner, slurm_cluster):
     """slurmctld frozen (SIGSTOP) for 12 s mid-step: scontrol fails meanwhile, the watch asks
     again, and the step ends as the job does. (Frozen before the job's srun has its step,
-    Slurm fails the job itself: srun cannot confirm its allocation.)"""
-    run = slurm_runner.popen("slurm_gang_flow.py", env={"TD_BUSY": "6"})
+    Slurm fails the job itself: srun cannot confirm its allocation. The gang trains past the
+    freeze: a job that ends while the controller is frozen stays COMPLETING for a minute more,
+    until slurmctld resends its nodes the job's end.)"""
+    run = slurm_runner.popen("slurm_gang_flow.py", env={"TD_BUSY": "16"})
     controller = slurm_cluster.daemon_pid("ctl")
     try:
         job_id = wait_running(slurm_cluster, ".train.")
