@@ -9,6 +9,9 @@ Each repetition runs both, in a shuffled order, from the controller host (the lo
 
 * `ours`: `python bench/flows/slurm_gang.py run --with torch_slurm`, a flow of three steps, so
   three Slurm jobs (start and end are one-node jobs, the gang one 2-node job);
+* `ours_container`: the same with METAFLOW_TORCH_SLURM_CONTAINER, every node's task in an OCI
+  bundle through `srun --container` (runc; the bundle of tests/slurm/bundle.py, this machine's
+  system read-only);
 * `srun_torchrun`: `sbatch` of a script whose one line is `srun torchrun --nnodes=2
   --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=<first node>:29500
   bench/flows/slurm_torchrun_train.py`, its end read by polling `scontrol show job` every 0.5 s
@@ -38,6 +41,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+from tests.slurm.bundle import oci_bundle  # noqa: E402
 SLURM = ROOT / ".ci" / "slurm"
 PYTHON = sys.executable
 TORCHRUN = str(Path(PYTHON).with_name("torchrun"))
@@ -116,7 +121,13 @@ def run_srun_torchrun(state, folder, env):
     return {"rendezvous": rendezvous(marks, started), "whole": whole}
 
 
-ARMS = {"ours": run_ours, "srun_torchrun": run_srun_torchrun}
+def run_ours_container(state, folder, env):
+    return run_ours(state, folder, dict(env, METAFLOW_TORCH_SLURM_CONTAINER=str(
+        folder / "bundle")))
+
+
+ARMS = {"ours": run_ours, "ours_container": run_ours_container,
+        "srun_torchrun": run_srun_torchrun}
 
 
 def main():
@@ -130,6 +141,7 @@ def main():
     folder = Path(tempfile.mkdtemp(prefix="slurm-bench-"))
     os.chmod(folder, 0o755)
     shutil.copy(HERE / "flows" / "slurm_gang.py", folder / "slurm_gang.py")
+    oci_bundle(folder / "bundle", [str(folder), str(ROOT)], "bench")
     env = {k: v for k, v in os.environ.items() if not k.startswith("METAFLOW_")}
     env.update(USER=env.get("USER") or "bench", METAFLOW_USER="bench",
                METAFLOW_HOME=str(folder / "home"))
@@ -153,6 +165,8 @@ def main():
     for key in ("rendezvous", "whole"):
         summary["ratio.%s" % key] = statistics.median(
             r["ours"][key] / r["srun_torchrun"][key] for r in reps)
+        summary["ratio.container_to_ours.%s" % key] = statistics.median(
+            r["ours_container"][key] / r["ours"][key] for r in reps)
     result = {"when": time.strftime("%Y%m%dT%H%M%S"), "reps": reps, "median": summary,
               "load": os.getloadavg(), "cpus": os.cpu_count()}
     out = HERE / "results" / ("slurm-%s.json" % result["when"])

@@ -6,7 +6,7 @@ image would not."""
 import re
 from pathlib import Path
 
-from tests.slurm.test_slurm_flows import NODES, _preempted_run, job_ids, wait_running
+from tests.slurm.test_slurm_flows import NODES, job_ids, scancel_while_training
 from tests.support import run_bounded
 
 
@@ -40,26 +40,12 @@ def test_a_gang_and_its_plain_steps_run_in_the_steps_container(slurm_runner, slu
 
 def test_scancel_preempts_every_rank_in_the_container_within_the_clusters_kill_wait(
         slurm_runner, slurm_cluster, slurm_bundle, tmp_path):
-    """Slurm signals a container's processes through its runtime (`runc kill -a`): every rank
-    still sees current.torch_distributed.preempted, and node 0, where no scontrol is, knows
-    the cluster's KillWait from the batch script."""
-    job = []
-
-    def cancel(pids):
-        job.append(wait_running(slurm_cluster, ".train."))
-        slurm_cluster.query("scancel", job[0])
-
-    code, out = _preempted_run(slurm_runner, tmp_path, cancel,
-                               env={"METAFLOW_TORCH_SLURM_CONTAINER": str(slurm_bundle)})
-    assert code != 0, out
-    for rank in range(4):
-        assert "rank %d saw the preemption" % rank in out, out
-    assert "killed by SIGTERM" not in out, out
-    assert "was preempted (SIGTERM to node" in out, out
-    assert "preempt_grace is cut from 20s to 2s: Slurm sends SIGKILL to every process of the " \
-        "job KillWait=5 s after" in out, out
-    assert "Slurm job %s was cancelled" % job[0] in out, out
-    assert slurm_cluster.wait_queue_empty(timeout=10) == []
+    """In a container too every rank gets current.torch_distributed.preempted and its grace:
+    each node's script (the container's first process) outlives Slurm's SIGTERM, or Slurm
+    would remove the container (SIGKILL) at once; and node 0, where no scontrol is, knows the
+    cluster's KillWait from the batch script."""
+    scancel_while_training(slurm_runner, slurm_cluster, tmp_path,
+                           env={"METAFLOW_TORCH_SLURM_CONTAINER": str(slurm_bundle)})
 
 
 def test_a_cluster_without_an_oci_runtime_fails_the_step_instead_of_running_outside(

@@ -12,8 +12,8 @@ from tests.slurm.test_slurm_flows import NODES, job_ids
 
 def test_a_lost_rank_resumes_from_its_checkpoint_in_a_new_job(slurm_runner, slurm_cluster):
     """checkpoint_flow.py (the local layer's): rank 3, on node 1, is SIGKILLed at step 35 of
-    attempt 0; @retry's attempt 1 is a new Slurm job whose every rank starts from the
-    checkpoint of step 30, and each attempt's saves are its own."""
+    attempt 0, whose job fails; @retry's attempt 1 is a new Slurm job whose every rank starts
+    from the checkpoint of step 30, and each attempt's saves are its own."""
     res = slurm_runner.run("checkpoint_flow.py", env=dict(GANG, TD_KILL_RANK=3,
                                                           TD_KILL_STEP=35))
     assert res.returncode == 0, res
@@ -24,9 +24,11 @@ def test_a_lost_rank_resumes_from_its_checkpoint_in_a_new_job(slurm_runner, slur
     assert stored_steps(slurm_runner, 1) == saved_at(40, 50, 60)
     attempts = slurm_runner.client(TRAIN + "result = [t.current_attempt, t['resumed_from'].data]")
     assert attempts == [1, 30], attempts
-    train_jobs = job_ids(res.output)[1:3]  # start's job, then one per attempt of train
-    assert len(set(train_jobs)) == 2, res.output
-    for job in train_jobs:
+    jobs = job_ids(res.output)
+    assert len(jobs) == 4, jobs  # start, train twice (@retry: a new job), end
+    assert "JobState=FAILED" in slurm_cluster.job(jobs[1])
+    assert "JobState=COMPLETED" in slurm_cluster.job(jobs[2])
+    for job in jobs[1:3]:
         assert "NumNodes=2 " in slurm_cluster.job(job)
 
 

@@ -134,17 +134,17 @@ def _preempted_run(slurm_runner, tmp_path, signal_it, env=None):
     return run.returncode, out + err
 
 
-def test_scancel_mid_step_preempts_every_rank(slurm_runner, slurm_cluster, tmp_path):
-    """scancel signals every process of the job at once (the ranks before their supervisors
-    could tell them): every rank still gets current.torch_distributed.preempted and leaves its
-    loop, and the attempt fails as preempted, then as Slurm's CANCELLED."""
+def scancel_while_training(slurm_runner, slurm_cluster, tmp_path, env=None):
+    """A 2 x 2 gang cancelled (scancel) once every rank trains: checks that every rank got
+    current.torch_distributed.preempted and left its loop, and that the attempt failed as
+    preempted, within the cluster's KillWait, then as Slurm's CANCELLED."""
     job = []
 
     def cancel(pids):
         job.append(wait_running(slurm_cluster, ".train."))
         slurm_cluster.query("scancel", job[0])
 
-    code, out = _preempted_run(slurm_runner, tmp_path, cancel)
+    code, out = _preempted_run(slurm_runner, tmp_path, cancel, env)
     assert code != 0, out
     for rank in range(4):
         assert "rank %d saw the preemption" % rank in out, out
@@ -159,6 +159,12 @@ def test_scancel_mid_step_preempts_every_rank(slurm_runner, slurm_cluster, tmp_p
     assert "Slurm job %s was cancelled" % job[0] in out, out
     assert "JobState=CANCELLED" in out, out
     assert slurm_cluster.wait_queue_empty(timeout=10) == []
+
+
+def test_scancel_mid_step_preempts_every_rank(slurm_runner, slurm_cluster, tmp_path):
+    """scancel signals every process of the job at once (the ranks before their supervisors
+    could tell them): every rank still gets its grace."""
+    scancel_while_training(slurm_runner, slurm_cluster, tmp_path)
 
 
 def test_a_sigterm_to_one_rank_preempts_the_whole_gang(slurm_runner, slurm_cluster,
@@ -221,21 +227,6 @@ def test_a_bare_lightning_trainer_is_ddp_over_the_gang_not_slurms_tasks(slurm_ru
         {("TorchElasticEnvironment", True)}
     # the 64 rows split over the 4 ranks of both nodes, each row seen once per epoch
     assert sorted(i for r in ranks for i in r["seen"]) == list(range(64)), ranks
-
-
-def test_retry_runs_the_gang_again_as_a_new_job(slurm_runner, slurm_cluster):
-    result = slurm_runner.run("slurm_gang_flow.py", env={
-        "TD_FAIL_RANK": "2", "TD_FAIL_ATTEMPT": "0", "TD_RETRIES": "1"})
-    assert result.returncode == 0, result
-    assert "ValueError: injected failure on rank 2" in result.output, result
-    jobs = job_ids(result.output)
-    assert len(jobs) == 4, jobs  # start, train twice, end
-    assert "JobState=FAILED" in slurm_cluster.job(jobs[1])
-    assert "JobState=COMPLETED" in slurm_cluster.job(jobs[2])
-    data = slurm_runner.client(
-        "t = Flow('SlurmGangFlow').latest_run['train'].task\n"
-        "result = dict(attempt=t.data.attempt, total=t.data.total)")
-    assert data == {"attempt": 1, "total": 10.0}
 
 
 SLURMD_TIMEOUT_S = 10  # .ci/slurm's slurm.conf
