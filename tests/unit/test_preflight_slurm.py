@@ -152,18 +152,31 @@ def test_gather_keeps_each_refusal_by_its_question():
     def run(argv):
         if argv[:2] == ["scontrol", "ping"]:
             raise subprocess.CalledProcessError(1, argv, "", "slurm_load_ctl_conf error\n")
-        if argv[0] == "sbatch":
-            raise FileNotFoundError(2, "No such file or directory", "sbatch")
         if argv[-1] == "-o" and argv[2] == "node":
             raise subprocess.TimeoutExpired(argv, 30)
         return "answer of %s" % " ".join(argv)
 
     facts = preflight_slurm.gather(run)
     assert facts.refused["ping"] == "slurm_load_ctl_conf error"
-    assert facts.refused["version"].startswith("FileNotFoundError")
     assert facts.refused["nodes"] == "no answer in 30 s"
     assert facts.answers["config"] == "answer of scontrol show config"
     assert set(facts.answers) | set(facts.refused) == set(preflight_slurm.QUESTIONS)
+
+
+def test_without_sbatch_nothing_else_is_asked():
+    """No sbatch here, or a login node ssh cannot reach: that alone fails the check, so the
+    other questions (each another ssh's connect timeout) are not asked."""
+    asked = []
+
+    def run(argv):
+        asked.append(argv)
+        raise FileNotFoundError(2, "No such file or directory", argv[0])
+
+    facts = preflight_slurm.gather(run)
+    assert asked == [["sbatch", "--version"]]
+    assert facts.refused["version"].startswith("FileNotFoundError")
+    assert [f.status for f in preflight_slurm.check(needs(), facts, "/flow/.metaflow")] == \
+        [FAILED]
 
 
 def test_step_needs_reads_torch_slurm_and_the_steps_grace():

@@ -67,6 +67,8 @@ def gather(run: Callable[[List[str]], str], ssh: str = "") -> SlurmFacts:
             facts.refused[name] = "no answer in %g s" % ex.timeout
         except OSError as ex:  # not installed here
             facts.refused[name] = "%s: %s" % (type(ex).__name__, ex)
+        if name == "version" and name in facts.refused:
+            return facts  # no sbatch (or no login node): check_reach fails on that alone
     facts.oci_conf_path = oci_conf_path(facts.answers.get("config", ""))
     if facts.oci_conf_path:
         try:
