@@ -80,10 +80,12 @@ def test_a_rank_that_is_slow_but_reaches_its_collectives_is_not_a_hang(flow_runn
 def test_a_rank_named_hung_by_its_peers_timeouts_comes_with_its_stack(flow_runner):
     """A process-group timeout shorter than hang_timeout (600 s here): the peers time out
     first and the rank they waited for is named hung, now with the stack its probe saw."""
-    # 12 s: longer than a probe sample (5 s at the default hang_timeout) and a half, so that a
-    # sample taken while rank 2 hangs has reached node 0 when its peers time out
+    # 18 s: a sample taken while rank 2 hangs must be there when its peers time out: a probe
+    # samples every 5 s at the default hang_timeout, and node 1's agent passes it on to node 0
+    # every 2.5 s. Whichever watch sees a peer's timeout first names rank 2: node 0's, or node
+    # 1's agent, from its own ranks' probes (it gave no stack before: 1 run in 10 failed here)
     env = dict(GANG, TD_FAIL_RANK=2, TD_FAIL_WHEN="in_collective", TD_FAIL_HOW="hang",
-               TD_PG_TIMEOUT=12)
+               TD_PG_TIMEOUT=18)
     res = flow_runner.run("gang_flow.py", env=env, timeout=120)
     out = res.output
     assert res.returncode != 0, out[-6000:]

@@ -206,3 +206,37 @@ def test_a_hung_rank_0_process_is_named_from_its_slot_once():
     clock = Clock()
     watch, members, _ = _leader_watch(clock, nproc=2)
     assert watch.running_ranks() == [0, 1]
+
+
+class _Probes:
+    """A node's probes (stacks.NodeProgress) as a watch reads them."""
+
+    def __init__(self, reports):
+        self.reports = reports
+
+    def read(self):
+        return dict(self.reports)
+
+
+def test_a_hung_rank_named_by_its_own_nodes_agent_comes_with_its_stack():
+    """Rank 3 (node 1) times out waiting for rank 2 (node 1) before any rank of node 0 does:
+    node 1's agent names rank 2 itself, from its own ranks' probes, with the stack they saw
+    (it had none: 1 run in 10 of tests/e2e/test_hangs.py's gang lost the stack that way)."""
+    from metaflow_extensions.torch_distributed.plugins.torch_distributed.runtime.supervisor \
+        import AgentWatch
+
+    stack = '  File "gang_flow.py", line 70, in maybe_fail\n    time.sleep(3600)\n'
+    members = {rank: FakeMember() for rank in (2, 3)}
+    slots = [Slot(m, 1, rank, rank % 2) for rank, m in members.items()]
+    timeout = Failure(3, 1, "exception", 1.0, local_rank=1, symptom=True,
+                      message="RuntimeError: Timed out waiting 18000ms for send operation")
+    for probes in (_Probes({2: {"stack": stack}, 3: {"stack": ""}}), None):
+        watch = AgentWatch(slots, None, Topology(2, 2), 1, clock=Clock(), progress=probes,
+                           progress_interval=2.5)
+        hung = watch._hung_rank([timeout])
+        assert (hung.rank, hung.node, hung.kind) == (2, 1, "hung"), hung
+        if probes is not None:
+            assert hung.message.endswith(
+                ". Its stack as its probe last saw it (most recent call last):\n" + stack)
+        else:  # no probes (hang_timeout=0): where to look instead
+            assert hung.message.endswith("see the debugging guide to dump its stack next time")

@@ -415,11 +415,29 @@ class Watch:
         if not running:
             return None
         rank, node, local_rank = running[0]
-        return F.Failure(
+        hung = F.Failure(
             rank, node, F.FailureKind.HUNG, time.time(), local_rank=local_rank,
             message="hung: it neither failed nor finished while the other ranks timed out "
             "waiting for it (%s). Its [rank %d] lines show where it was; see the debugging "
             "guide to dump its stack next time" % (symptoms[0].where(), rank))
+        seen = self._probe_reports().get(rank)
+        if seen and seen["stack"]:
+            hung.message = hung.message.split("; see the debugging guide")[0] + (
+                ". Its stack as its probe last saw it (most recent call last):\n%s"
+                % seen["stack"])
+        return hung
+
+    def _probe_reports(self) -> Dict[int, Report]:
+        """What the probes of this node's ranks say now ({} without probes). The watch that
+        names a hung rank is the one that saw its peers time out first: node 0's, or the
+        agent's of the node where they ran, which reads its own ranks' probes."""
+        progress = getattr(self, "progress", None)
+        if progress is None:
+            return {}
+        try:
+            return progress.read()
+        except Exception:  # noqa: BLE001 - the work dir may be going: no stack then
+            return {}
 
 
 class LeaderWatch(Watch):
@@ -741,24 +759,18 @@ class LeaderWatch(Watch):
         a watch of nodes alone, counts as joined)."""
         return any(p.node == node and p.rank is None for p in self._pending_joins.values())
 
-    def _hung_rank(self, symptoms: Sequence[F.Failure]) -> Optional[F.Failure]:
-        """As Watch's, with the hung rank's stack as its probe last saw it, when it did."""
-        hung = super()._hung_rank(symptoms)
-        if hung is not None and self.progress is not None and self.hang_timeout:
-            try:  # what the probes say now, not at the last hang check
+    def _probe_reports(self) -> Dict[int, Report]:
+        """Every node's probes: this node's and what the others last published, read now, not
+        at the last hang check (the last reading stands where the store is going)."""
+        if self.progress is not None and self.hang_timeout:
+            try:
                 fresh = self.progress.read()
                 for node in self._other_nodes():
                     fresh.update(self.control.progress(node))
                 self._last_reports.update(fresh)
             except Exception:  # noqa: BLE001 - the store may be going: the last reading stands
                 pass
-        seen = (self._last_reports.get(hung.rank)
-                if hung is not None and hung.rank is not None else None)
-        if hung is not None and seen and seen["stack"]:
-            hung.message = hung.message.split("; see the debugging guide")[0] + (
-                ". Its stack as its probe last saw it (most recent call last):\n%s"
-                % seen["stack"])
-        return hung
+        return self._last_reports
 
     def _other_nodes(self) -> List[int]:
         """Every other node: the ones watched through the store, and local agents."""
