@@ -247,6 +247,8 @@ def check_min_job_age(needs: GangNeeds, config: Mapping[str, str]) -> List[Findi
                    "for the step's watcher" % age)]
 
 
+# What a finding that only a job can settle says to run.
+SMOKE = "python flow.py --with torch_slurm torch-distributed preflight --smoke"
 _RUNTIME = re.compile(r"^\s*RunTime(Run|Create)\s*=\s*\"?\s*(\S+)", re.MULTILINE | re.IGNORECASE)
 
 
@@ -256,16 +258,15 @@ def check_container(needs: GangNeeds, facts: SlurmFacts) -> List[Finding]:
     bundle = needs.options.get("container")
     if not bundle:
         return []
-    smoke = "python flow.py --with torch_slurm torch-distributed preflight --smoke"
     if not facts.oci_conf_path:
         return [unknown(needs.step, "container", "slurm.conf's folder could not be read "
                         "from `scontrol show config`, so whether oci.conf configures an OCI "
-                        "runtime for srun --container is unknown", smoke)]
+                        "runtime for srun --container is unknown", SMOKE)]
     if facts.oci_conf is None:
         return [unknown(needs.step, "container", "no oci.conf beside slurm.conf on the login "
                         "node (%s): where the compute nodes have none either, Slurm ignores "
                         "srun --container and the step fails before it starts; whether they "
-                        "have one is known only by running a job" % facts.oci_conf_path, smoke)]
+                        "have one is known only by running a job" % facts.oci_conf_path, SMOKE)]
     found = _RUNTIME.search(facts.oci_conf)
     if not found:
         return [failed(needs.step, "container", "%s names no RunTimeRun or RunTimeCreate: "
@@ -278,12 +279,11 @@ def check_container(needs: GangNeeds, facts: SlurmFacts) -> List[Finding]:
 
 
 def check_datastore(needs: GangNeeds, datastore_root: str) -> List[Finding]:
-    smoke = "python flow.py --with torch_slurm torch-distributed preflight --smoke"
     if datastore_root.startswith("s3://"):
         return [unknown(needs.step, "datastore", "whether every compute node reaches %s (with "
                         "the environment a job inherits, or the shared home's ~/.aws) and sees "
                         "the flow's folder is known only by running a job" % datastore_root,
-                        smoke)]
+                        SMOKE)]
     if "://" in datastore_root:
         return [failed(needs.step, "datastore", "the datastore is %s; @torch_slurm runs with "
                        "Metaflow's local datastore on a filesystem every node shares, or S3"
@@ -292,4 +292,4 @@ def check_datastore(needs: GangNeeds, datastore_root: str) -> List[Finding]:
                        "--datastore=s3")]
     return [unknown(needs.step, "datastore", "whether every compute node sees %s (the flow's "
                     "local datastore, and the jobs' folders beside it) is known only by running "
-                    "a job" % datastore_root, smoke)]
+                    "a job" % datastore_root, SMOKE)]
